@@ -1,0 +1,134 @@
+"""Checkpoints: atomic writes, keep-last-K plus best, a `latest` pointer, safe loading.
+
+A checkpoint holds everything a resumed run needs to continue as if never stopped: model,
+optimizer, scaler, step, best val loss, the resolved config, RNG states and the data
+sampler's state. Files are only ever loaded with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import UserError
+
+REQUIRED = ("model", "optimizer", "step", "config")
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def atomic_save(obj: dict[str, Any], path: Path) -> None:
+    """torch.save to a temp file, fsync, rename: readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Make `dst` the same content as `src` atomically (a hard link costs no second write)."""
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        atomic_write_bytes(tmp, src.read_bytes())
+    os.replace(tmp, dst)
+    _fsync_dir(dst.parent)
+
+
+class CheckpointDir:
+    """`checkpoints/` of a run: step_XXXXXX.pt files, best.pt and a `latest` pointer file."""
+
+    def __init__(self, path: Path, keep_last: int = 3):
+        self.path, self.keep_last = path, keep_last
+
+    def step_files(self) -> list[tuple[int, Path]]:
+        if not self.path.is_dir():
+            return []
+        found = ((_STEP_FILE.match(p.name), p) for p in self.path.iterdir())
+        return sorted((int(m.group(1)), p) for m, p in found if m)
+
+    def save(self, state: dict[str, Any], step: int, is_best: bool) -> Path:
+        self.path.mkdir(parents=True, exist_ok=True)
+        target = self.path / f"step_{step:06d}.pt"
+        atomic_save(state, target)
+        if is_best:
+            _link_or_copy(target, self.path / "best.pt")
+        atomic_write_bytes(self.path / "latest", target.name.encode() + b"\n")
+        for _, old in self.step_files()[: -self.keep_last]:
+            old.unlink(missing_ok=True)
+        return target
+
+    def latest(self) -> Path | None:
+        pointer = self.path / "latest"
+        if pointer.is_file():
+            target = self.path / pointer.read_text().strip()
+            if target.is_file():
+                return target
+        files = self.step_files()  # pointer missing or stale: fall back to the newest file
+        return files[-1][1] if files else None
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load and sanity-check a checkpoint; every failure is a one-line UserError."""
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist; check the path")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"{path} is not a gpt2-tui checkpoint (refused by the safe loader: {first[:160]}); "
+            "load only checkpoints written by gpt2-tui"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        raise UserError(
+            f"checkpoint {path} is truncated or corrupt ({type(err).__name__}); "
+            "resume from an earlier checkpoint in the same directory"
+        ) from None
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
+        raise UserError(f"{path} is not a gpt2-tui checkpoint (missing model/optimizer/step/config)")
+    return state
+
+
+def find(run_or_file: Path) -> Path:
+    """A checkpoint file from a run directory, a checkpoints/ directory or a file path."""
+    if run_or_file.is_file():
+        return run_or_file
+    for d in (run_or_file / "checkpoints", run_or_file):
+        ck = CheckpointDir(d).latest()
+        if ck is not None:
+            return ck
+    if not run_or_file.exists():
+        raise UserError(f"{run_or_file} does not exist; give a run directory or a checkpoint file")
+    raise UserError(f"{run_or_file} holds no checkpoint; train it longer or pick another run")

@@ -1,0 +1,624 @@
+"""Token files on disk -> random (x, y) training batches on a device.
+
+Three on-disk formats are read (detected from the directory):
+
+- ``gpt2-tui`` (ours): ``dataset.json`` sidecar + ``train.bin`` + ``val.bin`` of raw
+  little-endian ``uint16`` (vocab <= 65536) or ``uint32`` token ids.
+- ``nanogpt``: ``train.bin`` + ``val.bin`` of raw ``uint16``, no sidecar; the vocabulary
+  comes from the caller (GPT-2's 50257 by default).
+- ``llmc``: llm.c shards ``*train*.bin`` / ``*val*.bin``, each a 256-int32 header (magic
+  20240520, version 1, token count) followed by ``uint16`` tokens; several train shards
+  form one logical split.
+
+Everything a user can get wrong is checked in `open_dataset` and reported as a one-line
+`UserError`, so the trainer never starts on data it would crash on hours later.
+
+Batches: `BatchSampler` draws window starts with ONE numpy RNG call per batch, so the
+vectorized gather and the naive per-row loop (kept as the slow rung of the speed ladder)
+produce identical batches from the same seed, and its state round-trips through JSON for
+exact resumption. `BatchLoader` moves batches to the device, optionally building the next
+one on a background thread while the model computes.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.errors import UserError
+
+LLMC_MAGIC = 20240520
+LLMC_VERSION = 1
+LLMC_HEADER_INTS = 256
+LLMC_HEADER_BYTES = LLMC_HEADER_INTS * 4
+SIDECAR = "dataset.json"
+FORMAT_NAME = "gpt2-tui"
+FORMAT_VERSION = 1
+DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_SCAN_CHUNK = 1 << 24  # tokens per chunk when scanning a split for out-of-vocab ids
+_EXPECTED = (
+    "expected dataset.json + train.bin + val.bin (gpt2-tui), train.bin + val.bin (nanoGPT) "
+    "or *train*.bin + *val*.bin shards (llm.c)"
+)
+
+
+def _error(message: str) -> UserError:
+    """A UserError whose text is guaranteed to be one line (paths may hold odd characters)."""
+    return UserError(" ".join(message.split("\n")))
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """The smallest unsigned dtype that holds every id of a vocabulary (never int16)."""
+    return "uint16" if vocab_size <= 65536 else "uint32"
+
+
+class DatasetInfo(BaseModel):
+    """What a dataset directory holds; enough for the model and the UI to size themselves."""
+
+    format: Literal["gpt2-tui", "nanogpt", "llmc"]
+    path: str
+    dtype: str
+    vocab_size: int
+    train_tokens: int
+    val_tokens: int
+    tokenizer: str | None  # absolute path, or None when the dataset carries none
+    eot_id: int | None
+
+
+class Sidecar(BaseModel):
+    """The ``dataset.json`` of our format. Strict: a typo or a wrong type is an error."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: Literal["gpt2-tui"]
+    version: Literal[1]
+    dtype: str
+    vocab_size: int = Field(ge=2)
+    train_tokens: int = Field(ge=0)
+    val_tokens: int = Field(ge=0)
+    tokenizer: str | None
+    eot_id: int | None = Field(ge=0)
+
+
+# --------------------------------------------------------------------------- token files
+
+
+@dataclass
+class Shard:
+    """One file of tokens: where they start in it, how many, and (if preloaded) the array."""
+
+    path: Path
+    offset: int  # bytes of header before the first token
+    count: int
+    dtype: np.dtype
+    data: np.ndarray | None = None
+
+    def tokens(self) -> np.ndarray:
+        """The tokens: the RAM copy if preloaded, else a memmap opened afresh (nanoGPT's way,
+        which sidesteps np.memmap's habit of keeping pages referenced forever)."""
+        if self.data is not None:
+            return self.data
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+
+    def load(self) -> None:
+        self.data = np.fromfile(self.path, dtype=self.dtype, count=self.count, offset=self.offset)
+        if len(self.data) != self.count:
+            raise _error(f"{self.path} was truncated while being read; check the file and retry")
+
+
+class TokenSplit:
+    """One split (train or val): one or more shards sampled as a single token stream."""
+
+    def __init__(self, name: str, shards: list[Shard], preload: bool) -> None:
+        self.name = name
+        self.shards = shards
+        self.preload = preload
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.count for s in self.shards)
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def check_block(self, block_size: int) -> None:
+        """Every shard must hold a whole window (block_size + 1 tokens): windows never span
+        two files, and a short shard would otherwise surface as a numpy error mid-run."""
+        if block_size < 1:
+            raise _error(f"block size {block_size} is not positive; pass --block-size 1 or more")
+        shortest = min(self.shards, key=lambda s: s.count)
+        if shortest.count < block_size + 1:
+            where = f" in {shortest.path.name}" if len(self.shards) > 1 else ""
+            fix = (
+                f"pass --block-size {shortest.count - 1} or less, or use more data"
+                if shortest.count >= 2
+                else "use more data"
+            )
+            raise _error(
+                f"the {self.name} split has {shortest.count} tokens{where}, fewer than "
+                f"block size {block_size} + 1; {fix}"
+            )
+
+
+class Dataset:
+    """An opened, validated dataset: `info` plus the `train` and `val` splits."""
+
+    def __init__(self, info: DatasetInfo, train: TokenSplit, val: TokenSplit) -> None:
+        self.info = info
+        self.train = train
+        self.val = val
+
+    def check_block(self, block_size: int) -> None:
+        """UserError unless both splits can yield a window of block_size + 1 tokens."""
+        self.train.check_block(block_size)
+        self.val.check_block(block_size)
+
+
+# --------------------------------------------------------------------------- open + validate
+
+
+def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True) -> Dataset:
+    """Detect the format of a dataset directory, validate it fully, and open it.
+
+    vocab_size applies to nanoGPT and llm.c files, which do not record one; our format
+    carries its own in dataset.json. With preload the token files are read into RAM.
+    """
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise _error(f"dataset directory {root} does not exist; pass an existing directory to --data")
+    if not root.is_dir():
+        raise _error(f"{root} is a file, not a dataset directory; pass the directory that holds it to --data")
+    try:
+        names = {p.name for p in root.iterdir()}
+    except OSError as exc:
+        raise _error(f"cannot read dataset directory {root} ({exc.strerror}); check its permissions") from exc
+    root = root.resolve()
+
+    if SIDECAR in names:
+        info, train, val = _open_ours(root)
+    else:
+        train_files = sorted(p for p in root.glob("*train*.bin") if p.is_file())
+        val_files = sorted(p for p in root.glob("*val*.bin") if p.is_file())
+        if not train_files and not val_files:
+            raise _error(f"{root} is not a recognised dataset: {_EXPECTED}")
+        if not train_files or not val_files:
+            missing = "train" if not train_files else "val"
+            raise _error(
+                f"{root} has no {missing} file ({_EXPECTED}); add the {missing} split "
+                f"or prepare the dataset again"
+            )
+        candidates = train_files + val_files
+        if any(_has_llmc_magic(p) for p in candidates):
+            info, train, val = _open_llmc(root, train_files, val_files, vocab_size)
+        elif {"train.bin", "val.bin"} <= names:
+            info, train, val = _open_nanogpt(root, vocab_size)
+        else:
+            raise _error(
+                f"{root} holds {', '.join(p.name for p in candidates)} without llm.c headers "
+                f"(magic {LLMC_MAGIC}); nanoGPT files must be named train.bin and val.bin"
+            )
+
+    for split in (train, val):
+        if split.num_tokens == 0:
+            raise _error(f"the {split.name} split of {root} holds no tokens; prepare the dataset again")
+        if preload:
+            for shard in split.shards:
+                shard.load()
+        _check_ids(split, info)
+    return Dataset(info, train, val)
+
+
+def _open_ours(root: Path) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
+    sidecar_path = root / SIDECAR
+    try:
+        raw = json.loads(sidecar_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _error(f"{sidecar_path} is not readable JSON ({exc}); fix it or prepare the dataset again") from exc
+    if isinstance(raw, dict) and raw.get("dtype") == "int16":
+        raise _error(
+            f"{sidecar_path} says dtype int16, which cannot hold ids above 32767; "
+            f"token files must be uint16 or uint32: prepare the dataset again"
+        )
+    try:
+        car = Sidecar.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'top level'}: {e['msg']}" for e in exc.errors()
+        )
+        raise _error(f"{sidecar_path} is invalid ({problems}); fix it or prepare the dataset again") from exc
+    if car.dtype not in DTYPES:
+        raise _error(
+            f"{sidecar_path} has unknown dtype {car.dtype!r}; it must be uint16 or uint32: "
+            f"fix it or prepare the dataset again"
+        )
+    if car.dtype == "uint16" and car.vocab_size > 65536:
+        raise _error(
+            f"{sidecar_path} says dtype uint16 with vocab_size {car.vocab_size} > 65536; "
+            f"such a vocabulary needs uint32: prepare the dataset again"
+        )
+    if car.eot_id is not None and car.eot_id >= car.vocab_size:
+        raise _error(
+            f"{sidecar_path} has eot_id {car.eot_id} outside vocab_size {car.vocab_size}; "
+            f"fix it or prepare the dataset again"
+        )
+    tokenizer = None
+    if car.tokenizer is not None:
+        tok_path = (root / car.tokenizer).resolve()
+        if not tok_path.is_file():
+            raise _error(
+                f"{sidecar_path} names tokenizer {car.tokenizer}, which is missing; "
+                f'put it back or set "tokenizer" to null'
+            )
+        tokenizer = str(tok_path)
+    dtype = DTYPES[car.dtype]
+    splits = []
+    for name, expected in (("train", car.train_tokens), ("val", car.val_tokens)):
+        file = root / f"{name}.bin"
+        if not file.is_file():
+            raise _error(f"{root} has {SIDECAR} but no {name}.bin; prepare the dataset again")
+        count = _raw_count(file, 0, dtype)
+        if count != expected:
+            raise _error(
+                f"{SIDECAR} says {name}_tokens={expected} but {file} holds {count} tokens; "
+                f"the dataset is incomplete or corrupt: prepare it again"
+            )
+        splits.append(TokenSplit(name, [Shard(file, 0, count, dtype)], preload=False))
+    info = DatasetInfo(
+        format="gpt2-tui",
+        path=str(root),
+        dtype=car.dtype,
+        vocab_size=car.vocab_size,
+        train_tokens=car.train_tokens,
+        val_tokens=car.val_tokens,
+        tokenizer=tokenizer,
+        eot_id=car.eot_id,
+    )
+    return info, splits[0], splits[1]
+
+
+def _open_nanogpt(root: Path, vocab_size: int) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
+    _check_vocab_arg(vocab_size, 65536)
+    dtype = DTYPES["uint16"]
+    train = TokenSplit("train", [Shard(root / "train.bin", 0, _raw_count(root / "train.bin", 0, dtype), dtype)], False)
+    val = TokenSplit("val", [Shard(root / "val.bin", 0, _raw_count(root / "val.bin", 0, dtype), dtype)], False)
+    info = DatasetInfo(
+        format="nanogpt", path=str(root), dtype="uint16", vocab_size=vocab_size,
+        train_tokens=train.num_tokens, val_tokens=val.num_tokens, tokenizer=None, eot_id=None,
+    )  # fmt: skip
+    return info, train, val
+
+
+def _open_llmc(
+    root: Path, train_files: list[Path], val_files: list[Path], vocab_size: int
+) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
+    _check_vocab_arg(vocab_size, 65536)
+    train = TokenSplit("train", [_llmc_shard(p) for p in train_files], False)
+    val = TokenSplit("val", [_llmc_shard(p) for p in val_files], False)
+    info = DatasetInfo(
+        format="llmc", path=str(root), dtype="uint16", vocab_size=vocab_size,
+        train_tokens=train.num_tokens, val_tokens=val.num_tokens, tokenizer=None, eot_id=None,
+    )  # fmt: skip
+    return info, train, val
+
+
+def _check_vocab_arg(vocab_size: int, limit: int) -> None:
+    if not 2 <= vocab_size <= limit:
+        raise _error(f"--vocab-size {vocab_size} is out of range for uint16 token files; pass 2..{limit}")
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError as exc:
+        raise _error(f"cannot read {path} ({exc.strerror}); check the file and its permissions") from exc
+
+
+def _raw_count(path: Path, offset: int, dtype: np.dtype) -> int:
+    """Tokens in a file after its header; the size must be a whole number of tokens."""
+    payload = _file_size(path) - offset
+    if payload % dtype.itemsize:
+        raise _error(
+            f"{path} is {payload} bytes after its header, not a multiple of {dtype.itemsize} "
+            f"({dtype.name} tokens): the file is truncated or not a token file; prepare it again"
+        )
+    return payload // dtype.itemsize
+
+
+def _read_header(path: Path) -> np.ndarray | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(LLMC_HEADER_BYTES)
+    except OSError as exc:
+        raise _error(f"cannot read {path} ({exc.strerror}); check the file and its permissions") from exc
+    if len(head) < LLMC_HEADER_BYTES:
+        return None
+    return np.frombuffer(head, dtype="<i4")
+
+
+def _has_llmc_magic(path: Path) -> bool:
+    header = _read_header(path)
+    return header is not None and int(header[0]) == LLMC_MAGIC
+
+
+def _llmc_shard(path: Path) -> Shard:
+    header = _read_header(path)
+    if header is None:
+        raise _error(
+            f"{path} is shorter than the {LLMC_HEADER_BYTES}-byte llm.c header; "
+            f"the shard is truncated: regenerate it"
+        )
+    if int(header[0]) != LLMC_MAGIC:
+        raise _error(
+            f"{path} has magic {int(header[0])}, not llm.c's {LLMC_MAGIC}; "
+            f"remove it from the directory or regenerate it with llm.c's scripts"
+        )
+    if int(header[1]) != LLMC_VERSION:
+        raise _error(
+            f"{path} is llm.c format version {int(header[1])}; only version {LLMC_VERSION} "
+            f"(uint16 GPT-2 tokens) is supported: regenerate it with the GPT-2 tokenizer"
+        )
+    dtype = DTYPES["uint16"]
+    count = _raw_count(path, LLMC_HEADER_BYTES, dtype)
+    if int(header[2]) != count:
+        raise _error(
+            f"{path} header says {int(header[2])} tokens but the file holds {count}; "
+            f"the shard is truncated or corrupt: regenerate it"
+        )
+    return Shard(path, LLMC_HEADER_BYTES, count, dtype)
+
+
+def _check_ids(split: TokenSplit, info: DatasetInfo) -> None:
+    """Scan the whole split in chunks: one bad id would otherwise crash (or, on CUDA,
+    silently corrupt) the embedding lookup at some random step."""
+    for shard in split.shards:
+        tokens = shard.tokens()
+        largest = 0
+        for start in range(0, shard.count, _SCAN_CHUNK):
+            largest = max(largest, int(tokens[start : start + _SCAN_CHUNK].max()))
+        del tokens
+        if largest >= info.vocab_size:
+            if info.format == "gpt2-tui":
+                fix = f"{SIDECAR} is wrong or the file is corrupt: prepare the dataset again"
+            else:
+                fix = f"pass --vocab-size {largest + 1} (or the tokenizer's real vocabulary size)"
+            raise _error(
+                f"{shard.path} holds token id {largest}, not below vocab size {info.vocab_size}; {fix}"
+            )
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+class BatchSampler:
+    """Random windows of block_size + 1 tokens from one split, as (x, y) int64 arrays.
+
+    Each batch costs exactly one RNG call, ``rng.integers(0, usable, B)``, over the
+    concatenated window starts of all shards (each shard weighted by its usable length);
+    the vectorized and the loop paths then only differ in how they copy the tokens out.
+    """
+
+    def __init__(
+        self, split: TokenSplit, batch_size: int, block_size: int, seed: int, vectorized: bool = True
+    ) -> None:
+        if batch_size < 1:
+            raise _error(f"batch size {batch_size} is not positive; pass --batch-size 1 or more")
+        split.check_block(block_size)
+        self.split = split
+        self.batch_size = batch_size
+        self.block_size = block_size
+        self.seed = seed
+        self.vectorized = vectorized
+        self.batches = 0
+        self._rng = np.random.default_rng(seed)
+        usable = np.array([s.count - block_size for s in split.shards], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(usable)[:-1]])
+        self._usable_total = int(usable.sum())
+        self._window = np.arange(block_size + 1, dtype=np.int64)
+
+    def _draw(self) -> tuple[np.ndarray, np.ndarray]:
+        """(shard index, offset in shard) per row, from one RNG call."""
+        g = self._rng.integers(0, self._usable_total, size=self.batch_size, dtype=np.int64)
+        shard = np.searchsorted(self._starts, g, side="right") - 1
+        return shard, g - self._starts[shard]
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        shard_ids, offsets = self._draw()
+        self.batches += 1
+        arrays = {int(i): self.split.shards[int(i)].tokens() for i in np.unique(shard_ids)}
+        if self.vectorized:
+            return self._gather(arrays, shard_ids, offsets)
+        return self._loop(arrays, shard_ids, offsets)
+
+    def _gather(
+        self, arrays: dict[int, np.ndarray], shard_ids: np.ndarray, offsets: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One fancy-index gather per shard, then one cast: no Python work per row."""
+        if len(arrays) == 1:
+            (tokens,) = arrays.values()
+            windows = tokens[offsets[:, None] + self._window]
+        else:
+            windows = np.empty((self.batch_size, self.block_size + 1), dtype=self.split.shards[0].dtype)
+            for i, tokens in arrays.items():
+                rows = np.flatnonzero(shard_ids == i)
+                windows[rows] = tokens[offsets[rows, None] + self._window]
+        x = windows[:, :-1].astype(np.int64, order="C")
+        y = windows[:, 1:].astype(np.int64, order="C")
+        return x, y
+
+    def _loop(
+        self, arrays: dict[int, np.ndarray], shard_ids: np.ndarray, offsets: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The naive way (slice, cast and stack row by row); kept as the benchmark baseline."""
+        T = self.block_size
+        xs, ys = [], []
+        for i, off in zip(shard_ids.tolist(), offsets.tolist()):
+            tokens = arrays[i]
+            xs.append(tokens[off : off + T].astype(np.int64))
+            ys.append(tokens[off + 1 : off + 1 + T].astype(np.int64))
+        return np.stack(xs), np.stack(ys)
+
+    def state(self) -> dict[str, Any]:
+        """JSON-safe: the 128-bit PCG64 words are stored as decimal strings."""
+        bg = self._rng.bit_generator.state
+        return {
+            "seed": self.seed,
+            "batches": self.batches,
+            "bit_generator": bg["bit_generator"],
+            "state": str(bg["state"]["state"]),
+            "inc": str(bg["state"]["inc"]),
+            "has_uint32": int(bg["has_uint32"]),
+            "uinteger": str(bg["uinteger"]),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        try:
+            if state["bit_generator"] != "PCG64":
+                raise ValueError(f"bit generator {state['bit_generator']}")
+            bg = {
+                "bit_generator": "PCG64",
+                "state": {"state": int(state["state"]), "inc": int(state["inc"])},
+                "has_uint32": int(state["has_uint32"]),
+                "uinteger": int(state["uinteger"]),
+            }
+            rng = np.random.default_rng()
+            rng.bit_generator.state = bg
+            batches = int(state["batches"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _error(
+                f"the saved data sampler state is invalid ({exc!r}); resume from another "
+                f"checkpoint or start a new run"
+            ) from exc
+        self._rng = rng
+        self.batches = batches
+        self.seed = state.get("seed", self.seed)
+
+
+# --------------------------------------------------------------------------- device loading
+
+
+_Item = tuple[torch.Tensor, torch.Tensor, dict] | BaseException
+
+
+class BatchLoader:
+    """Batches from a sampler as int64 tensors on a device.
+
+    On CUDA the host tensors are pinned and copied with non_blocking=True, so the copy
+    overlaps the previous step's compute; elsewhere both switches are ignored. With
+    prefetch, a daemon thread builds the next batch while the caller trains on this one.
+    """
+
+    def __init__(
+        self, sampler: BatchSampler, device: torch.device | str, pin_memory: bool = True, prefetch: bool = True
+    ) -> None:
+        self.sampler = sampler
+        self.device = torch.device(device)
+        self.pin = pin_memory and self.device.type == "cuda"
+        self.prefetch = prefetch
+        self._next_state = sampler.state()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=1)
+        self._closed = False
+        if prefetch:
+            self._start()
+
+    def _host_batch(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        x, y = self.sampler.next()
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        if self.pin:
+            xt, yt = xt.pin_memory(), yt.pin_memory()
+        return xt, yt, self.sampler.state()
+
+    def _start(self) -> None:
+        # Each thread gets its own stop event and queue, so a stopped thread can never
+        # hand a stale batch to its successor.
+        self._stop = stop = threading.Event()
+        self._queue = q = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._produce, args=(stop, q), name="batch-prefetch", daemon=True)
+        self._thread.start()
+
+    def _produce(self, stop: threading.Event, q: queue.Queue[_Item]) -> None:
+        while not stop.is_set():
+            try:
+                item: _Item = self._host_batch()
+            except BaseException as exc:  # handed to the consumer, raised there
+                item = exc
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+
+    def _halt(self, timeout: float | None) -> None:
+        """Stop the prefetch thread and drop any batch it built."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._closed:
+            raise RuntimeError("BatchLoader.next() called after close()")
+        if not self.prefetch:
+            x, y, after = self._host_batch()
+        else:
+            while True:
+                try:
+                    item = self._queue.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if self._thread is None or not self._thread.is_alive():
+                        raise RuntimeError("the batch prefetch thread stopped unexpectedly") from None
+            if isinstance(item, BaseException):
+                self._thread = None
+                raise item
+            x, y, after = item
+        self._next_state = after
+        return (
+            x.to(self.device, non_blocking=self.pin),
+            y.to(self.device, non_blocking=self.pin),
+        )
+
+    def state(self) -> dict[str, Any]:
+        """The sampler state before the batch the next next() call returns (prefetched or not)."""
+        return dict(self._next_state)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Rewind/fast-forward the sampler; a prefetched batch is discarded and rebuilt."""
+        if self.prefetch and not self._closed:
+            self._halt(timeout=None)  # the sampler must be idle before it is touched
+        self.sampler.set_state(state)
+        self._next_state = self.sampler.state()
+        if self.prefetch and not self._closed:
+            self._start()
+
+    def close(self) -> None:
+        """Stop the prefetch thread. Returns within about a batch's build time; the thread
+        is a daemon, so even a stuck read cannot keep the process alive."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.prefetch:
+            self._halt(timeout=5.0)
+
+    def __enter__(self) -> BatchLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

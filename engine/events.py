@@ -1,0 +1,202 @@
+"""Typed events a run emits, and the sinks that carry them.
+
+Every run writes them to `events.jsonl` in its run directory (one JSON object per line,
+with an "event" key); the same events go to the console for headless runs and to a
+queue or callback for the TUI. `read_events` parses a run's file back, for `attach`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal, Protocol, TextIO, Union
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+
+class _Event(BaseModel):
+    time: float = Field(default_factory=time.time)
+
+
+class RunStarted(_Event):
+    event: Literal["run_started"] = "run_started"
+    config: dict[str, Any]
+    n_params: int
+    device: str
+    device_name: str
+    start_step: int = 0
+    flops_per_token: int
+    peak_flops: float | None = None
+    dataset: dict[str, Any] = {}
+
+
+class Step(_Event):
+    event: Literal["step"] = "step"
+    step: int  # optimizer steps completed
+    loss: float  # mean train loss over the step's micro-batches
+    lr: float
+    grad_norm: float  # global norm before clipping
+    step_time_s: float  # device-synchronized, averaged over the steps since the last event
+    tokens_per_s: float
+    mfu: float | None  # None: the device's peak is unknown
+    mem_bytes: int | None  # peak allocated device memory; None on CPU
+    tokens: int  # tokens seen so far
+
+
+class Eval(_Event):
+    event: Literal["eval"] = "eval"
+    step: int
+    val_loss: float
+
+
+class Checkpoint(_Event):
+    event: Literal["checkpoint"] = "checkpoint"
+    step: int
+    path: str
+    val_loss: float | None
+    best: bool = False
+    size_bytes: int = 0
+
+
+class Warning_(_Event):
+    event: Literal["warning"] = "warning"
+    message: str
+
+
+class RunFinished(_Event):
+    event: Literal["run_finished"] = "run_finished"
+    step: int
+    reason: Literal["completed", "stopped"] = "completed"
+    best_val_loss: float | None = None
+    summary: dict[str, Any] = {}
+
+
+class RunFailed(_Event):
+    event: Literal["run_failed"] = "run_failed"
+    step: int | None = None
+    error: str
+
+
+Event = Annotated[
+    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed],
+    Field(discriminator="event"),
+]
+_adapter: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def parse_event(line: str) -> Event:
+    return _adapter.validate_json(line)
+
+
+def read_events(path: Path) -> tuple[list[Event], list[str]]:
+    """All events of an events.jsonl, and a warning for each line that is torn or unknown."""
+    events, problems = [], []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                events.append(parse_event(line))
+            except ValidationError:
+                problems.append(f"{path}:{n}: skipped an unreadable line")
+    return events, problems
+
+
+# ------------------------------------------------------------------------------ sinks
+
+
+class Sink(Protocol):
+    def emit(self, event: _Event) -> None: ...
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """Appends one line per event and flushes it, so `attach` sees it at once."""
+
+    def __init__(self, path: Path):
+        self._f = open(path, "a", encoding="utf-8")
+
+    def emit(self, event: _Event) -> None:
+        self._f.write(event.model_dump_json() + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class QueueSink:
+    """Hands events to another thread (the TUI) without ever blocking the trainer."""
+
+    def __init__(self, q: queue.Queue | None = None):
+        self.queue: queue.Queue = q if q is not None else queue.Queue()
+
+    def emit(self, event: _Event) -> None:
+        self.queue.put_nowait(event)
+
+    def close(self) -> None:
+        pass
+
+
+class CallbackSink:
+    def __init__(self, fn: Callable[[Any], None]):
+        self._fn = fn
+
+    def emit(self, event: _Event) -> None:
+        self._fn(event)
+
+    def close(self) -> None:
+        pass
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+class ConsoleSink:
+    """One human-readable line per event, for headless runs and logs."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self._out = stream or sys.stdout
+        self._max_steps: int | None = None
+
+    def emit(self, event: _Event) -> None:
+        line = self.format(event)
+        if line:
+            print(line, file=self._out, flush=True)
+
+    def format(self, e: _Event) -> str:
+        match e:
+            case RunStarted():
+                self._max_steps = e.config["train"]["max_steps"]
+                mp = f"{e.n_params / 1e6:.2f}M"
+                return (
+                    f"run started: {mp} parameters on {e.device_name} ({e.device}), "
+                    f"{e.config['train']['batch_size']}x{e.config['train']['grad_accum']}x"
+                    f"{e.config['train'].get('block_size')} tokens/step, from step {e.start_step}"
+                )
+            case Step():
+                mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
+                return (
+                    f"step {e.step:>6}/{self._max_steps} | loss {e.loss:.4f} | lr {e.lr:.2e} | "
+                    f"norm {e.grad_norm:.3f} | {1000 * e.step_time_s:.1f} ms | "
+                    f"{e.tokens_per_s:,.0f} tok/s | mfu {mfu} | mem {_fmt_bytes(e.mem_bytes)}"
+                )
+            case Eval():
+                return f"eval step {e.step}: val loss {e.val_loss:.4f}"
+            case Checkpoint():
+                best = " (best)" if e.best else ""
+                return f"checkpoint step {e.step}: {e.path}{best}"
+            case Warning_():
+                return f"warning: {e.message}"
+            case RunFinished():
+                best = "-" if e.best_val_loss is None else f"{e.best_val_loss:.4f}"
+                return f"run {e.reason} at step {e.step}; best val loss {best}"
+            case RunFailed():
+                return f"run failed at step {e.step}: {e.error}"
+        return ""
+
+    def close(self) -> None:
+        pass

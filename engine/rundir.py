@@ -1,0 +1,57 @@
+"""The run directory: config.toml, events.jsonl, checkpoints/, tokenizer.json.
+
+A run directory describes itself: `attach`, `--resume` and `sample` need nothing else.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from engine.checkpoint import atomic_write_bytes
+from engine.config import RunConfig, build, read_toml
+from engine.errors import UserError
+
+CONFIG, EVENTS, CHECKPOINTS, TOKENIZER = "config.toml", "events.jsonl", "checkpoints", "tokenizer.json"
+
+
+def default_path(preset: str | None) -> Path:
+    return Path("runs") / f"{preset or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def holds_run(path: Path) -> bool:
+    return (path / CONFIG).exists() or (path / EVENTS).exists()
+
+
+def check_new(path: Path) -> None:
+    """Refuse a path that would overwrite anything, before a single byte is written."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {path} is a file; choose a directory path")
+    if holds_run(path):
+        raise UserError(f"{path} already holds a run; continue it with --resume {path} or choose another --out")
+
+
+def create(path: Path, config: RunConfig, tokenizer: str | None) -> None:
+    check_new(path)
+    (path / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+    write_config(path, config)
+    if tokenizer:
+        shutil.copyfile(tokenizer, path / TOKENIZER)
+
+
+def write_config(path: Path, config: RunConfig) -> None:
+    atomic_write_bytes(path / CONFIG, config.to_toml().encode())
+
+
+def load_config(path: Path) -> RunConfig:
+    if not path.is_dir():
+        raise UserError(f"run directory {path} does not exist; check the path")
+    if not (path / CONFIG).is_file():
+        raise UserError(f"{path} is not a run directory (no {CONFIG}); give the --out of a run")
+    return build(read_toml(path / CONFIG))
+
+
+def tokenizer_of(path: Path) -> Path | None:
+    p = path / TOKENIZER
+    return p if p.is_file() else None

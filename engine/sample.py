@@ -1,0 +1,67 @@
+"""Text generation from a run directory or a checkpoint file (CLI `sample`, TUI sample panel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from engine import checkpoint as ckpt
+from engine import rundir
+from engine.config import RunConfig, build
+from engine.errors import UserError
+from engine.model import GPT
+
+
+def load_model(run_or_file: Path, device: str = "cpu") -> tuple[GPT, RunConfig, Path]:
+    """The model of a checkpoint, its config, and the checkpoint's path."""
+    path = ckpt.find(run_or_file)
+    state = ckpt.load(path, map_location=device)
+    config = build(state["config"])
+    model = GPT(config.model)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError:
+        raise UserError(f"{path}: its weights do not match its own config; the file is damaged") from None
+    return model.to(device).eval(), config, path
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception for broken JSON
+        raise UserError(f"tokenizer {path} cannot be read ({str(err).splitlines()[0][:120]}); give a tokenizer.json") from None
+
+
+def find_tokenizer(run_or_file: Path, checkpoint_path: Path) -> Path:
+    """The run's own tokenizer.json: beside the run dir's config, or two levels above a checkpoint."""
+    for run in (run_or_file, checkpoint_path.parent.parent, checkpoint_path.parent):
+        tok = rundir.tokenizer_of(run)
+        if tok:
+            return tok
+    raise UserError(
+        f"no tokenizer.json found for {run_or_file} (its data carried none, e.g. nanoGPT or llm.c "
+        "files); pass --tokenizer PATH"
+    )
+
+
+def generate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    seed: int | None = None,
+) -> str:
+    device = next(model.parameters()).device
+    ids = tokenizer.encode(prompt).ids
+    if not ids:  # an empty prompt starts after a document boundary
+        eot = tokenizer.token_to_id("<|endoftext|>")
+        ids = [eot if eot is not None else 0]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed) if seed is not None else gen.seed()
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
+    return tokenizer.decode(out[0].tolist(), skip_special_tokens=False)

@@ -1,0 +1,472 @@
+"""The training loop, and the Control object other threads use to steer it.
+
+Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss/accum ->
+(fp16) unscale -> clip, recording the pre-clip norm -> optimizer step -> scaler update,
+with the LR from `lr_at(step)`. Everything (model build, torch.compile, the loop) happens
+on the thread that calls `Trainer.run()`, because torch.compile is not thread-safe.
+The host syncs with the device only at log, eval and checkpoint steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import platform
+import random
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine import checkpoint as ckpt
+from engine import events as ev
+from engine import rundir
+from engine.config import OptimConfig, RunConfig
+from engine.data import BatchLoader, BatchSampler, Dataset, open_dataset
+from engine.errors import UserError
+from engine.flops import flops_per_token, mfu, peak_flops
+from engine.model import GPT
+
+
+class Control:
+    """Thread-safe steering of a running Trainer: pause, resume, stop (with a save), save now."""
+
+    def __init__(self) -> None:
+        self._running = threading.Event()
+        self._running.set()
+        self._stop = threading.Event()
+        self._save = threading.Event()
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._running.set()  # a paused trainer must wake up to stop
+
+    def save_now(self) -> None:
+        self._save.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def wait_while_paused(self) -> None:
+        while not self._running.wait(timeout=0.1):
+            pass
+
+    def take_save_request(self) -> bool:
+        requested = self._save.is_set()
+        self._save.clear()
+        return requested
+
+
+def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
+    """Linear warmup to optim.lr, then cosine down to optim.min_lr at decay_steps."""
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / optim.warmup_steps
+    end = optim.decay_steps or max_steps
+    if step >= end:
+        return optim.min_lr
+    ratio = (step - optim.warmup_steps) / max(1, end - optim.warmup_steps)
+    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu or auto")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UserError("--device mps asked for, but this machine has no MPS; use --device cpu or auto")
+    return torch.device(name)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type.upper()} ({platform.processor() or platform.machine()})"
+
+
+def pick_precision(precision: str, device: torch.device) -> str:
+    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    if precision == "auto":
+        return ("bf16" if bf16_ok else "fp16") if device.type == "cuda" else "fp32"
+    if precision == "bf16" and not bf16_ok:
+        raise UserError("this GPU has no bf16 support; use --precision fp16 (with its GradScaler) or tf32")
+    return precision
+
+
+def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:
+    """Open the dataset and bind what it decides into the config: path, vocab, block size.
+
+    Everything that can be wrong with the data is found here, before a run directory exists.
+    """
+    if config.data.path is None:
+        from engine.prepare import default_dataset
+
+        path = default_dataset()
+    else:
+        path = Path(config.data.path)
+    headerless_vocab = config.model.vocab_size or config.data.vocab_size  # nanoGPT/llm.c files
+    ds = open_dataset(path, vocab_size=headerless_vocab, preload=config.data.preload)
+    vocab = config.model.vocab_size or ds.info.vocab_size
+    if vocab < ds.info.vocab_size:
+        raise UserError(
+            f"model vocab {vocab} is smaller than the dataset's {ds.info.vocab_size}; "
+            f"pass --vocab-size {ds.info.vocab_size} or more"
+        )
+    T = config.seq_len
+    ds.check_block(T)
+    data = config.model_dump()
+    data["data"]["path"] = str(path)
+    data["model"]["vocab_size"] = vocab
+    data["train"]["block_size"] = T
+    return RunConfig.model_validate(data), ds
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": json.dumps([np_state[0], np_state[1].tolist(), *np_state[2:]]),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, keys, *rest = json.loads(state["numpy"])
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _check_shapes(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: Path) -> None:
+    """One clear line instead of load_state_dict's page when the model shape differs."""
+    own = model.state_dict()
+    for name, tensor in saved.items():
+        if name not in own:
+            raise UserError(
+                f"checkpoint {path} has another model shape (unexpected {name}); "
+                "resume with the run's own config"
+            )
+        if own[name].shape != tensor.shape:
+            raise UserError(
+                f"checkpoint {path} has another model shape ({name}: {tuple(tensor.shape)} saved, "
+                f"{tuple(own[name].shape)} configured); resume with the run's own config"
+            )
+    missing = [n for n in own if n not in saved]
+    if missing:
+        raise UserError(
+            f"checkpoint {path} has another model shape (missing {missing[0]}); "
+            "resume with the run's own config"
+        )
+
+
+class Trainer:
+    """Trains one run into `run_dir`, emitting events to the run's JSONL and to `sinks`.
+
+    `config` must come from `open_data` (vocab and block size bound). With `resume`, the
+    latest checkpoint in run_dir/checkpoints is loaded first.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        dataset: Dataset,
+        sinks: Sequence[ev.Sink] = (),
+        control: Control | None = None,
+        resume: bool = False,
+    ):
+        self.config, self.run_dir, self.dataset = config, Path(run_dir), dataset
+        self.control = control or Control()
+        self.resume = resume
+        self.sinks: list[ev.Sink] = list(sinks)  # the run's JSONL joins once set-up succeeds
+        self.ckpts = ckpt.CheckpointDir(self.run_dir / rundir.CHECKPOINTS, config.train.keep_last)
+        self.step = 0
+        self.tokens = 0
+        self.best_val_loss: float | None = None
+        self.last_eval: tuple[int, float] | None = None
+        self._step_times: list[float] = []
+
+    # ------------------------------------------------------------------ plumbing
+
+    def emit(self, event: Any) -> None:
+        for sink in self.sinks:
+            sink.emit(event)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _setup(self) -> None:
+        cfg = self.config
+        self.device = pick_device(cfg.speed.device)
+        self.precision = pick_precision(cfg.speed.precision, self.device)
+        if self.device.type == "cuda":
+            tf32 = self.precision != "fp32"
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
+            torch.cuda.reset_peak_memory_stats(self.device)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        self.autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=dtype))
+            if dtype is not None
+            else contextlib.nullcontext
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+
+        random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)
+        self.model = GPT(cfg.model).to(self.device)
+        self.optimizer = self._make_optimizer()
+
+        T, B = cfg.seq_len, cfg.train.batch_size
+        sampler = BatchSampler(self.dataset.train, B, T, seed=cfg.train.seed, vectorized=cfg.data.vectorized)
+        self.loader = BatchLoader(sampler, self.device, pin_memory=cfg.data.pin_memory, prefetch=cfg.data.prefetch)
+        val = BatchSampler(self.dataset.val, B, T, seed=cfg.train.seed + 1, vectorized=True)
+        self.val_batches = [val.next() for _ in range(cfg.train.eval_batches)]  # same set every eval
+
+        if self.resume:
+            self._load_latest()
+        # compile last, on this thread, wrapping the module whose state was just loaded
+        self.forward = self.model
+        if cfg.speed.compile:
+            mode = None if cfg.speed.compile_mode == "default" else cfg.speed.compile_mode
+            self.forward = torch.compile(self.model, mode=mode)
+
+        self.n_params = self.model.num_params()
+        self.flops_token = flops_per_token(cfg.model, self.n_params, T)
+        self.device_label = device_name(self.device)
+        self.peak = peak_flops(self.device_label, self.precision) if self.device.type == "cuda" else None
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        o = self.config.optim
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = o.fused if o.fused is not None else self.device.type == "cuda"
+        try:
+            return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
+        except RuntimeError as err:
+            raise UserError(f"fused AdamW is not available here ({err}); pass --no-fused-adamw") from None
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "step": self.step,
+            "tokens": self.tokens,
+            "best_val_loss": self.best_val_loss,
+            "val_loss": self.last_eval[1] if self.last_eval and self.last_eval[0] == self.step else None,
+            "config": self.config.model_dump(mode="json"),
+            "rng": _rng_state(),
+            "data": json.dumps(self.loader.state()),
+        }
+
+    def _load_latest(self) -> None:
+        path = self.ckpts.latest()
+        if path is None:
+            raise UserError(f"{self.run_dir} has no checkpoint to resume from; start a new run instead")
+        state = ckpt.load(path)
+        _check_shapes(self.model, state["model"], path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.tokens = state["step"], state.get("tokens", 0)
+        self.best_val_loss = state.get("best_val_loss")
+        if state.get("val_loss") is not None:
+            self.last_eval = (self.step, state["val_loss"])
+        _set_rng_state(state["rng"])
+        self.loader.set_state(json.loads(state["data"]))
+
+    # ------------------------------------------------------------------ the loop
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        for x, y in self.val_batches:
+            x = torch.from_numpy(x).to(self.device)
+            y = torch.from_numpy(y).to(self.device)
+            with self.autocast():
+                _, loss = self.forward(x, y)
+            total += loss.float()
+        self.model.train()
+        val_loss = total.item() / len(self.val_batches)
+        self.last_eval = (self.step, val_loss)
+        self.emit(ev.Eval(step=self.step, val_loss=val_loss))
+        return val_loss
+
+    def save_checkpoint(self) -> None:
+        if not (self.last_eval and self.last_eval[0] == self.step):
+            self.evaluate()  # every checkpoint carries its val loss, so `best` means something
+        val_loss = self.last_eval[1]
+        is_best = math.isfinite(val_loss) and (self.best_val_loss is None or val_loss < self.best_val_loss)
+        if is_best:
+            self.best_val_loss = val_loss
+        path = self.ckpts.save(self._state(), self.step, is_best)
+        self.emit(
+            ev.Checkpoint(step=self.step, path=str(path), val_loss=val_loss, best=is_best, size_bytes=path.stat().st_size)
+        )
+
+    def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (loss, pre-clip grad norm) as device tensors (no sync)."""
+        accum = self.config.train.grad_accum
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for _ in range(accum):
+            x, y = self.loader.next()
+            with self.autocast():
+                _, loss = self.forward(x, y)
+            loss = loss / accum
+            loss_sum += loss.detach()
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        clip = self.config.optim.grad_clip
+        params = self.model.parameters()
+        if clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        return loss_sum, norm
+
+    def _loop(self) -> str:
+        cfg, ctl = self.config.train, self.control
+        max_steps = cfg.max_steps
+        if self.step == 0 or not self.last_eval:
+            self.evaluate()
+        t_last, since = time.perf_counter(), 0
+        while self.step < max_steps:
+            if ctl.paused:
+                ctl.wait_while_paused()
+                t_last, since = time.perf_counter(), 0
+            if ctl.stop_requested:
+                self.save_checkpoint()
+                return "stopped"
+            if ctl.take_save_request():
+                self.save_checkpoint()
+                t_last, since = time.perf_counter(), 0
+
+            lr = lr_at(self.step, self.config.optim, max_steps)
+            loss, norm = self.train_step(lr)
+            self.step += 1
+            self.tokens += self.config.tokens_per_step
+            since += 1
+
+            if self.step % cfg.log_interval == 0 or self.step == max_steps:
+                self._sync()
+                dt = (time.perf_counter() - t_last) / since
+                self._report(loss.item(), lr, norm.item(), dt)
+                t_last, since = time.perf_counter(), 0
+            if self.step % cfg.eval_interval == 0 or self.step == max_steps:
+                self.evaluate()
+                t_last, since = time.perf_counter(), 0
+            if self.step % cfg.ckpt_interval == 0 or self.step == max_steps:
+                self.save_checkpoint()
+                t_last, since = time.perf_counter(), 0
+        return "completed"
+
+    def _report(self, loss: float, lr: float, grad_norm: float, step_time: float) -> None:
+        self._step_times.append(step_time)
+        tok_s = self.config.tokens_per_step / step_time
+        mem = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        self.emit(
+            ev.Step(
+                step=self.step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=step_time,
+                tokens_per_s=tok_s, mfu=mfu(tok_s, self.flops_token, self.peak), mem_bytes=mem,
+                tokens=self.tokens,
+            )
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Settled speed: medians over the second half of the logged intervals (past compile)."""
+        if not self._step_times:
+            return {}
+        times = self._step_times
+        settled = statistics.median(times[len(times) // 2 :])
+        tok_s = self.config.tokens_per_step / settled
+        return {
+            "first_step_time_s": times[0],
+            "median_step_time_s": settled,
+            "tokens_per_s": tok_s,
+            "mfu": mfu(tok_s, self.flops_token, self.peak),
+            "peak_mem_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+        }
+
+    def run(self) -> str:
+        """Set up, train to max_steps or a stop; returns "completed" or "stopped"."""
+        try:
+            self._setup()
+        except BaseException:
+            self._close()  # bad input found in set-up: nothing is written to the run
+            raise
+        self.sinks.insert(0, ev.JsonlSink(self.run_dir / rundir.EVENTS))
+        try:
+            if self.resume:
+                rundir.write_config(self.run_dir, self.config)  # flags given at resume are kept
+            self.emit(
+                ev.RunStarted(
+                    config=self.config.model_dump(mode="json"), n_params=self.n_params,
+                    device=str(self.device), device_name=self.device_label, start_step=self.step,
+                    flops_per_token=self.flops_token, peak_flops=self.peak,
+                    dataset=self.dataset.info.model_dump(mode="json"),
+                )
+            )
+            reason = self._loop()
+            self.emit(
+                ev.RunFinished(step=self.step, reason=reason, best_val_loss=self.best_val_loss, summary=self.summary())
+            )
+            return reason
+        except BaseException as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            self.emit(ev.RunFailed(step=self.step, error=f"{type(err).__name__}: {message}"))
+            raise
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        loader = getattr(self, "loader", None)
+        if loader is not None:
+            loader.close()
+        for sink in self.sinks:
+            sink.close()
+
