@@ -157,10 +157,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    trainer = Trainer(config, run_dir, dataset, sinks=[ConsoleSink()], control=control, resume=bool(args.resume))
-    trainer.run()
+    previous = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
+    try:
+        Trainer(config, run_dir, dataset, sinks=[ConsoleSink()], control=control, resume=bool(args.resume)).run()
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
     print(f"run directory: {run_dir}")
     return 0
 

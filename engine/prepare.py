@@ -197,6 +197,9 @@ def _chunks(texts: list[str]) -> Iterator[list[str]]:
 def _encode_to_file(tokenizer, texts: list[str], eot_id: int | None, dtype: str, file: Path, bar: _Progress) -> int:
     """Encode documents in chunks (encode_batch runs on the Rust thread pool) and append
     them to a token file. Returns the number of tokens written."""
+    # Documents are text, never control tokens: a literal "<|endoftext|>" in a file (this
+    # very module has one) must stay text, not become an EOT that splits the document.
+    tokenizer.encode_special_tokens = True
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets: faster
     prefix = [] if eot_id is None else [eot_id]
     written = 0

@@ -22,7 +22,7 @@ DOCS = {
     "b.md": "# Title\n\nSome *markdown* with unicode: héllo wörld ✓ 日本語 🙂\n" * 10,
     "sub/c.py": "def f(x):\n    return x * 2  # doubled\n\n" * 15,
     "sub/deeper/d.rst": "Section\n=======\n\nText with  double  spaces and\ttabs.\n" * 12,
-    "e.txt": "  leading spaces, trailing spaces  \n\n\n" * 8,
+    "e.txt": "  leading spaces, trailing spaces  \n\n\n" * 8 + "a literal <|endoftext|> stays text",
     "f.json": json.dumps({"key": [1, 2, 3], "name": "value"}) * 10,
 }
 
@@ -63,16 +63,15 @@ def test_prepare_round_trip(corpus: Path, tmp_path: Path) -> None:
 
     tok = Tokenizer.from_file(info.tokenizer)
     assert tok.token_to_id("<|endoftext|>") == 0
+    tok.encode_special_tokens = True  # as prepare encodes documents: "<|endoftext|>" is text
     for text in DOCS.values():
         assert tok.decode(tok.encode(text).ids) == text
     # The files hold exactly the documents, EOT-separated, each in one split only.
-    decoded = []
-    for split, n_docs in (("train", 4), ("val", 2)):  # 6 docs, 20% val -> round(1.2) = 1? no: see below
-        ids = np.fromfile(out / f"{split}.bin", dtype="<u2")
-        docs = [tok.decode(d.tolist()) for d in split_docs(ids, 0)]
-        decoded.append(docs)
-    train_docs, val_docs = decoded
-    assert len(val_docs) == 1 and len(train_docs) == 5
+    train_docs, val_docs = (
+        [tok.decode(d.tolist()) for d in split_docs(np.fromfile(out / f"{split}.bin", dtype="<u2"), 0)]
+        for split in ("train", "val")
+    )
+    assert len(val_docs) == 1 and len(train_docs) == 5  # 6 documents, 20% val: round(1.2) = 1
     assert sorted(train_docs + val_docs) == sorted(DOCS.values())
 
 
@@ -234,6 +233,7 @@ def test_default_dataset_builds_once_and_is_reused(tmp_path: Path, monkeypatch, 
     assert info.vocab_size == 8192 and info.dtype == "uint16" and info.eot_id == 0
     assert info.train_tokens > 1_000_000 and info.val_tokens > 10_000
     tok = Tokenizer.from_file(info.tokenizer)
+    tok.encode_special_tokens = True
     text = Path(prep.__file__).read_text()
     assert tok.decode(tok.encode(text).ids) == text
     # An explicit cache_dir wins over the environment.
