@@ -193,7 +193,16 @@ class ConsoleSink:
                 return f"warning: {e.message}"
             case RunFinished():
                 best = "-" if e.best_val_loss is None else f"{e.best_val_loss:.4f}"
-                return f"run {e.reason} at step {e.step}; best val loss {best}"
+                line = f"run {e.reason} at step {e.step}; best val loss {best}"
+                s = e.summary
+                if s:
+                    mfu = "-" if s.get("mfu") is None else f"{100 * s['mfu']:.1f}%"
+                    line += (
+                        f"\nsettled speed: {1000 * s['median_step_time_s']:.1f} ms/step, "
+                        f"{s['tokens_per_s']:,.0f} tok/s, mfu {mfu}, peak mem "
+                        f"{_fmt_bytes(s.get('peak_mem_bytes'))} (first step {s['first_step_time_s']:.2f} s)"
+                    )
+                return line
             case RunFailed():
                 return f"run failed at step {e.step}: {e.error}"
         return ""

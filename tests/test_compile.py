@@ -1,0 +1,38 @@
+"""torch.compile on the trainer's own thread (one test: a first compile costs ~1 min on 2 cores)."""
+
+import threading
+
+import pytest
+
+from engine import rundir
+from engine.config import resolve
+from engine.events import read_events
+from engine.trainer import Trainer, open_data
+
+
+def _losses(tmp_path, data, name, **flags):
+    config = resolve("micro", None, {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32",
+                                     "train.max_steps": 6, "train.eval_interval": 100} | flags)
+    config, ds = open_data(config)
+    rundir.create(tmp_path / name, config, None)
+    errors = []
+
+    def work():  # as the TUI does: build, compile and train on a worker thread
+        try:
+            Trainer(config, tmp_path / name, ds).run()
+        except BaseException as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not errors, errors
+    events, _ = read_events(tmp_path / name / rundir.EVENTS)
+    return [e.loss for e in events if e.event == "step"]
+
+
+def test_compiled_training_on_a_worker_thread_matches_eager(tmp_path, tiny_dataset):
+    eager = _losses(tmp_path, tiny_dataset, "eager")
+    compiled = _losses(tmp_path, tiny_dataset, "compiled", **{"speed.compile": True})
+    assert len(compiled) == len(eager) == 6
+    assert compiled == pytest.approx(eager, rel=1e-3)
