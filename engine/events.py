@@ -44,6 +44,7 @@ class Step(_Event):
     mfu: float | None  # None: the device's peak is unknown
     mem_bytes: int | None  # peak allocated device memory; None on CPU
     tokens: int  # tokens seen so far
+    data_time_s: float = 0.0  # of step_time_s, host time spent waiting for batches
 
 
 class Eval(_Event):

@@ -194,7 +194,9 @@ def _chunks(texts: list[str]) -> Iterator[list[str]]:
         yield chunk
 
 
-def _encode_to_file(tokenizer, texts: list[str], eot_id: int | None, dtype: str, file: Path, bar: _Progress) -> int:
+def _encode_to_file(
+    tokenizer, texts: list[str], eot_id: int | None, dtype: str, file: Path, bar: _Progress
+) -> int:
     """Encode documents in chunks (encode_batch runs on the Rust thread pool) and append
     them to a token file. Returns the number of tokens written."""
     # Documents are text, never control tokens: a literal "<|endoftext|>" in a file (this
@@ -379,7 +381,8 @@ def default_dataset(cache_dir: Path | None = None, progress: bool = True) -> Pat
     """The embedded demo corpus (this Python's stdlib source, BPE 8192), built once, cached.
 
     Safe when several processes ask at once: the first builds under a lock while the
-    others wait, then find it done. Measured: 15 s on 2 cores (11 MB, 601 files).
+    others wait, then find it done. measured: 5 s on 2 cores (11 MB, 601 files, ~2.9 M
+    tokens); later calls return at once.
     """
     name = f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-v{DEFAULT_VOCAB}"
     return _cached_build(cache_root(cache_dir) / name, stdlib_files, progress)
@@ -415,16 +418,28 @@ def _cached_build(target: Path, files, progress: bool) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `prepare` subcommand's flags."""
-    parser.add_argument("paths", nargs="+", type=Path, metavar="PATHS", help="text files or directories (recursed)")
-    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="new dataset directory (must not hold files)")
+    parser.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATHS", help="text files or directories (recursed)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="new dataset directory (must not hold files)"
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--vocab-size", type=int, default=DEFAULT_VOCAB, metavar="N",
         help=f"train a byte-level BPE with N entries (default {DEFAULT_VOCAB})",
     )  # fmt: skip
-    source.add_argument("--tokenizer", type=Path, default=None, metavar="FILE", help="use this tokenizer.json instead of training one")
-    parser.add_argument("--val-fraction", type=float, default=0.05, metavar="F", help="share of documents held out for validation (default 0.05)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the train/val document split (default 0)")
+    source.add_argument(
+        "--tokenizer", type=Path, default=None, metavar="FILE",
+        help="use this tokenizer.json instead of training one",
+    )  # fmt: skip
+    parser.add_argument(
+        "--val-fraction", type=float, default=0.05, metavar="F",
+        help="share of documents held out for validation (default 0.05)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of the train/val document split (default 0)"
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:

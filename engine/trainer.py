@@ -183,6 +183,20 @@ def _check_shapes(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: 
         )
 
 
+class _StepClock:
+    """Times training steps only: pauses, evals and saves restart it."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self.t0, self.steps, self.data_s = time.perf_counter(), 0, 0.0
+
+    def per_step(self) -> tuple[float, float]:
+        """(wall seconds, seconds waiting for data) per step since the restart; sync first."""
+        return (time.perf_counter() - self.t0) / self.steps, self.data_s / self.steps
+
+
 class Trainer:
     """Trains one run into `run_dir`, emitting events to the run's JSONL and to `sinks`.
 
@@ -209,6 +223,7 @@ class Trainer:
         self.best_val_loss: float | None = None
         self.last_eval: tuple[int, float] | None = None
         self._step_times: list[float] = []
+        self.clock = _StepClock()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -348,7 +363,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         for _ in range(accum):
+            t0 = time.perf_counter()
             x, y = self.loader.next()
+            self.clock.data_s += time.perf_counter() - t0
             with self.autocast():
                 _, loss = self.forward(x, y)
             loss = loss / accum
@@ -374,38 +391,40 @@ class Trainer:
         max_steps = cfg.max_steps
         if self.step == 0 or not self.last_eval:
             self.evaluate()
-        t_last, since = time.perf_counter(), 0
+        clock = self.clock
+        clock.restart()
         while self.step < max_steps:
             if ctl.paused:
                 ctl.wait_while_paused()
-                t_last, since = time.perf_counter(), 0
+                clock.restart()
             if ctl.stop_requested:
                 self.save_checkpoint()
                 return "stopped"
             if ctl.take_save_request():
                 self.save_checkpoint()
-                t_last, since = time.perf_counter(), 0
+                clock.restart()
 
             lr = lr_at(self.step, self.config.optim, max_steps)
             loss, norm = self.train_step(lr)
             self.step += 1
             self.tokens += self.config.tokens_per_step
-            since += 1
+            clock.steps += 1
 
-            if self.step % cfg.log_interval == 0 or self.step == max_steps:
+            last = self.step == max_steps
+            if self.step % cfg.log_interval == 0 or last:
                 self._sync()
-                dt = (time.perf_counter() - t_last) / since
-                self._report(loss.item(), lr, norm.item(), dt)
-                t_last, since = time.perf_counter(), 0
-            if self.step % cfg.eval_interval == 0 or self.step == max_steps:
+                step_time, data_time = clock.per_step()
+                self._report(loss.item(), lr, norm.item(), step_time, data_time)
+                clock.restart()
+            if self.step % cfg.eval_interval == 0 or last:
                 self.evaluate()
-                t_last, since = time.perf_counter(), 0
-            if self.step % cfg.ckpt_interval == 0 or self.step == max_steps:
+                clock.restart()
+            if self.step % cfg.ckpt_interval == 0 or last:
                 self.save_checkpoint()
-                t_last, since = time.perf_counter(), 0
+                clock.restart()
         return "completed"
 
-    def _report(self, loss: float, lr: float, grad_norm: float, step_time: float) -> None:
+    def _report(self, loss: float, lr: float, grad_norm: float, step_time: float, data_time: float) -> None:
         self._step_times.append(step_time)
         tok_s = self.config.tokens_per_step / step_time
         mem = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
@@ -413,7 +432,7 @@ class Trainer:
             ev.Step(
                 step=self.step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=step_time,
                 tokens_per_s=tok_s, mfu=mfu(tok_s, self.flops_token, self.peak), mem_bytes=mem,
-                tokens=self.tokens,
+                tokens=self.tokens, data_time_s=data_time,
             )
         )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -109,6 +110,16 @@ def make_dataset(tmp_path: Path) -> Callable[..., Path]:
         raise ValueError(f"unknown format {fmt}")
 
     return make
+
+
+@pytest.fixture
+def writers() -> SimpleNamespace:
+    """The raw file writers (gpt2tui, nanogpt, llmc, llmc_shard, random_tokens), as a fixture
+    so that tests need not import conftest."""
+    return SimpleNamespace(
+        gpt2tui=write_gpt2tui, nanogpt=write_nanogpt, llmc=write_llmc,
+        llmc_shard=write_llmc_shard, random_tokens=random_tokens,
+    )  # fmt: skip
 
 
 @pytest.fixture

@@ -82,11 +82,9 @@ def test_open_llmc_shards(make_dataset) -> None:
     assert 0.5 < from_b.mean() < 0.75
 
 
-def test_llmc_header_in_train_bin_counts_as_llmc(tmp_path: Path) -> None:
-    from conftest import write_llmc_shard
-
-    write_llmc_shard(tmp_path / "train.bin", np.arange(2000))
-    write_llmc_shard(tmp_path / "val.bin", np.arange(300))
+def test_llmc_header_in_train_bin_counts_as_llmc(tmp_path: Path, writers) -> None:
+    writers.llmc_shard(tmp_path / "train.bin", np.arange(2000))
+    writers.llmc_shard(tmp_path / "val.bin", np.arange(300))
     ds = open_dataset(tmp_path, preload=False)
     assert ds.info.format == "llmc" and ds.info.train_tokens == 2000
     assert np.array_equal(np.asarray(ds.val.shards[0].tokens()), np.arange(300))
@@ -251,7 +249,7 @@ def test_loader_reraises_producer_errors(tiny_dataset: Path) -> None:
 
 
 def _sidecar_edit(**changes):
-    def make(make_dataset) -> Path:
+    def make(make_dataset, w) -> Path:
         root = make_dataset("gpt2-tui")
         car = json.loads((root / "dataset.json").read_text())
         for key, value in changes.items():
@@ -269,7 +267,7 @@ _DROP = object()
 
 
 def _write(name: str, data: bytes, base: str = "gpt2-tui"):
-    def make(make_dataset) -> Path:
+    def make(make_dataset, w) -> Path:
         root = make_dataset(base)
         (root / name).write_bytes(data)
         return root
@@ -278,18 +276,16 @@ def _write(name: str, data: bytes, base: str = "gpt2-tui"):
 
 
 def _llmc(magic=20240520, version=1, count=None, tokens=np.arange(100)):
-    def make(make_dataset) -> Path:
-        from conftest import write_llmc_shard
-
+    def make(make_dataset, w) -> Path:
         root = make_dataset("llmc", train=[np.arange(2000) % 64], val=[np.arange(500) % 64])
-        write_llmc_shard(root / "data_train_000002.bin", tokens, magic=magic, version=version, count=count)
+        w.llmc_shard(root / "data_train_000002.bin", tokens, magic=magic, version=version, count=count)
         return root
 
     return make
 
 
 def _raw(files: dict[str, bytes]):
-    def make(make_dataset) -> Path:
+    def make(make_dataset, w) -> Path:
         root = make_dataset("nanogpt")
         for f in root.iterdir():
             f.unlink()
@@ -303,8 +299,8 @@ def _raw(files: dict[str, bytes]):
 _LLMC_HEADER_1 = np.array([20240520, 1, 1] + [0] * 253, "<i4").tobytes()
 
 BAD = {
-    "missing dir": (lambda md: md("gpt2-tui").parent / "nope", "does not exist"),
-    "a file": (lambda md: md("gpt2-tui") / "train.bin", "not a dataset directory"),
+    "missing dir": (lambda md, w: md("gpt2-tui").parent / "nope", "does not exist"),
+    "a file": (lambda md, w: md("gpt2-tui") / "train.bin", "not a dataset directory"),
     "empty dir": (_raw({}), "expected dataset.json + train.bin + val.bin"),
     "no val": (_raw({"train.bin": b"\0\0" * 100}), "no val file"),
     "odd nanogpt size": (_raw({"train.bin": b"\0" * 201, "val.bin": b"\0\0" * 100}), "not a multiple of 2"),
@@ -338,9 +334,9 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
-def test_bad_input_is_one_line_user_error(make_dataset, snapshot, tmp_path: Path, case: str) -> None:
+def test_bad_input_is_one_line_user_error(make_dataset, writers, snapshot, tmp_path: Path, case: str) -> None:
     build, needle = BAD[case]
-    root = build(make_dataset)
+    root = build(make_dataset, writers)
     before = snapshot(tmp_path)
     with pytest.raises(UserError) as err:
         open_dataset(root, vocab_size=64 if "llmc" in case else 50257)
