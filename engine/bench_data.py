@@ -59,10 +59,12 @@ def _reference(sampler: BatchSampler, how: str) -> Callable[[], tuple]:
         used = [0] if len(sampler.split.shards) == 1 else np.unique(shard_ids).tolist()
         arrays = {i: sampler.split.shards[i].tokens() for i in used}
         if how == "nanogpt":
-            rows = list(zip(shard_ids.tolist(), offsets))  # numpy offsets, as nanoGPT indexes
-            x = torch.stack([torch.from_numpy(arrays[s][o : o + T].astype(np.int64)) for s, o in rows])
-            y = torch.stack([torch.from_numpy(arrays[s][o + 1 : o + 1 + T].astype(np.int64)) for s, o in rows])
-            return x, y
+            rows = list(zip(shard_ids.tolist(), offsets))  # scalar indices, as in nanoGPT's loop
+
+            def row(s: int, o: int) -> torch.Tensor:
+                return torch.from_numpy(arrays[s][o : o + T].astype(np.int64))
+
+            return torch.stack([row(s, o) for s, o in rows]), torch.stack([row(s, o + 1) for s, o in rows])
         windows = np.empty((len(offsets), T + 1), dtype=sampler.split.shards[0].dtype)
         for i, tokens in arrays.items():
             rows = np.flatnonzero(shard_ids == i)

@@ -79,8 +79,8 @@ class Sidecar(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    format: Literal["gpt2-tui"]
-    version: Literal[1]
+    format: Literal["gpt2-tui"]  # FORMAT_NAME
+    version: Literal[1]  # FORMAT_VERSION
     dtype: str
     vocab_size: int = Field(ge=2)
     train_tokens: int = Field(ge=0)
@@ -103,8 +103,8 @@ class Shard:
     data: np.ndarray | None = None
 
     def tokens(self) -> np.ndarray:
-        """The tokens: the RAM copy if preloaded, else a memmap opened afresh (nanoGPT's way,
-        which sidesteps np.memmap's habit of keeping pages referenced forever)."""
+        """The tokens: the RAM copy if preloaded, else a memmap opened afresh (nanoGPT's way:
+        a long-lived np.memmap was seen to grow resident memory as pages stay mapped)."""
         if self.data is not None:
             return self.data
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
@@ -118,10 +118,14 @@ class Shard:
 class TokenSplit:
     """One split (train or val): one or more shards sampled as a single token stream."""
 
-    def __init__(self, name: str, shards: list[Shard], preload: bool) -> None:
+    def __init__(self, name: str, shards: list[Shard]) -> None:
         self.name = name
         self.shards = shards
-        self.preload = preload
+
+    @property
+    def preload(self) -> bool:
+        """True once every shard is in RAM."""
+        return all(s.data is not None for s in self.shards)
 
     @property
     def num_tokens(self) -> int:
@@ -279,7 +283,7 @@ def _open_ours(root: Path) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
                 f"{SIDECAR} says {name}_tokens={expected} but {file} holds {count} tokens; "
                 f"the dataset is incomplete or corrupt: prepare it again"
             )
-        splits.append(TokenSplit(name, [Shard(file, 0, count, dtype)], preload=False))
+        splits.append(TokenSplit(name, [Shard(file, 0, count, dtype)]))
     info = DatasetInfo(
         format="gpt2-tui",
         path=str(root),
@@ -297,7 +301,7 @@ def _open_nanogpt(root: Path, vocab_size: int) -> tuple[DatasetInfo, TokenSplit,
     _check_vocab_arg(vocab_size, 65536)
     dtype = DTYPES["uint16"]
     train, val = (
-        TokenSplit(name, [Shard(file, 0, _raw_count(file, 0, dtype), dtype)], preload=False)
+        TokenSplit(name, [Shard(file, 0, _raw_count(file, 0, dtype), dtype)])
         for name, file in (("train", root / "train.bin"), ("val", root / "val.bin"))
     )
     info = DatasetInfo(
@@ -311,8 +315,8 @@ def _open_llmc(
     root: Path, train_files: list[Path], val_files: list[Path], vocab_size: int
 ) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
     _check_vocab_arg(vocab_size, 65536)
-    train = TokenSplit("train", [_llmc_shard(p) for p in train_files], False)
-    val = TokenSplit("val", [_llmc_shard(p) for p in val_files], False)
+    train = TokenSplit("train", [_llmc_shard(p) for p in train_files])
+    val = TokenSplit("val", [_llmc_shard(p) for p in val_files])
     info = DatasetInfo(
         format="llmc", path=str(root), dtype="uint16", vocab_size=vocab_size,
         train_tokens=train.num_tokens, val_tokens=val.num_tokens, tokenizer=None, eot_id=None,

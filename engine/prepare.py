@@ -1,7 +1,7 @@
 """Text files -> a byte-level BPE tokenizer -> gpt2-tui token files + dataset.json.
 
 Pre-tokenizing once is what lets training read batches straight from RAM instead of
-tokenizing on the fly (about 2x, see docs). Every file is one document; each document is
+tokenizing on the fly (reported ~2x). Every file is one document; each document is
 preceded by ``<|endoftext|>`` (llm.c's convention), so the model sees where documents
 start and sampling can be prompted with EOT alone. Whole documents go to train or val,
 chosen by a seeded shuffle, so val text is never seen in training.
@@ -15,19 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import sys
-import secrets
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from engine.data import SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
+from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
 from engine.errors import UserError
 
 EOT = "<|endoftext|>"
@@ -63,10 +63,12 @@ class PrepareReport:
 
 
 class _Progress:
-    """A one-line progress bar on stderr (no tqdm dependency), redrawn at most 10x/s."""
+    """A one-line progress bar on stderr (no tqdm dependency), redrawn at most 10x/s; when
+    stderr is not a terminal (logs, CI) only the final state is written."""
 
     def __init__(self, label: str, total: int, enabled: bool) -> None:
-        self.label, self.total, self.enabled = label, max(total, 1), enabled
+        self.label, self.total, self.enabled = label, max(total, 1), enabled and sys.stderr.isatty()
+        self.quiet_summary = enabled and not self.enabled
         self.done, self._last = 0, 0.0
 
     def update(self, n: int) -> None:
@@ -82,7 +84,9 @@ class _Progress:
     def close(self) -> None:
         if self.enabled:
             sys.stderr.write("\n")
-            sys.stderr.flush()
+        elif self.quiet_summary:
+            sys.stderr.write(f"{self.label}: done\n")
+        sys.stderr.flush()
 
 
 def _say(message: str, enabled: bool) -> None:
@@ -162,7 +166,7 @@ def _load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
         ) from exc
 
 
-def _train_tokenizer(texts: list[str], vocab_size: int, progress: bool):  # -> tokenizers.Tokenizer
+def _train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokenizer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -172,7 +176,7 @@ def _train_tokenizer(texts: list[str], vocab_size: int, progress: bool):  # -> t
         vocab_size=vocab_size,
         special_tokens=[EOT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=progress,
+        show_progress=False,  # its bars write stray newlines to stdout when not on a TTY
     )
     tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tokenizer
@@ -292,7 +296,7 @@ def prepare_report(
     try:
         if tok is None:
             _say(f"training a {vocab_size}-token BPE on {len(train_texts)} documents...", progress)
-            tok = _train_tokenizer(train_texts, vocab_size, progress)
+            tok = _train_tokenizer(train_texts, vocab_size)
             tok.save(str(tmp / "tokenizer.json"))
         else:
             shutil.copyfile(Path(tokenizer).expanduser(), tmp / "tokenizer.json")
@@ -308,8 +312,8 @@ def prepare_report(
         }
         bar.close()
         sidecar = {
-            "format": "gpt2-tui",
-            "version": 1,
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
             "dtype": dtype,
             "vocab_size": vocab,
             "train_tokens": counts["train"],
@@ -388,7 +392,7 @@ def default_dataset(cache_dir: Path | None = None, progress: bool = True) -> Pat
     return _cached_build(cache_root(cache_dir) / name, stdlib_files, progress)
 
 
-def _cached_build(target: Path, files, progress: bool) -> Path:
+def _cached_build(target: Path, files: Callable[[], list[Path]], progress: bool) -> Path:
     """Build `target` from `files()` unless it already exists; the check is repeated under
     the lock so concurrent callers build it once."""
     if (target / SIDECAR).is_file():

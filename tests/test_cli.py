@@ -157,3 +157,20 @@ def test_installed_console_script_reports_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "r").exists()
     res = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "train" in res.stdout and "sample" in res.stdout
+
+
+def test_default_dataset_is_the_stdlib_corpus_and_the_model_learns_it(tmp_path, capsys):
+    """No --data: the embedded corpus is prepared once (session cache) and trained on."""
+    import tomllib
+
+    from engine.events import read_events
+
+    run = tmp_path / "run"
+    assert main(["train", *MICRO, "--out", str(run), "--max-steps", "40", "--eval-interval", "40",
+                 "--batch-size", "8", "--log-interval", "10"]) == 0
+    config = tomllib.loads((run / "config.toml").read_text())
+    assert Path(config["data"]["path"]).name.startswith("stdlib-py")
+    assert config["model"]["vocab_size"] == 8192
+    evals = [e.val_loss for e in read_events(run / "events.jsonl")[0] if e.event == "eval"]
+    assert evals[0] > 8.5  # ~ln(8192) at init
+    assert evals[-1] < evals[0] - 1.5  # real text: the model learns
