@@ -27,6 +27,7 @@ class RunStarted(_Event):
     n_params: int
     device: str
     device_name: str
+    precision: str  # what "auto" resolved to on this device
     start_step: int = 0
     flops_per_token: int
     peak_flops: float | None = None
@@ -174,7 +175,7 @@ class ConsoleSink:
                 self._max_steps = e.config["train"]["max_steps"]
                 mp = f"{e.n_params / 1e6:.2f}M"
                 return (
-                    f"run started: {mp} parameters on {e.device_name} ({e.device}), "
+                    f"run started: {mp} parameters on {e.device_name} ({e.device}, {e.precision}), "
                     f"{e.config['train']['batch_size']}x{e.config['train']['grad_accum']}x"
                     f"{e.config['train'].get('block_size')} tokens/step, from step {e.start_step}"
                 )

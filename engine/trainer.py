@@ -465,7 +465,8 @@ class Trainer:
             self.emit(
                 ev.RunStarted(
                     config=self.config.model_dump(mode="json"), n_params=self.n_params,
-                    device=str(self.device), device_name=self.device_label, start_step=self.step,
+                    device=str(self.device), device_name=self.device_label, precision=self.precision,
+                    start_step=self.step,
                     flops_per_token=self.flops_token, peak_flops=self.peak,
                     dataset=self.dataset.info.model_dump(mode="json"),
                 )

@@ -54,6 +54,7 @@ def test_events_schema_and_run_directory(tmp_path, tiny_dataset):
     assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
     started = events[0]
     assert started.n_params > 0 and started.device == "cpu" and started.peak_flops is None
+    assert started.precision == "fp32"
     assert started.config["model"]["vocab_size"] == 64  # bound from the dataset
     steps = [e for e in events if e.event == "step"]
     assert [s.step for s in steps] == list(range(1, 13))
@@ -159,3 +160,31 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, tiny_dataset):
         (b(xs, ys)[1] / 2).backward()
     for pa, pb in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_paths_train_on_cpu(tmp_path, tiny_dataset, precision):
+    """bf16 autocast (no scaler) and fp16 with its GradScaler, through the real loop;
+    clipping off exercises the plain pre-clip norm."""
+    _, ref = _run(tmp_path, tiny_dataset, "fp32", **{"train.max_steps": 3, "optim.grad_clip": 0.0})
+    _, got = _run(tmp_path, tiny_dataset, precision, **{"train.max_steps": 3, "optim.grad_clip": 0.0,
+                                                         "speed.precision": precision})
+    ref_steps = [e for e in ref if e.event == "step"]
+    got_steps = [e for e in got if e.event == "step"]
+    assert got[0].precision == precision
+    assert got_steps[0].loss == pytest.approx(ref_steps[0].loss, rel=0.02)
+    assert got_steps[0].grad_norm == pytest.approx(ref_steps[0].grad_norm, rel=0.1)
+    if precision == "fp16":
+        state = torch.load(tmp_path / precision / "checkpoints" / "step_000003.pt", weights_only=True)
+        assert state["scaler"]["scale"] > 0
+
+
+def test_queue_sink_gets_what_the_jsonl_gets(tmp_path, tiny_dataset):
+    from engine.events import QueueSink
+
+    sink = QueueSink()
+    _, events = _run(tmp_path, tiny_dataset, sinks=[sink], **{"train.max_steps": 3})
+    queued = []
+    while not sink.queue.empty():
+        queued.append(sink.queue.get_nowait())
+    assert [e.model_dump() for e in queued] == [e.model_dump() for e in events]
