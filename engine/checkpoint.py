@@ -7,12 +7,14 @@ sampler's state. Files are only ever loaded with `torch.load(weights_only=True)`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -20,6 +22,7 @@ from engine.errors import UserError
 
 REQUIRED = ("model", "optimizer", "step", "config")
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+TMP_SUFFIX = ".tmp"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -33,25 +36,33 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a temp file, fsync, rename: readers see the old file or the new one, never half.
+
+    A failed write (disk full, no permission, an interrupt) removes its temp file, so a
+    full disk is not made fuller and no partial file is left behind.
+    """
+    tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    _atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_save(obj: dict[str, Any], path: Path) -> None:
-    """torch.save to a temp file, fsync, rename: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    """torch.save, atomically."""
+    _atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -87,14 +98,16 @@ class CheckpointDir:
         atomic_write_bytes(self.path / "latest", target.name.encode() + b"\n")
         for _, old in self.step_files()[: -self.keep_last]:
             old.unlink(missing_ok=True)
+        for stale in self.path.glob(f".*{TMP_SUFFIX}"):  # left by a kill -9 mid-write
+            stale.unlink(missing_ok=True)
         return target
 
     def latest(self) -> Path | None:
         pointer = self.path / "latest"
         if pointer.is_file():
-            target = self.path / pointer.read_text().strip()
-            if target.is_file():
-                return target
+            name = pointer.read_text(errors="replace").strip()
+            if _STEP_FILE.match(name) and (self.path / name).is_file():  # only a step file here
+                return self.path / name
         files = self.step_files()  # pointer missing or stale: fall back to the newest file
         return files[-1][1] if files else None
 

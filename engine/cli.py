@@ -49,6 +49,7 @@ FLAGS: list[tuple[str, str, Any, str]] = [
     ("--precision", "speed.precision", ["auto", "fp32", "tf32", "bf16", "fp16"], "tf32 ~3x fp32 on Ampere+; bf16 ~1.1x more; fp16 uses a GradScaler"),
     ("--compile", "speed.compile", "bool", "torch.compile (~1.5-2.3x; first steps slow while compiling)"),
     ("--compile-mode", "speed.compile_mode", ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"], "torch.compile mode"),
+    ("--parallel", "speed.parallel", ["auto", "ddp", "fsdp"], "with --nproc/torchrun: ddp replicates the model, fsdp (FSDP2) shards it; auto = ddp unless only a shard fits"),
     # train
     ("--batch-size", "train.batch_size", int, "micro-batch: sequences per forward pass"),
     ("--block-size", "train.block_size", int, "tokens per sequence (at most --context)"),
@@ -60,6 +61,8 @@ FLAGS: list[tuple[str, str, Any, str]] = [
     ("--ckpt-interval", "train.ckpt_interval", int, "steps between checkpoints"),
     ("--keep-last", "train.keep_last", int, "checkpoints kept besides best.pt"),
     ("--seed", "train.seed", int, "random seed (same seed + config on CPU = same loss curve)"),
+    ("--on-save-error", "train.on_save_error", ["continue", "stop"], "a checkpoint write fails (disk full, no permission): warn and retry next interval, or stop"),
+    ("--max-bad-steps", "train.max_bad_steps", int, "consecutive NaN/Inf steps (each skipped) before the run stops with a checkpoint of the last good state"),
 ]
 
 
@@ -94,6 +97,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpt2-tui", description="Train GPT-2-class models fast, and watch it live.")
+    parser.add_argument("--config", type=Path, dest="tui_config", help="open the TUI with this run config TOML filled in")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a model (headless, events to the console and the run dir)")
@@ -103,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("--headless", action="store_true", help="no TUI: events go to the console")
     _add_flags(t)
+    from engine import launch
+
+    launch.add_arguments(t)
+    from engine import memory_cli
+
+    memory_cli.add_train_arguments(t)
+    memory_cli.add_arguments(sub.add_parser("estimate", help="predict peak memory, part by part, and whether it fits"))
 
     from engine import prepare
 
@@ -120,11 +131,17 @@ def _parser() -> argparse.ArgumentParser:
 
     # its flags belong to engine.bench_data, which parses them (and its own --help)
     sub.add_parser("bench-data", add_help=False, help="time batch building: vectorized vs loop, RAM vs memmap")
+    from engine import bench
+
+    bench.add_arguments(sub.add_parser("bench", help="the speed ladder: what each optimization buys here"))
+    from tui.commands import add_attach_arguments  # light: textual loads only when a screen opens
+
+    add_attach_arguments(sub.add_parser("attach", help="open the dashboard on a run directory (live or finished)"))
     return parser
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from engine import rundir
+    from engine import distributed, memory_cli, rundir
     from engine.events import ConsoleSink
     from engine.trainer import Control, Trainer, open_data
 
@@ -144,18 +161,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = args.out or (Path(config.out_dir) if config.out_dir else rundir.default_path(config.preset))
         rundir.check_new(run_dir)
         config = config.model_copy(update={"out_dir": str(run_dir)})
-    config, dataset = open_data(config)
-    if not args.resume:
-        rundir.create(run_dir, config, dataset.info.tokenizer)
+    dctx = distributed.init(config.speed.device)  # under torchrun: join the process group
+    if dctx.enabled and not args.resume:  # rank 0's clock names the run directory
+        run_dir = Path(distributed.broadcast_object(str(run_dir)))
+        config = config.model_copy(update={"out_dir": str(run_dir)})
+    with distributed.main_first():  # rank 0 builds the default dataset and the run directory
+        config, dataset = open_data(config)
+        memory_cli.check_train(config, args.force)  # refuse what will not fit, before allocating
+        if not args.resume and dctx.is_main:
+            rundir.create(run_dir, config, dataset.info.tokenizer)
 
     control = Control()
 
     def on_signal(signum: int, _frame: Any) -> None:
         # first Ctrl-C / SIGTERM: stop at the step boundary with a checkpoint; second: at once
-        print(f"\n{signal.Signals(signum).name}: saving a checkpoint and stopping (again to quit now)", file=sys.stderr)
+        # (re-armed before printing, so a second signal right after the message quits)
+        if not dctx.enabled:  # ranks stop together at a step boundary; torchrun escalates to SIGKILL
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         control.stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        print(f"\n{signal.Signals(signum).name}: saving a checkpoint and stopping (again to quit now)", file=sys.stderr)
 
     previous = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
     try:
@@ -163,7 +188,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
-    print(f"run directory: {run_dir}")
+        distributed.shutdown()
+    if dctx.is_main:
+        print(f"run directory: {run_dir}")
     return 0
 
 
@@ -185,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "train":
+            from engine import launch
+
+            if launch.requested(args):  # --nproc N: relaunch under torch.distributed.run
+                return launch.run_from_args(args, argv if argv is not None else sys.argv[1:])
             return cmd_train(args)
         if args.command == "prepare":
             from engine import prepare
@@ -196,8 +227,21 @@ def main(argv: list[str] | None = None) -> int:
             from engine import bench_data
 
             return bench_data.main(rest)
-        parser.print_help()  # the TUI opens here once it lands
-        return 0
+        if args.command == "bench":
+            from engine import bench
+
+            return bench.run_from_args(args, "gpt2-tui " + " ".join(argv if argv is not None else sys.argv[1:]))
+        if args.command == "estimate":
+            from engine import memory_cli
+
+            return memory_cli.run_from_args(args)
+        if args.command == "attach":
+            from tui.commands import run_attach
+
+            return run_attach(args)
+        from tui.commands import run_app  # the bare `gpt2-tui`: the TUI
+
+        return run_app(args.tui_config)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -101,6 +101,10 @@ class SpeedConfig(_Strict):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
         "default"
     )
+    parallel: Literal["auto", "ddp", "fsdp"] = Field(
+        "auto", description="under torchrun: ddp replicates the model, fsdp shards it (FSDP2); "
+        "auto = ddp unless the estimator says only a shard fits the GPU"
+    )
 
 
 class TrainConfig(_Strict):
@@ -116,6 +120,14 @@ class TrainConfig(_Strict):
     ckpt_interval: int = Field(500, ge=1)
     keep_last: int = Field(3, ge=1, description="checkpoints kept besides best")
     seed: int = 1337
+    sample_tokens: int = Field(48, ge=0, description="tokens generated at each eval for the dashboard (0 = none)")
+    on_save_error: Literal["continue", "stop"] = Field(
+        "continue", description="a checkpoint write fails (disk full, no permission): warn and retry "
+        "at the next interval, or stop the run"
+    )
+    max_bad_steps: int = Field(
+        5, ge=1, description="consecutive steps with a NaN/Inf loss or grad norm (each skipped) before the run stops"
+    )
 
 
 class RunConfig(_Strict):

@@ -14,10 +14,14 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Protocol, TextIO, Union
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 
 class _Event(BaseModel):
+    # NaN/Inf losses are written as NaN/Infinity (which json and pydantic read back), not as
+    # null, which would make the very step that diverged an unreadable line
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
     time: float = Field(default_factory=time.time)
 
 
@@ -32,6 +36,8 @@ class RunStarted(_Event):
     flops_per_token: int
     peak_flops: float | None = None
     dataset: dict[str, Any] = {}
+    world_size: int = 1  # processes training together (torchrun); 1 alone
+    parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
 
 
 class Step(_Event):
@@ -46,6 +52,7 @@ class Step(_Event):
     mem_bytes: int | None  # peak allocated device memory; None on CPU
     tokens: int  # tokens seen so far
     data_time_s: float = 0.0  # of step_time_s, host time spent waiting for batches
+    rank_step_times: list[float] | None = None  # under torchrun: each rank's step time, by rank
 
 
 class Eval(_Event):
@@ -82,8 +89,26 @@ class RunFailed(_Event):
     error: str
 
 
+class Sample(_Event):
+    """A short generation from the model at an eval, for the dashboard's sample panel."""
+
+    event: Literal["sample"] = "sample"
+    step: int
+    text: str
+
+
+class Paused(_Event):
+    event: Literal["paused"] = "paused"
+    step: int
+
+
+class Resumed(_Event):
+    event: Literal["resumed"] = "resumed"
+    step: int
+
+
 Event = Annotated[
-    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed],
+    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed],
     Field(discriminator="event"),
 ]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)
@@ -116,14 +141,30 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """Appends one line per event and flushes it, so `attach` sees it at once."""
+    """Appends one line per event in one unbuffered write, so `attach` sees it at once.
+
+    A write that fails (disk full) drops that line and the run goes on: the run matters more
+    than its log, and the checkpoint code warns about the full disk on the other sinks.
+    """
 
     def __init__(self, path: Path):
-        self._f = open(path, "a", encoding="utf-8")
+        self._f = open(path, "ab", buffering=0)
+        self.dropped = 0
+        if self._f.tell():
+            with open(path, "rb") as f:
+                f.seek(-1, 2)
+                torn = f.read(1) != b"\n"
+            if torn:
+                self._write(b"\n")  # a kill -9 tore the last line: end it, so the next event stays whole
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._f.write(data)
+        except OSError:
+            self.dropped += 1
 
     def emit(self, event: _Event) -> None:
-        self._f.write(event.model_dump_json() + "\n")
-        self._f.flush()
+        self._write((event.model_dump_json() + "\n").encode())
 
     def close(self) -> None:
         self._f.close()
@@ -178,7 +219,7 @@ class ConsoleSink:
                     f"run started: {mp} parameters on {e.device_name} ({e.device}, {e.precision}), "
                     f"{e.config['train']['batch_size']}x{e.config['train']['grad_accum']}x"
                     f"{e.config['train'].get('block_size')} tokens/step, from step {e.start_step}"
-                )
+                ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "")
             case Step():
                 mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
                 return (
@@ -207,6 +248,10 @@ class ConsoleSink:
                 return line
             case RunFailed():
                 return f"run failed at step {e.step}: {e.error}"
+            case Paused():
+                return f"paused at step {e.step}"
+            case Resumed():
+                return f"resumed at step {e.step}"
         return ""
 
     def close(self) -> None:

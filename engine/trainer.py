@@ -4,7 +4,8 @@ Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss
 (fp16) unscale -> clip, recording the pre-clip norm -> optimizer step -> scaler update,
 with the LR from `lr_at(step)`. Everything (model build, torch.compile, the loop) happens
 on the thread that calls `Trainer.run()`, because torch.compile is not thread-safe.
-The host syncs with the device only at log, eval and checkpoint steps.
+The host syncs with the device at log, eval and checkpoint steps, and once per step for
+two scalars (loss, grad norm), so that a NaN/Inf step never reaches the weights (engine/guard.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from engine import checkpoint as ckpt
 from engine import events as ev
-from engine import rundir
+from engine import distributed, guard, rundir
 from engine.config import OptimConfig, RunConfig
 from engine.data import BatchLoader, BatchSampler, Dataset, open_dataset
 from engine.errors import UserError
@@ -224,10 +225,14 @@ class Trainer:
         self.last_eval: tuple[int, float] | None = None
         self._step_times: list[float] = []
         self.clock = _StepClock()
+        self.dist = distributed.current()  # rank 0 alone writes events, config and checkpoints
+        self.guard = guard.StepGuard(config.train.max_bad_steps)
 
     # ------------------------------------------------------------------ plumbing
 
     def emit(self, event: Any) -> None:
+        if not self.dist.is_main:
+            return
         for sink in self.sinks:
             sink.emit(event)
 
@@ -241,7 +246,7 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg = self.config
-        self.device = pick_device(cfg.speed.device)
+        self.device = distributed.place(pick_device(cfg.speed.device), self.dist)
         self.precision = pick_precision(cfg.speed.precision, self.device)
         if self.device.type == "cuda":
             tf32 = self.precision != "fp32"
@@ -260,13 +265,16 @@ class Trainer:
         np.random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
         self.model = GPT(cfg.model).to(self.device)
+        self.parallel = distributed.choose(cfg.speed.parallel, cfg, self.dist, self.device)
+        if self.parallel == "fsdp":
+            self.model = distributed.shard(self.model, self.device, self.dist)  # before the optimizer
         self.optimizer = self._make_optimizer()
 
         T, B = cfg.seq_len, cfg.train.batch_size
-        sampler = BatchSampler(self.dataset.train, B, T, seed=cfg.train.seed, vectorized=cfg.data.vectorized)
+        sampler = distributed.train_sampler(self.dataset.train, B, T, cfg.train.seed, cfg.data.vectorized, self.dist)
         self.loader = BatchLoader(sampler, self.device, pin_memory=cfg.data.pin_memory, prefetch=cfg.data.prefetch)
         val = BatchSampler(self.dataset.val, B, T, seed=cfg.train.seed + 1, vectorized=True)
-        self.val_batches = [val.next() for _ in range(cfg.train.eval_batches)]  # same set every eval
+        self.val_batches = distributed.val_share(val, cfg.train.eval_batches, self.dist)  # same set every eval
 
         if self.resume:
             self._load_latest()
@@ -275,6 +283,8 @@ class Trainer:
         if cfg.speed.compile:
             mode = None if cfg.speed.compile_mode == "default" else cfg.speed.compile_mode
             self.forward = torch.compile(self.model, mode=mode)
+        if self.parallel == "ddp":
+            self.forward = distributed.replicate(self.forward, self.device)
 
         self.n_params = self.model.num_params()
         self.flops_token = flops_per_token(cfg.model, self.n_params, T)
@@ -296,8 +306,8 @@ class Trainer:
 
     def _state(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **distributed.full_state(self.model, self.optimizer),  # unsharded: any world size resumes it
+            "world_size": self.dist.world_size,
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "step": self.step,
             "tokens": self.tokens,
@@ -310,12 +320,11 @@ class Trainer:
 
     def _load_latest(self) -> None:
         path = self.ckpts.latest()
-        if path is None:
-            raise UserError(f"{self.run_dir} has no checkpoint to resume from; start a new run instead")
+        if path is None:  # stopped before its first checkpoint: the config is all there is; start over
+            return
         state = ckpt.load(path)
         _check_shapes(self.model, state["model"], path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        distributed.load_full_state(self.model, self.optimizer, state)
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.tokens = state["step"], state.get("tokens", 0)
@@ -338,19 +347,50 @@ class Trainer:
                 _, loss = self.forward(x, y)
             total += loss.float()
         self.model.train()
-        val_loss = total.item() / len(self.val_batches)
+        val_loss = distributed.global_mean(total, len(self.val_batches), self.dist)
         self.last_eval = (self.step, val_loss)
         self.emit(ev.Eval(step=self.step, val_loss=val_loss))
+        self._emit_sample()
         return val_loss
+
+    def _emit_sample(self) -> None:
+        """A short generation for the dashboard, seeded by the step so global RNG (and a
+        bit-exact resume) is untouched; only when the dataset carries a tokenizer."""
+        n, tok_path = self.config.train.sample_tokens, self.dataset.info.tokenizer
+        if not n or not tok_path:
+            return
+        from engine.sample import generate_text, load_tokenizer
+
+        try:
+            if getattr(self, "_tokenizer", None) is None:
+                self._tokenizer = load_tokenizer(Path(tok_path))
+            self.model.eval()
+            with self.autocast():
+                text = generate_text(self.model, self._tokenizer, "", n, 0.8, 50, seed=self.step)
+            self.emit(ev.Sample(step=self.step, text=text))
+        except Exception as err:  # a sample is a nicety: never let it end the run
+            self.emit(ev.Warning_(message=f"sample at step {self.step} failed: {err}"))
+        finally:
+            self.model.train()
 
     def save_checkpoint(self) -> None:
         if not (self.last_eval and self.last_eval[0] == self.step):
             self.evaluate()  # every checkpoint carries its val loss, so `best` means something
         val_loss = self.last_eval[1]
+        guard.check_weights(self)  # NaN/Inf weights are never saved as latest or best
         is_best = math.isfinite(val_loss) and (self.best_val_loss is None or val_loss < self.best_val_loss)
+        previous_best = self.best_val_loss
         if is_best:
             self.best_val_loss = val_loss
-        path = self.ckpts.save(self._state(), self.step, is_best)
+        try:
+            state = self._state()  # on every rank: FSDP2 gathers the shards here
+            if not self.dist.is_main:
+                return
+            path = self.ckpts.save(state, self.step, is_best)
+        except OSError as err:  # disk full, permission denied: warn and go on, or stop (on_save_error)
+            self.best_val_loss = previous_best
+            guard.save_failed(self, err)
+            return
         self.emit(
             ev.Checkpoint(step=self.step, path=str(path), val_loss=val_loss, best=is_best, size_bytes=path.stat().st_size)
         )
@@ -362,7 +402,8 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
-        for _ in range(accum):
+        for i in range(accum):
+            distributed.set_grad_sync(self.forward, i == accum - 1)  # DDP/FSDP2: all-reduce once a step
             t0 = time.perf_counter()
             x, y = self.loader.next()
             self.clock.data_s += time.perf_counter() - t0
@@ -379,11 +420,13 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(params, clip)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        norm = distributed.local_value(norm)  # FSDP2: a DTensor
+        bad = self.guard.observe(loss_sum, norm, scaled=self.scaler is not None)  # one host sync
         if self.scaler:
-            self.scaler.step(self.optimizer)
+            self.scaler.step(self.optimizer)  # skips non-finite grads itself
             self.scaler.update()
-        else:
-            self.optimizer.step()
+        elif not bad:
+            self.optimizer.step()  # a NaN/Inf step never reaches the weights
         return loss_sum, norm
 
     def _loop(self) -> str:
@@ -394,8 +437,11 @@ class Trainer:
         clock = self.clock
         clock.restart()
         while self.step < max_steps:
+            distributed.agree(ctl, self.dist)  # a stop/save reaches all ranks at the same step
             if ctl.paused:
+                self.emit(ev.Paused(step=self.step))
                 ctl.wait_while_paused()
+                self.emit(ev.Resumed(step=self.step))
                 clock.restart()
             if ctl.stop_requested:
                 self.save_checkpoint()
@@ -407,14 +453,16 @@ class Trainer:
             lr = lr_at(self.step, self.config.optim, max_steps)
             loss, norm = self.train_step(lr)
             self.step += 1
-            self.tokens += self.config.tokens_per_step
+            self.tokens += self.config.tokens_per_step * self.dist.world_size
             clock.steps += 1
+            if self.guard.streak:
+                guard.after_bad_step(self)  # warn; after max_bad_steps in a row, stop on good weights
 
             last = self.step == max_steps
             if self.step % cfg.log_interval == 0 or last:
                 self._sync()
                 step_time, data_time = clock.per_step()
-                self._report(loss.item(), lr, norm.item(), step_time, data_time)
+                self._report(distributed.mean_over_ranks(loss, self.dist).item(), lr, norm.item(), step_time, data_time)
                 clock.restart()
             if self.step % cfg.eval_interval == 0 or last:
                 self.evaluate()
@@ -425,14 +473,17 @@ class Trainer:
         return "completed"
 
     def _report(self, loss: float, lr: float, grad_norm: float, step_time: float, data_time: float) -> None:
+        rank_times = distributed.gather_floats(step_time, self.dist)
+        step_time = max(rank_times) if rank_times else step_time  # a step ends with its slowest rank
         self._step_times.append(step_time)
-        tok_s = self.config.tokens_per_step / step_time
+        W = self.dist.world_size
+        tok_s = self.config.tokens_per_step * W / step_time
         mem = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         self.emit(
             ev.Step(
                 step=self.step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=step_time,
-                tokens_per_s=tok_s, mfu=mfu(tok_s, self.flops_token, self.peak), mem_bytes=mem,
-                tokens=self.tokens, data_time_s=data_time,
+                tokens_per_s=tok_s, mfu=mfu(tok_s / W, self.flops_token, self.peak), mem_bytes=mem,
+                tokens=self.tokens, data_time_s=data_time, rank_step_times=rank_times,
             )
         )
 
@@ -442,12 +493,12 @@ class Trainer:
             return {}
         times = self._step_times
         settled = statistics.median(times[len(times) // 2 :])
-        tok_s = self.config.tokens_per_step / settled
+        tok_s = self.config.tokens_per_step * self.dist.world_size / settled
         return {
             "first_step_time_s": times[0],
             "median_step_time_s": settled,
             "tokens_per_s": tok_s,
-            "mfu": mfu(tok_s, self.flops_token, self.peak),
+            "mfu": mfu(tok_s / self.dist.world_size, self.flops_token, self.peak),
             "peak_mem_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
         }
 
@@ -458,9 +509,10 @@ class Trainer:
         except BaseException:
             self._close()  # bad input found in set-up: nothing is written to the run
             raise
-        self.sinks.insert(0, ev.JsonlSink(self.run_dir / rundir.EVENTS))
+        if self.dist.is_main:
+            self.sinks.insert(0, ev.JsonlSink(self.run_dir / rundir.EVENTS))
         try:
-            if self.resume:
+            if self.resume and self.dist.is_main:
                 rundir.write_config(self.run_dir, self.config)  # flags given at resume are kept
             self.emit(
                 ev.RunStarted(
@@ -469,9 +521,12 @@ class Trainer:
                     start_step=self.step,
                     flops_per_token=self.flops_token, peak_flops=self.peak,
                     dataset=self.dataset.info.model_dump(mode="json"),
+                    world_size=self.dist.world_size, parallel=self.parallel,
                 )
             )
-            reason = self._loop()
+            if self.resume and self.ckpts.latest() is None:
+                self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
+            reason = guard.run_loop(self)  # _loop(), with CUDA OOM turned into a stop that says what fits
             self.emit(
                 ev.RunFinished(step=self.step, reason=reason, best_val_loss=self.best_val_loss, summary=self.summary())
             )

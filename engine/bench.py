@@ -1,0 +1,588 @@
+"""The speed ladder: what each optimization buys, measured on this machine by the real Trainer.
+
+    gpt2-tui bench --preset gpt2 [--steps N] [--out DIR]      the cumulative ladder
+    gpt2-tui bench --config run.toml [--steps N]              one config over time (engine.bench_timeline)
+    gpt2-tui bench --preset nano --plain                      our loop vs a plain PyTorch loop (engine.bench_plain)
+
+Each rung adds one optimization to the rung before and trains a few steps with the
+engine's own Trainer (no copy of the loop): step times come from its Step events, which
+are device-synchronized. A rung whose switch cannot work on this device is listed as
+skipped with the reason, and the ladder goes on without it. Checkpoints and evals are
+left out of bench runs: they happen outside the step clock anyway and only cost time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import torch
+from pydantic import BaseModel, Field
+
+from engine import events as ev
+from engine import rundir
+from engine.checkpoint import atomic_write_bytes
+from engine.config import RunConfig, resolve
+from engine.data import Dataset
+from engine.errors import UserError
+from engine.trainer import Control, Trainer, open_data, pick_device
+
+GPT2_VOCAB = 50257
+
+
+class RungSpec(BaseModel):
+    """One step up the ladder: config switches (dotted name -> value) added to the rung below."""
+
+    name: str
+    label: str
+    changes: dict[str, Any]
+    why: str
+
+
+LADDER: list[RungSpec] = [
+    RungSpec(
+        name="baseline", label="baseline",
+        changes={
+            "speed.precision": "fp32", "speed.compile": False, "model.attention": "manual",
+            "data.preload": False, "data.vectorized": False, "model.pad_vocab": False,
+            "optim.fused": False, "data.pin_memory": False, "data.prefetch": False,
+        },
+        why="fp32, eager, manual attention, memmap opened per batch, per-row batch loop, "
+        "unpadded vocab, unfused AdamW",
+    ),
+    RungSpec(name="preload", label="+ RAM preload", changes={"data.preload": True},
+             why="token files read into RAM instead of np.memmap per batch"),
+    RungSpec(name="vectorized", label="+ vectorized batches", changes={"data.vectorized": True},
+             why="one numpy gather per batch instead of a Python loop"),
+    RungSpec(name="tf32", label="+ TF32", changes={"speed.precision": "tf32"},
+             why="TF32 tensor-core matmuls (Ampere+)"),
+    RungSpec(name="amp", label="+ AMP", changes={"speed.precision": "amp"},
+             why="bf16 autocast (fp16 + GradScaler where bf16 is missing)"),
+    RungSpec(name="compile", label="+ torch.compile", changes={"speed.compile": True},
+             why="torch.compile of the model (first step compiles)"),
+    RungSpec(name="flash", label="+ flash attention", changes={"model.attention": "flash"},
+             why="F.scaled_dot_product_attention, causal"),
+    RungSpec(name="pad_vocab", label="+ padded vocab", changes={"model.pad_vocab": True},
+             why="embedding and LM head padded to a multiple of 64"),
+    RungSpec(
+        name="fused", label="+ fused AdamW, pinned, prefetch",
+        changes={"optim.fused": True, "data.pin_memory": True, "data.prefetch": True},
+        why="fused AdamW kernel, pinned host memory + async copies, batch built on a thread",
+    ),
+]
+RUNG_NAMES = [r.name for r in LADDER]
+
+
+class BenchConfig(BaseModel):
+    """What the ladder runs on: a preset plus the batch geometry every rung shares."""
+
+    preset: str = "nano"
+    data: str | None = None
+    device: Literal["auto", "cuda", "mps", "cpu"] = "auto"
+    vocab_size: int | None = Field(GPT2_VOCAB, ge=2, description="None = the dataset's")
+    batch_size: int | None = Field(None, ge=1, description="None = the preset's")
+    block_size: int | None = Field(None, ge=1, description="None = the model's context")
+    grad_accum: int = Field(1, ge=1)
+    steps: int = Field(20, ge=1, description="timed steps per rung")
+    warmup: int = Field(5, ge=1, description="untimed steps first (compile happens here)")
+    log_interval: int = Field(1, ge=1, description="steps per timed interval (one host sync each)")
+    skip: list[str] = Field(default_factory=list, description="rungs left out by request")
+    seed: int = 1337
+
+
+class RungResult(BaseModel):
+    name: str
+    label: str
+    status: Literal["ran", "skipped", "failed", "pending"] = "pending"
+    reason: str | None = None  # why skipped or failed
+    notes: list[str] = []  # parts of the rung that did not apply here
+    precision: str | None = None
+    startup_s: float | None = None  # trainer start -> first step done (build, compile, first step)
+    first_step_s: float | None = None
+    median_step_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_mem_bytes: int | None = None
+    data_time_s: float | None = None
+    speedup_vs_baseline: float | None = None
+    speedup_vs_prev: float | None = None
+    step_times_s: list[float] = []  # every timed interval's per-step time, warm-up included
+
+
+class LadderResult(BaseModel):
+    preset: str
+    device: str = ""
+    device_name: str = ""
+    torch_version: str = torch.__version__
+    date: str = Field(default_factory=lambda: datetime.date.today().isoformat())
+    load: str = ""
+    n_params: int | None = None
+    batch_size: int = 0
+    block_size: int = 0
+    grad_accum: int = 1
+    vocab_size: int = 0
+    tokens_per_step: int = 0
+    steps: int = 0
+    warmup: int = 0
+    command: str = ""
+    rungs: list[RungResult] = []
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load, as `uptime` shows it (the machine may be shared)."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+# ---------------------------------------------------------------- running one configuration
+
+
+class BenchTrainer(Trainer):
+    """The real Trainer, minus evals and checkpoints (outside the step clock; they only cost time)."""
+
+    def evaluate(self) -> float:
+        return float("nan")
+
+    def save_checkpoint(self) -> None:
+        pass
+
+
+class Timing(BaseModel):
+    """What one bench run measured, from its events."""
+
+    step_times_s: list[float]  # per-step time of each logged interval, in order
+    data_times_s: list[float]
+    mem_bytes: int | None
+    startup_s: float
+    n_params: int
+    device: str
+    device_name: str
+    precision: str
+    flops_per_token: int
+    peak_flops: float | None
+    reason: str
+
+    def settled(self, warmup_intervals: int) -> list[float]:
+        return self.step_times_s[warmup_intervals:] or self.step_times_s[-1:]
+
+
+def time_config(
+    config: RunConfig,
+    dataset: Dataset,
+    run_dir: Path,
+    control: Control | None = None,
+    on_step: Callable[[ev.Step], None] | None = None,
+) -> Timing:
+    """Train `config` (bound by open_data) in run_dir with the real Trainer; collect its step times."""
+    steps: list[ev.Step] = []
+    started: list[ev.RunStarted] = []
+    finished: list[ev.RunFinished] = []
+    t0 = time.perf_counter()
+    first_step_at: list[float] = []
+
+    def collect(event: Any) -> None:
+        if isinstance(event, ev.Step):
+            if not first_step_at:
+                first_step_at.append(time.perf_counter())
+            steps.append(event)
+            if on_step is not None:
+                on_step(event)
+        elif isinstance(event, ev.RunStarted):
+            started.append(event)
+        elif isinstance(event, ev.RunFinished):
+            finished.append(event)
+
+    rundir.create(run_dir, config, None)
+    if config.speed.compile:
+        torch._dynamo.reset()  # each compiled rung compiles from scratch, as a fresh process would
+    trainer = BenchTrainer(config, run_dir, dataset, sinks=[ev.CallbackSink(collect)], control=control)
+    try:
+        reason = trainer.run()
+    finally:
+        del trainer
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if not started or not steps:
+        raise RuntimeError("the run stopped before its first step")
+    s = started[0]
+    mems = [e.mem_bytes for e in steps if e.mem_bytes is not None]
+    return Timing(
+        step_times_s=[e.step_time_s for e in steps], data_times_s=[e.data_time_s for e in steps],
+        mem_bytes=max(mems) if mems else None, startup_s=first_step_at[0] - t0, n_params=s.n_params,
+        device=s.device, device_name=s.device_name, precision=s.precision,
+        flops_per_token=s.flops_per_token, peak_flops=s.peak_flops, reason=reason,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- the ladder
+
+
+def _tf32_reason(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "TF32 needs a CUDA GPU (Ampere or newer)"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "TF32 needs an Ampere or newer GPU (compute capability 8.0+)"
+    return None
+
+
+def _fused_adamw_reason(device: torch.device) -> str | None:
+    try:
+        p = torch.nn.Parameter(torch.zeros(2, device=device))
+        p.grad = torch.zeros(2, device=device)
+        torch.optim.AdamW([p], fused=True).step()
+    except (RuntimeError, TypeError) as err:
+        return f"fused AdamW is not available on {device.type} ({str(err).splitlines()[0]})"
+    return None
+
+
+def _amp_precision(device: torch.device) -> str:
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "fp16"
+    return "bf16"
+
+
+def applicable(name: str, value: Any, device: torch.device, vocab: int) -> tuple[Any, str | None]:
+    """(the value to set, or why this switch cannot work here)."""
+    if name == "speed.precision" and value == "tf32":
+        return value, _tf32_reason(device)
+    if name == "speed.precision" and value == "amp":
+        return _amp_precision(device), None
+    if name == "optim.fused" and value:
+        return value, _fused_adamw_reason(device)
+    if name == "data.pin_memory" and value and device.type != "cuda":
+        return value, "pinned memory needs CUDA"
+    if name == "model.pad_vocab" and value and vocab % 64 == 0:
+        return value, f"vocab {vocab} is already a multiple of 64"
+    return value, None
+
+
+class PlannedRung(NamedTuple):
+    """A rung's full override set (cumulative), or None with the reason it is skipped."""
+
+    spec: RungSpec
+    overrides: dict[str, Any] | None
+    skip_reason: str | None
+    notes: list[str]  # parts of the rung that cannot work here
+
+
+def base_overrides(bench: BenchConfig) -> dict[str, Any]:
+    """What every rung shares: device, data, geometry, and a run length with no evals or saves."""
+    total = bench.warmup + bench.steps
+    out: dict[str, Any] = {
+        "speed.device": bench.device, "train.grad_accum": bench.grad_accum,
+        "train.max_steps": total, "train.log_interval": bench.log_interval,
+        "train.eval_interval": total + 1, "train.eval_batches": 1, "train.ckpt_interval": total + 1,
+        "train.seed": bench.seed, "optim.warmup_steps": 0,
+    }  # fmt: skip
+    for key, value in (
+        ("data.path", bench.data), ("model.vocab_size", bench.vocab_size),
+        ("train.batch_size", bench.batch_size), ("train.block_size", bench.block_size),
+    ):  # fmt: skip
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def plan(bench: BenchConfig, device: torch.device, vocab: int) -> list[PlannedRung]:
+    unknown = [s for s in bench.skip if s not in RUNG_NAMES]
+    if unknown:
+        raise UserError(f"unknown rung {unknown[0]!r} in --skip; choose from: {', '.join(RUNG_NAMES[1:])}")
+    if "baseline" in bench.skip:
+        raise UserError("the baseline rung cannot be skipped: every speedup is measured against it")
+    current: dict[str, Any] = {}
+    rungs = []
+    for spec in LADDER:
+        if spec.name in bench.skip:
+            rungs.append(PlannedRung(spec, None, "left out by --skip", []))
+            continue
+        applied, notes = {}, []
+        for name, value in spec.changes.items():
+            value, why_not = applicable(name, value, device, vocab)
+            if why_not is None:
+                applied[name] = value
+            else:
+                notes.append(why_not)
+        if not applied:
+            rungs.append(PlannedRung(spec, None, "; ".join(notes), []))
+            continue
+        current = current | applied
+        rungs.append(PlannedRung(spec, dict(current), None, notes))
+    return rungs
+
+
+def _fresh_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; choose a directory path")
+    if out.is_dir() and any(out.iterdir()):
+        raise UserError(f"--out {out} is not empty; choose a new directory so no result is overwritten")
+
+
+def run_ladder(
+    bench: BenchConfig,
+    out: Path,
+    stop: threading.Event | None = None,
+    on_step: Callable[[str, ev.Step], None] | None = None,
+    on_rung: Callable[[RungResult], None] | None = None,
+    command: str = "",
+) -> LadderResult:
+    """Climb the ladder; results are filled in rung by rung (on_rung sees each as it lands).
+
+    Bad input (preset, data, sizes, --skip, --out) is found before anything is written.
+    A rung that fails (out of memory, a kernel missing) is recorded and the ladder goes on.
+    """
+    base = base_overrides(bench)
+    device = pick_device(bench.device)
+    probe, dataset = open_data(resolve(bench.preset, None, base))  # validates everything up front
+    vocab = probe.model.vocab_size
+    assert vocab is not None
+    the_plan = plan(bench, device, vocab)
+    for _, overrides, _, _ in the_plan:
+        if overrides is not None:
+            resolve(bench.preset, None, base | overrides)
+    _fresh_out(out)
+
+    result = LadderResult(
+        preset=bench.preset, load=load_average(), batch_size=probe.train.batch_size,
+        block_size=probe.seq_len, grad_accum=probe.train.grad_accum, vocab_size=vocab,
+        tokens_per_step=probe.tokens_per_step, steps=bench.steps, warmup=bench.warmup, command=command,
+        rungs=[RungResult(name=s.name, label=s.label) for s, _, _, _ in the_plan],
+    )  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    warm_intervals = -(-bench.warmup // bench.log_interval)
+    baseline: float | None = None
+    prev: float | None = None
+    for i, (spec, overrides, skip_reason, notes) in enumerate(the_plan):
+        r = result.rungs[i]
+        r.notes = notes
+        if stop is not None and stop.is_set():
+            r.status, r.reason = "skipped", "stopped before this rung"
+        elif overrides is None:
+            r.status, r.reason = "skipped", skip_reason
+        else:
+            _run_rung(r, bench, base | overrides, dataset, out / f"{i}-{spec.name}", result, warm_intervals,
+                      stop, on_step)  # fmt: skip
+            if r.status == "ran" and r.median_step_s:
+                baseline = baseline or r.median_step_s
+                r.speedup_vs_baseline = baseline / r.median_step_s
+                r.speedup_vs_prev = (prev / r.median_step_s) if prev else 1.0
+                prev = r.median_step_s
+        if on_rung is not None:
+            on_rung(r)
+        save(result, out)
+    return result
+
+
+def _run_rung(
+    r: RungResult, bench: BenchConfig, overrides: dict[str, Any], dataset: Dataset, run_dir: Path,
+    result: LadderResult, warm_intervals: int, stop: threading.Event | None,
+    on_step: Callable[[str, ev.Step], None] | None,
+) -> None:  # fmt: skip
+    config, ds = open_data(resolve(bench.preset, None, overrides))
+    control = Control()
+    watcher = None
+    if stop is not None:  # forward a stop request to this rung's trainer
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.1):
+                if stop.is_set():
+                    control.stop()
+                    return
+
+        watcher = (threading.Thread(target=watch, daemon=True), done)
+        watcher[0].start()
+    try:
+        timing = time_config(
+            config, ds, run_dir, control, (lambda e: on_step(r.name, e)) if on_step is not None else None
+        )
+    except torch.OutOfMemoryError:
+        r.status, r.reason = "failed", "out of device memory: lower --batch-size"
+        return
+    except Exception as err:  # a missing kernel or compiler: record it, climb on
+        line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        r.status, r.reason = "failed", f"{type(err).__name__}: {line}"[:300]
+        return
+    finally:
+        if watcher is not None:
+            watcher[1].set()
+    if timing.reason == "stopped":
+        r.status, r.reason = "skipped", "stopped during this rung"
+        return
+    settled = timing.settled(warm_intervals)
+    median = statistics.median(settled)
+    tok_s = config.tokens_per_step / median
+    r.status = "ran"
+    r.precision = timing.precision
+    r.startup_s = timing.startup_s
+    r.first_step_s = timing.step_times_s[0]
+    r.median_step_s = median
+    r.tokens_per_s = tok_s
+    r.mfu = tok_s * timing.flops_per_token / timing.peak_flops if timing.peak_flops else None
+    r.peak_mem_bytes = timing.mem_bytes
+    r.data_time_s = statistics.median(timing.data_times_s[warm_intervals:] or timing.data_times_s[-1:])
+    r.step_times_s = timing.step_times_s
+    result.device, result.device_name, result.n_params = timing.device, timing.device_name, timing.n_params
+
+
+# ---------------------------------------------------------------- output
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def table_rows(result: LadderResult) -> list[list[str]]:
+    """The ladder as rows of strings (header first): shared by markdown, console and TUI."""
+    rows = [["rung", "precision", "ms/step", "tok/s", "MFU", "peak mem", "vs baseline", "vs prev",
+             "first step s", "startup s", "note"]]  # fmt: skip
+    for r in result.rungs:
+        if r.status != "ran":
+            rows.append([r.label, "-", "-", "-", "-", "-", "-", "-", "-", "-", f"{r.status}: {r.reason}"])
+            continue
+        mfu = "unknown" if r.mfu is None else f"{100 * r.mfu:.1f}%"
+        rows.append([
+            r.label, r.precision or "-", f"{1000 * r.median_step_s:.1f}", f"{r.tokens_per_s:,.0f}", mfu,
+            _mib(r.peak_mem_bytes), _x(r.speedup_vs_baseline), _x(r.speedup_vs_prev),
+            f"{r.first_step_s:.2f}", f"{r.startup_s:.2f}", "; ".join(f"not applied: {n}" for n in r.notes),
+        ])  # fmt: skip
+    return rows
+
+
+def header_lines(result: LadderResult) -> list[str]:
+    params = "?" if result.n_params is None else f"{result.n_params / 1e6:.2f}M"
+    return [
+        f"preset {result.preset} ({params} parameters, vocab {result.vocab_size}), "
+        f"B={result.batch_size} T={result.block_size} x{result.grad_accum} = {result.tokens_per_step:,} tokens/step",
+        f"device {result.device_name or result.device} ({result.device}), torch {result.torch_version}, "
+        f"{result.date}, load average at start {result.load}",
+        f"median of {result.steps} timed steps after {result.warmup} warm-up steps per rung "
+        "(device-synchronized); 'first step' includes compilation; 'startup' is trainer start to first step done",
+    ]
+
+
+def to_markdown(result: LadderResult) -> str:
+    rows = table_rows(result)
+    lines = [*(f"{h}  " for h in header_lines(result)), ""]
+    if result.command:
+        lines += [f"Command: `{result.command}`", ""]
+    lines.append("| " + " | ".join(rows[0]) + " |")
+    lines.append("|---|---|" + "---:|" * (len(rows[0]) - 3) + "---|")
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def to_text(result: LadderResult) -> str:
+    rows = table_rows(result)
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]) - 1)]
+    lines = list(header_lines(result)) + [""]
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:-1], widths[1:])]
+        lines.append("  ".join(cells) + (f"  {row[-1]}" if row[-1] else ""))
+    return "\n".join(lines)
+
+
+def save(result: LadderResult, out: Path) -> None:
+    atomic_write_bytes(out / "ladder.json", json.dumps(result.model_dump(mode="json"), indent=1).encode())
+    atomic_write_bytes(out / "ladder.md", to_markdown(result).encode())
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The `bench` subcommand's flags."""
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--preset", default=None, help="model preset for the ladder (default nano)")
+    mode.add_argument("--config", type=Path, help="time this run config over time instead (compile warm-up)")
+    p.add_argument("--plain", action="store_true",
+                   help="compare our training loop with the plainest PyTorch loop (same model, data, AdamW, fp32)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per rung (default 20; --config: 100)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps before the timed ones (compile happens here)")
+    p.add_argument("--out", type=Path, help="new directory for the tables (default runs/bench-NAME-TIMESTAMP)")
+    p.add_argument("--data", default=None, help="dataset directory (default: the stdlib corpus)")
+    p.add_argument("--device", choices=["auto", "cuda", "mps", "cpu"], default="auto")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help=f"model vocab (ladder default {GPT2_VOCAB}, GPT-2's, so the padding rung is real; "
+                   "--plain and --config: the dataset's)")
+    p.add_argument("--batch-size", type=int, default=None, help="micro-batch (default: the preset's)")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per sequence (default: the context)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
+    p.add_argument("--log-interval", type=int, default=None,
+                   help="steps per timed interval, each one host sync (default 1; --best: 10)")
+    p.add_argument("--best", action="store_true",
+                   help="every optimization on; sweep micro-batch x compile mode for the fastest (GPU)")
+    p.add_argument("--batch-sizes", default=None, help="--best: comma-separated micro-batches (default 8,16,32)")
+    p.add_argument("--compile-modes", default=None,
+                   help="--best: comma-separated torch.compile modes, 'eager' = none "
+                   "(default default,max-autotune-no-cudagraphs)")
+    p.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:], metavar="RUNG",
+                   help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}")
+    p.add_argument("--rounds", type=int, default=3, help="--plain: alternating rounds of each loop")  # fmt: skip
+
+
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
+
+
+def _default_out(name: str) -> Path:
+    return Path("runs") / f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_from_args(args: argparse.Namespace, command: str = "") -> int:
+    _positive(args, "steps", "warmup", "batch_size", "block_size", "grad_accum", "log_interval", "rounds",
+              "vocab_size")  # fmt: skip
+    command = command or "gpt2-tui bench"
+    if args.config is not None:
+        from engine import bench_timeline
+
+        return bench_timeline.run_from_args(args, command)
+    if args.best:
+        from engine import bench_best
+
+        return bench_best.run_from_args(args, command)
+    if args.plain:
+        from engine import bench_plain
+
+        return bench_plain.run_from_args(args, command)
+    preset = args.preset or "nano"
+    bench = BenchConfig(
+        preset=preset, data=args.data, device=args.device,
+        vocab_size=args.vocab_size or GPT2_VOCAB, batch_size=args.batch_size, block_size=args.block_size,
+        grad_accum=args.grad_accum, steps=args.steps or 20, warmup=args.warmup,
+        log_interval=args.log_interval or 1, skip=args.skip,
+    )  # fmt: skip
+    out = args.out or _default_out(preset)
+
+    def progress(r: RungResult) -> None:
+        if r.status == "ran":
+            print(f"  {r.label}: {1000 * (r.median_step_s or 0):.1f} ms/step ({_x(r.speedup_vs_baseline)})",
+                  flush=True)  # fmt: skip
+        else:
+            print(f"  {r.label}: {r.status} ({r.reason})", flush=True)
+
+    print(f"speed ladder: preset {preset}, {bench.warmup} + {bench.steps} steps per rung -> {out}", flush=True)
+    result = run_ladder(bench, out, on_rung=progress, command=command)
+    print()
+    print(to_text(result))
+    print(f"\nwrote {out / 'ladder.md'} and {out / 'ladder.json'}")
+    return 0

@@ -1,0 +1,115 @@
+"""One configuration timed step by step, to show the torch.compile warm-up settling.
+
+    gpt2-tui bench --config run.toml [--steps 100] [--out DIR]
+
+The run config is trained by the real Trainer (evals and checkpoints left out) with a
+step event every --log-interval steps; the table lists each interval's ms/step and the
+point where the speed settled: the first interval after which every interval stays
+within 10% of the settled median (the median of the second half).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel
+
+from engine.bench import _default_out, _fresh_out, load_average, time_config
+from engine.checkpoint import atomic_write_bytes
+from engine.config import RunConfig, resolve
+from engine.data import Dataset
+from engine.trainer import open_data
+
+SETTLED_BAND = 0.10
+
+
+class Timeline(BaseModel):
+    config_file: str
+    device_name: str
+    precision: str
+    compile: bool
+    torch_version: str = torch.__version__
+    date: str
+    load: str
+    tokens_per_step: int
+    log_interval: int
+    command: str
+    startup_s: float
+    step_times_s: list[float]  # per-step time of each interval, in order
+    settled_step_s: float
+    settled_after: int  # steps until the speed settled
+    warmup_s: float  # wall time of the steps before it settled
+
+
+def settle_point(times: list[float], band: float = SETTLED_BAND) -> tuple[float, int]:
+    """(settled median, index of the first interval from which all stay within band of it)."""
+    settled = statistics.median(times[len(times) // 2 :])
+    index = len(times) - 1
+    while index > 0 and abs(times[index - 1] - settled) <= band * settled:
+        index -= 1
+    return settled, index
+
+
+def timeline(config: RunConfig, dataset: Dataset, config_file: str, out: Path, command: str) -> Timeline:
+    """Train `config` (bound by open_data) in out/run and read its step times back."""
+    load = load_average()
+    timing = time_config(config, dataset, out / "run")
+    times = timing.step_times_s
+    settled, index = settle_point(times)
+    every = config.train.log_interval
+    return Timeline(
+        config_file=config_file, device_name=timing.device_name, precision=timing.precision,
+        compile=config.speed.compile, date=datetime.date.today().isoformat(), load=load,
+        tokens_per_step=config.tokens_per_step, log_interval=every, command=command, startup_s=timing.startup_s,
+        step_times_s=times, settled_step_s=settled, settled_after=index * every,
+        warmup_s=sum(t * every for t in times[:index]),
+    )  # fmt: skip
+
+
+def to_markdown(t: Timeline) -> str:
+    lines = [
+        f"config {t.config_file}: {t.precision}, compile {'on' if t.compile else 'off'}, "
+        f"{t.tokens_per_step:,} tokens/step; {t.device_name}, torch {t.torch_version}, {t.date}, "
+        f"load average {t.load}  ",
+        f"Command: `{t.command}`  ",
+        f"startup (build + first step, compile included): {t.startup_s:.2f} s; "
+        f"settled at {1000 * t.settled_step_s:.1f} ms/step ({t.tokens_per_step / t.settled_step_s:,.0f} tok/s) "
+        f"after {t.settled_after} steps ({t.warmup_s:.1f} s)",
+        "",
+        "| step | ms/step | tok/s | vs settled |",
+        "|---:|---:|---:|---:|",
+    ]
+    for i, s in enumerate(t.step_times_s):
+        lines.append(
+            f"| {(i + 1) * t.log_interval} | {1000 * s:.1f} | {t.tokens_per_step / s:,.0f} | "
+            f"{s / t.settled_step_s:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_from_args(args: argparse.Namespace, command: str) -> int:
+    steps = args.steps or 100
+    overrides = {"train.max_steps": steps, "train.log_interval": args.log_interval or 1,
+                 "train.eval_interval": steps + 1, "train.ckpt_interval": steps + 1}  # fmt: skip
+    for key, value in (("data.path", args.data), ("model.vocab_size", args.vocab_size),
+                       ("train.batch_size", args.batch_size), ("train.block_size", args.block_size),
+                       ("speed.device", None if args.device == "auto" else args.device)):  # fmt: skip
+        if value is not None:
+            overrides[key] = value
+    config, dataset = open_data(resolve(None, args.config, overrides))  # bad input: found before writing
+    out = args.out or _default_out(Path(args.config).stem)
+    _fresh_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"timing {args.config} for {steps} steps -> {out}", flush=True)
+    t = timeline(config, dataset, str(args.config), out, command)
+    text = to_markdown(t)
+    atomic_write_bytes(out / "timeline.md", text.encode())
+    atomic_write_bytes(out / "timeline.json", json.dumps(t.model_dump(mode="json"), indent=1).encode())
+    print(text)
+    print(f"wrote {out / 'timeline.md'} and {out / 'timeline.json'}")
+    return 0

@@ -1,0 +1,476 @@
+"""The memory-budget estimator: will this run fit, and what to change when it doesn't.
+
+Every figure is counted from the model's shapes, tensor by tensor, the way the eager
+engine (engine/model.py + engine/trainer.py) really allocates them:
+
+- parameters, gradients and AdamW state: exact (fp32 weights; tied embedding once);
+- activations: what autograd saves for backward, per layer, as measured with
+  `torch.autograd.graph.saved_tensors_hooks` (tests/test_memory.py holds the formula to
+  within 10% over a grid of shapes; `engine.memory_measure` does the measuring);
+- the tensors that are not saved but are alive at the peak: the logits the trainer holds
+  while it runs backward, the fp32 copy and gradients of the cross-entropy (B*T*V*4 bytes
+  each: often the largest single tensors for GPT-2), a block's backward working set;
+- the peak over forward, backward and the optimizer step, plus the CUDA context and a
+  caching-allocator margin that `torch.cuda.max_memory_allocated` does not see.
+
+What is modelled rather than counted (torch.compile's effect, the CUDA context, the
+allocator margin, FSDP's gather buffers) is named in `notes` and in docs/memory.md, and
+`python -m engine.memory_check` measures it on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from engine.config import RunConfig
+
+Sharding = Literal["ddp", "fsdp"]
+Target = Literal["cuda", "mps", "cpu"]
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# Not seen by torch.cuda.max_memory_allocated, but taken from the device all the same:
+# the CUDA context with PyTorch's kernels (CUDA 12 lazy loading: typically 0.3-0.6 GiB).
+CUDA_CONTEXT_BYTES = 512 * MiB
+# The caching allocator's reserved-but-unused share at the peak (fragmentation, rounding).
+ALLOCATOR_MARGIN = 0.08
+# torch.compile (inductor) recomputes cheap pointwise results (GELU, layer-norm outputs)
+# in backward instead of saving them: the saved per-layer activations shrink to about
+# this fraction of eager's. A model, not a measurement: memory_check measures it on a GPU.
+COMPILE_ACTIVATION_FACTOR = 0.7
+
+
+class MemoryEstimate(BaseModel):
+    """Predicted device memory of one training rank, in bytes.
+
+    `breakdown` is what is alive at the predicted peak (it sums to `peak_bytes`);
+    `components` is the full size of each part; `phases` the allocated bytes at each
+    candidate peak (what torch.cuda.max_memory_allocated would read there).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    target: Target
+    precision: str
+    n_params: int
+    batch_size: int
+    seq_len: int
+    grad_accum: int
+    world_size: int = 1
+    sharding: Sharding = "ddp"
+    compile: bool = False
+    breakdown: dict[str, int]
+    components: dict[str, int]
+    phases: dict[str, int]
+    peak_phase: str
+    activation_bytes: int  # saved for backward by one micro-batch (excl. weight copies)
+    layer_activation_bytes: int  # of that, one transformer block's share
+    allocated_peak_bytes: int  # the predicted torch.cuda.max_memory_allocated
+    peak_bytes: int  # allocated peak + CUDA context + allocator margin: what must fit
+    notes: list[str] = []
+
+    def fits(self, device_bytes: int) -> bool:
+        return self.peak_bytes <= device_bytes
+
+
+# ---------------------------------------------------------------- shapes and counts
+
+
+class _Shape(BaseModel):
+    """The numbers every formula needs, resolved from a RunConfig."""
+
+    L: int
+    H: int
+    C: int
+    V: int  # real vocab: the logits and the loss are this wide
+    Vp: int  # padded vocab: the embedding and lm_head are this wide
+    ctx: int  # positions in wpe
+    B: int
+    T: int
+    bias: bool
+    dropout: float
+    attention: str
+    ckpt: bool
+
+
+def _shape(config: RunConfig) -> _Shape:
+    m = config.model
+    V = m.vocab_size or config.data.vocab_size
+    Vp = -(-V // 64) * 64 if m.pad_vocab else V
+    return _Shape(
+        L=m.n_layer, H=m.n_head, C=m.n_embd, V=V, Vp=Vp, ctx=m.block_size,
+        B=config.train.batch_size, T=config.seq_len, bias=m.bias, dropout=m.dropout,
+        attention=m.attention, ckpt=m.grad_checkpointing,
+    )  # fmt: skip
+
+
+def param_count(config: RunConfig) -> int:
+    """Unique parameters of engine.model.GPT (the tied embedding once)."""
+    return _param_count(_shape(config))
+
+
+def _param_count(s: _Shape) -> int:
+    C, b = s.C, int(s.bias)
+    per_block = 2 * (C + b * C) + (3 * C * C + b * 3 * C) + (C * C + b * C)
+    per_block += (4 * C * C + b * 4 * C) + (4 * C * C + b * C)
+    return s.Vp * C + s.ctx * C + s.L * per_block + (C + b * C)
+
+
+def _param_tensors(s: _Shape) -> int:
+    """Parameter tensors (one AdamW `step` scalar each): wte, wpe, 6 weights (+6 biases) a block, ln_f."""
+    b = int(s.bias)
+    return 2 + s.L * (6 + 6 * b) + 1 + b
+
+
+def _largest_param(s: _Shape) -> int:
+    return max(s.Vp * s.C, s.ctx * s.C, 4 * s.C * s.C)
+
+
+def resolve_target(config: RunConfig) -> Target:
+    """The device kind `train` would use for this config on this machine."""
+    d = config.speed.device
+    if d != "auto":
+        return d  # type: ignore[return-value]
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_precision(config: RunConfig, target: Target) -> str:
+    p = config.speed.precision
+    if p != "auto":
+        return p
+    return "bf16" if target == "cuda" else "fp32"
+
+
+# ---------------------------------------------------------------- activations
+
+
+def layer_activations(s: _Shape, low: bool, target: Target) -> int:
+    """Bytes one transformer block saves for backward (no checkpointing), weight copies excluded.
+
+    Per block, with a = 2 bytes under bf16/fp16 autocast, else 4: the residual input of each
+    layer norm (fp32, 4 B*T*C each) and their mean/rstd (4 B*T each); the inputs of the
+    four matmuls in autocast dtype (ln_1 out a, attention out a, ln_2 out a, GELU out 4a);
+    the GELU input (4a). Flash (SDPA): q, k, v as one qkv buffer (3a) and the logsumexp
+    (4 B*H*T). Manual: copies of q, k^T, v for the batched matmuls (3a), the causal mask
+    (T*T bools) and the softmax probabilities (B*H*T*T: in fp32 plus an autocast copy on
+    CUDA, where autocast runs softmax in fp32; in the autocast dtype on CPU).
+    """
+    B, T, C, H = s.B, s.T, s.C, s.H
+    a = 2 if low else 4
+    total = (8 + 14 * a) * B * T * C + 2 * 8 * B * T
+    if s.attention == "flash":
+        t_lse = -(-T // 32) * 32 if (target == "cuda" and not low) else T  # mem-efficient kernel pads
+        total += 4 * B * H * t_lse
+    else:
+        probs = (4 + 2) if (low and target == "cuda") else a
+        total += T * T + probs * B * H * T * T
+    if s.dropout > 0:  # a bool mask per dropout (after attention and MLP); manual: on the probabilities
+        total += 2 * B * T * C + (B * H * T * T * (1 + a) if s.attention == "manual" else 0)
+    return total
+
+
+def head_activations(s: _Shape, low: bool) -> int:
+    """Saved outside the blocks: token and position ids, ln_f input and stats, lm_head input,
+    the fp32 log-softmax over the real vocab (B*T*V*4) and the targets."""
+    B, T, C = s.B, s.T, s.C
+    a = 2 if low else 4
+    ids = 8 * B * T + 8 * T + 8 * B * T + 4  # idx, positions, targets, the loss's total weight
+    emb = B * T * C if s.dropout > 0 else 0
+    return ids + emb + 4 * B * T * C + 8 * B * T + a * B * T * C + 4 * B * T * s.V
+
+
+def saved_activations(s: _Shape, low: bool, target: Target, compiled: bool = False) -> tuple[int, int]:
+    """(all bytes saved for backward by one micro-batch, one block's share)."""
+    layer = layer_activations(s, low, target)
+    if s.ckpt:  # non-reentrant checkpoint keeps only each block's input (fp32 residual)
+        per_layer = 4 * s.B * s.T * s.C
+    elif compiled:
+        per_layer = int(layer * COMPILE_ACTIVATION_FACTOR)
+    else:
+        per_layer = layer
+    return s.L * per_layer + head_activations(s, low), per_layer
+
+
+def weight_copies(s: _Shape, low: bool) -> int:
+    """Autocast's bf16/fp16 copies of the matmul weights, saved for backward (0 in fp32).
+
+    With checkpointing the blocks' copies are not kept (recomputed one block at a time);
+    lm_head's (the tied embedding, Vp*C) always is.
+    """
+    if not low:
+        return 0
+    blocks = 0 if s.ckpt else s.L * 12 * s.C * s.C
+    return 2 * (blocks + s.Vp * s.C)
+
+
+# ---------------------------------------------------------------- the estimate
+
+
+def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp") -> MemoryEstimate:
+    """Predict one rank's device memory for training `config`.
+
+    The device kind and precision are resolved the way `train` resolves them on this
+    machine (`speed.device = auto` on a CPU-only box estimates the CPU); set
+    `speed.device = "cuda"` to plan for a GPU from anywhere.
+    """
+    s = _shape(config)
+    target = resolve_target(config)
+    precision = resolve_precision(config, target)
+    low = precision in ("bf16", "fp16")
+    compiled = config.speed.compile
+    accum = config.train.grad_accum
+    B, T = s.B, s.T
+    N = _param_count(s)
+    notes: list[str] = []
+
+    params, grads = 4 * N, 4 * N
+    optim = 8 * N + 4 * _param_tensors(s)  # exp_avg + exp_avg_sq (fp32) + one step scalar per tensor
+    shard_extra = 0
+    grads_persist = False
+    if world_size > 1 and sharding == "fsdp":
+        # FSDP2 as engine/distributed.py wraps it: one unit per block plus the root
+        # (embeddings, tied head, ln_f), params gathered in fp32. The root stays gathered
+        # through forward and backward; a block is gathered while it runs, the next prefetched,
+        # and its unsharded gradient exists until reduce-scattered.
+        params, grads, optim = -(-params // world_size), -(-grads // world_size), -(-optim // world_size)
+        block = 4 * (_param_count(s.model_copy(update={"L": 1})) - _param_count(s.model_copy(update={"L": 0})))
+        root = 4 * _param_count(s.model_copy(update={"L": 0}))
+        shard_extra = root + 3 * block
+        notes.append("FSDP2: the root unit gathered throughout, plus three block-sized buffers (modelled)")
+    elif world_size > 1:
+        # DDP(gradient_as_bucket_view=True): gradients are views into buckets allocated once,
+        # so they are never freed between steps
+        grads_persist = True
+        notes.append("DDP: gradients live in buckets allocated for the whole run")
+
+    acts, layer_acts = saved_activations(s, low, target, compiled)
+    copies = weight_copies(s, low)
+    a = 2 if low else 4
+    logits_held = a * B * T * s.Vp  # lm_head output: the trainer's `_, loss = ...` keeps it through backward
+    ce_fwd = 4 * B * T * s.V if low else 0  # the .float() copy fed to log_softmax
+    ce_bwd = 8 * B * T * s.V  # nll_loss's grad + log_softmax's grad, both fp32 B*T*V
+    if compiled:  # inductor fuses the cross-entropy: no fp32 copy, one fp32 gradient
+        ce_fwd, ce_bwd = 0, 4 * B * T * s.V
+        notes.append(
+            f"torch.compile modelled: per-layer activations x{COMPILE_ACTIVATION_FACTOR}, fused cross-entropy"
+        )
+    block_full = layer_activations(s, low, target) + (2 * 12 * s.C * s.C if low else 0)
+    block_bwd = (8 * a + 8) * B * T * s.C  # gradients of the widest activations while a block runs backward
+    batch = 2 * 8 * B * T * (2 if config.data.prefetch else 1)
+    opt_tmp = _optimizer_transient(config, s, target, N)
+    grads_fwd = grads if accum > 1 or grads_persist else 0  # zero_grad(set_to_none) frees them each step
+    prev_logits = logits_held if accum > 1 else 0  # the previous micro-batch's, until reassigned
+
+    shard_name = "FSDP gathered units"
+    head = head_activations(s, low)
+    layers = acts - head
+    act_name = f"activations ({s.L} blocks)"
+
+    def parts(grads_alive: int, fwd: bool, transient: int, head_alive: int | None = None) -> dict[str, int]:
+        return {
+            "parameters": params, "gradients": grads_alive, "AdamW state": optim,
+            "autocast weight copies": copies if fwd else 0, act_name: layers if fwd else 0,
+            "logits & loss": (head if fwd else 0) + logits_held if head_alive is None else head_alive,
+            "transient": transient, shard_name: shard_extra, "batches": batch,
+        }  # fmt: skip
+
+    by_phase = {
+        "forward": parts(grads_fwd, True, prev_logits + ce_fwd),
+        "backward (loss)": parts(grads_fwd, True, ce_bwd),
+        "backward (blocks)": parts(
+            grads_fwd, True, (4 * s.Vp * s.C if not grads_fwd else 0) + (block_full if s.ckpt else 0) + block_bwd,
+            head_alive=head - 4 * B * T * s.V + logits_held,
+        ),
+        "optimizer step": parts(grads, False, opt_tmp),
+    }
+    phases = {k: sum(v.values()) for k, v in by_phase.items()}
+    peak_phase = max(phases, key=lambda k: phases[k])
+    allocated = phases[peak_phase]
+    context = CUDA_CONTEXT_BYTES if target == "cuda" else 0
+    margin = int(allocated * ALLOCATOR_MARGIN) if target == "cuda" else 0
+    breakdown = by_phase[peak_phase] | {"CUDA context": context, "allocator margin": margin}
+    components = parts(grads, True, breakdown["transient"]) | {"CUDA context": context, "allocator margin": margin}
+    if target != "cuda":
+        notes.append(f"{target}: no CUDA context or allocator margin; the process's own baseline is not counted")
+    return MemoryEstimate(
+        target=target, precision=precision, n_params=N, batch_size=B, seq_len=T, grad_accum=accum,
+        world_size=world_size, sharding=sharding, compile=compiled,
+        breakdown=breakdown, components=components, phases=phases, peak_phase=peak_phase,
+        activation_bytes=acts, layer_activation_bytes=layer_acts, allocated_peak_bytes=allocated,
+        peak_bytes=allocated + context + margin, notes=notes,
+    )  # fmt: skip
+
+
+def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -> int:
+    """Scratch memory of AdamW.step: fused 0; foreach (CUDA default when not fused) one
+    fp32 copy of the decayed params (sqrt of exp_avg_sq); single-tensor (CPU) two of the largest."""
+    fused = config.optim.fused if config.optim.fused is not None else target == "cuda"
+    if fused:
+        return 0
+    if target == "cuda":
+        return 4 * (n - s.L * (4 * s.C + int(s.bias) * 9 * s.C) - s.C * (1 + int(s.bias)))
+    return 2 * 4 * _largest_param(s)
+
+
+# ---------------------------------------------------------------- fitting
+
+
+def suggest_fit(
+    config: RunConfig, device_bytes: int, world_size: int = 1, sharding: Sharding | None = None
+) -> RunConfig | None:
+    """The largest micro-batch that fits, keeping sequences per optimizer step
+    (batch_size * grad_accum) by raising grad_accum; None if even batch 1 does not fit.
+
+    Only divisors of the step's sequence count are tried, so the step stays exactly the same size.
+    """
+    if sharding is None:
+        parallel = getattr(config.speed, "parallel", "ddp")
+        sharding = "fsdp" if parallel == "fsdp" else "ddp"
+    seqs = config.train.batch_size * config.train.grad_accum
+    for b in sorted((d for d in _divisors(seqs)), reverse=True):
+        candidate = with_batch(config, b, seqs // b)
+        if estimate(candidate, world_size, sharding).fits(device_bytes):
+            return candidate
+    return None
+
+
+def with_batch(config: RunConfig, batch_size: int, grad_accum: int) -> RunConfig:
+    train = config.train.model_copy(update={"batch_size": batch_size, "grad_accum": grad_accum})
+    return config.model_copy(update={"train": train})
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+# ---------------------------------------------------------------- devices
+
+
+def device_memory_bytes(device: str = "auto") -> int | None:
+    """Total memory of the training device (GPU memory; unified memory's working set on
+    MPS; physical RAM on CPU), or None when it cannot be known."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return None
+        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    if device == "mps":
+        if not torch.backends.mps.is_available():
+            return None
+        try:
+            return int(torch.mps.recommended_max_memory())
+        except (AttributeError, RuntimeError):
+            return None
+    if device == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+def available_host_memory() -> int | None:
+    """RAM the kernel says a new allocation can get now (MemAvailable), or None off Linux.
+
+    On CPU this, not the total, is the honest budget: the machine is shared.
+    """
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------- display
+
+
+def human(n: int | float) -> str:
+    """Bytes in binary units: 512 B, 3.2 MiB, 14.81 GiB."""
+    n = float(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB', '80 GB', '24g', '512MiB', '1e9' -> bytes (GB = 1e9, GiB = 2**30, bare g = GiB)."""
+    from engine.errors import UserError
+
+    t = text.strip().replace(" ", "").lower()
+    units = {"tib": 1 << 40, "gib": GiB, "mib": MiB, "kib": 1024, "tb": 10**12, "gb": 10**9,
+             "mb": 10**6, "kb": 10**3, "t": 1 << 40, "g": GiB, "m": MiB, "k": 1024, "b": 1}  # fmt: skip
+    for suffix, mult in units.items():
+        if t.endswith(suffix):
+            number, scale = t[: -len(suffix)], mult
+            break
+    else:
+        number, scale = t, 1
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = -1
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"cannot read memory size {text!r}; write it like 80GiB, 24GB or 512MiB")
+    return int(value)
+
+
+def verdict(est: MemoryEstimate, device_bytes: int | None) -> str:
+    if device_bytes is None:
+        return f"peak {human(est.peak_bytes)}; device memory unknown (pass --device-memory)"
+    if est.fits(device_bytes):
+        return f"fits: peak {human(est.peak_bytes)} of {human(device_bytes)} ({human(device_bytes - est.peak_bytes)} to spare)"
+    return f"does not fit: peak {human(est.peak_bytes)} > {human(device_bytes)} available"
+
+
+def format_table(est: MemoryEstimate, device_bytes: int | None) -> str:
+    """The breakdown as a plain-text table: each part's full size, what of it is alive at
+    the peak, the phases, the peak and the verdict."""
+    rows = [("part", "size", "at peak")]
+    for name, size in est.components.items():
+        if size or est.breakdown.get(name):
+            rows.append((name, human(size), human(est.breakdown.get(name, 0))))
+    w0 = max(len(r[0]) for r in rows) + 2
+    w1 = max(len(r[1]) for r in rows) + 2
+    lines = [
+        f"{est.n_params / 1e6:.1f}M parameters, micro-batch {est.batch_size} x {est.seq_len} tokens, "
+        f"grad accum {est.grad_accum}, {est.precision} on {est.target}"
+        + (f", {est.world_size} ranks ({est.sharding})" if est.world_size > 1 else "")
+        + (", torch.compile" if est.compile else ""),
+        "",
+    ]
+    for i, (a, b, c) in enumerate(rows):
+        lines.append(f"{a:<{w0}}{b:>{w1}}{c:>{w1 + 2}}")
+        if i == 0:
+            lines.append("-" * (w0 + 2 * w1 + 2))
+    lines.append("-" * (w0 + 2 * w1 + 2))
+    lines.append(f"{'peak (' + est.peak_phase + ')':<{w0 + w1}}{human(est.peak_bytes):>{w1 + 2}}")
+    lines.append("")
+    lines.append("allocated by phase: " + ", ".join(f"{k} {human(v)}" for k, v in est.phases.items()))
+    lines.extend(f"note: {n}" for n in est.notes)
+    lines.append(verdict(est, device_bytes))
+    return "\n".join(lines)
+
+
+def fix_flags(config: RunConfig, fitted: RunConfig) -> str:
+    """The flags that turn `config` into `fitted`, e.g. '--batch-size 8 --grad-accum 4'."""
+    return f"--batch-size {fitted.train.batch_size} --grad-accum {fitted.train.grad_accum}"

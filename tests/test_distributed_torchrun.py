@@ -1,0 +1,247 @@
+"""Real multi-process runs: torchrun, gloo, 2 CPU processes, the micro preset.
+
+The reference is one process with grad_accum 2: it trains on exactly the batches that two
+ranks with grad_accum 1 share between them (engine/distributed.py explains the split),
+so gradients, loss curves and resumes across world sizes must agree to float rounding.
+Run as a script (`python -m torch.distributed.run ... this_file.py grads OUT DATA`) it is
+the worker of the gradient test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# same schedule whatever max_steps a run has, so a resumed run can equal a straight one
+COMMON = ["--preset", "micro", "--device", "cpu", "--decay-steps", "8", "--eval-interval", "4",
+          "--ckpt-interval", "4", "--eval-batches", "2", "--dropout", "0"]  # fmt: skip
+TOL = dict(rel=1e-4, abs=1e-5)  # Adam over a few steps amplifies float-order differences a little
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0"]
+
+
+def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "engine.cli", "train", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _curve(run: Path) -> tuple[dict[int, float], dict[int, float]]:
+    ev = _events(run)
+    steps = {e["step"]: e["loss"] for e in ev if e["event"] == "step"}
+    vals = {e["step"]: e["val_loss"] for e in ev if e["event"] == "eval"}
+    return steps, vals
+
+
+def _assert_same(run: Path, reference: tuple[dict, dict], steps: range) -> None:
+    got_steps, got_vals = _curve(run)
+    ref_steps, ref_vals = reference
+    assert [got_steps[s] for s in steps] == pytest.approx([ref_steps[s] for s in steps], **TOL)
+    evals = [s for s in got_vals if s in ref_vals and s >= steps.start - 1]
+    assert evals and [got_vals[s] for s in evals] == pytest.approx([ref_vals[s] for s in evals], **TOL)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import random_tokens, write_gpt2tui
+
+    root = tmp_path_factory.mktemp("dist-data") / "tiny"
+    return write_gpt2tui(root, random_tokens(20_000, 64, 1), random_tokens(4_000, 64, 2), 64)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, data) -> Path:
+    """One process, grad_accum 2, 8 steps straight."""
+    run = tmp_path_factory.mktemp("ref") / "run"
+    _ok(_cli(*COMMON, "--data", str(data), "--grad-accum", "2", "--max-steps", "8", "--out", str(run)))
+    return run
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run) -> tuple[dict, dict]:
+    return _curve(reference_run)
+
+
+def test_ddp_gradients_equal_single_process_gradients(tmp_path, data):
+    """Same global batch: DDP's averaged gradients (and FSDP2's, gathered) equal one
+    process's accumulated ones, tensor by tensor."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([*TORCHRUN, __file__, "grads", str(tmp_path), str(data)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    _ok(proc)
+    alone = _grads(tmp_path / "alone", data, "auto", accum=2)
+    for kind in ("ddp", "fsdp"):
+        got = torch.load(tmp_path / f"{kind}.pt", weights_only=True)
+        assert got.keys() == alone.keys()
+        for name, g in alone.items():
+            torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-7, msg=f"{kind} {name}")
+
+
+def test_two_processes_match_one_then_resume_under_one(tmp_path, data, reference):
+    """The loss curve of a 2-process run equals the 1-process one with the same global
+    batch; its checkpoint resumes under 1 process on the same curve."""
+    run = tmp_path / "two"
+    _ok(_cli(*COMMON, "--data", str(data), "--nproc", "2", "--max-steps", "4", "--out", str(run)))
+    events = _events(run)
+    started = next(e for e in events if e["event"] == "run_started")
+    assert started["world_size"] == 2 and started["parallel"] == "ddp"
+    steps = [e for e in events if e["event"] == "step"]
+    assert all(len(e["rank_step_times"]) == 2 and min(e["rank_step_times"]) > 0 for e in steps)
+    assert steps[-1]["tokens"] == 4 * 2 * 4 * 32  # global: 2 ranks x batch 4 x 32 tokens a step
+    assert sum(e["event"] == "run_started" for e in events) == 1  # rank 0 alone writes events
+    _assert_same(run, reference, range(1, 5))
+
+    _ok(_cli("--resume", str(run), "--max-steps", "8", "--grad-accum", "2"))
+    _assert_same(run, reference, range(5, 9))
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_one_process_checkpoint_resumes_under_two_with_plain_torchrun(tmp_path, data, reference, parallel):
+    """The reverse: a 1-process checkpoint loaded into 2 replicas (DDP) or 2 shards (FSDP2)."""
+    run = tmp_path / "one"
+    _ok(_cli(*COMMON, "--data", str(data), "--grad-accum", "2", "--max-steps", "4", "--out", str(run)))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [*TORCHRUN, "-m", "engine.cli", "train", "--resume", str(run), "--max-steps", "8", "--grad-accum", "1",
+         "--parallel", parallel],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    _ok(proc)
+    _assert_same(run, reference, range(5, 9))
+    events = _events(run)
+    assert events[-1]["event"] == "run_finished"
+    assert [e["parallel"] for e in events if e["event"] == "run_started"] == [None, parallel]
+
+
+def test_fsdp2_trains_checkpoints_full_state_and_resumes_under_one(tmp_path, data, reference, reference_run):
+    from engine import checkpoint as ckpt
+
+    run = tmp_path / "fsdp"
+    _ok(_cli(*COMMON, "--data", str(data), "--nproc", "2", "--parallel", "fsdp", "--max-steps", "4", "--out", str(run)))
+    assert next(e for e in _events(run) if e["event"] == "run_started")["parallel"] == "fsdp"
+    _assert_same(run, reference, range(1, 5))
+    # the checkpoint is the full, unsharded single-process format
+    state = ckpt.load(ckpt.find(run))
+    lone = ckpt.load(ckpt.find(reference_run))  # written by a single process
+    assert state["world_size"] == 2 and state["model"].keys() == lone["model"].keys()
+    assert all(state["model"][k].shape == v.shape for k, v in lone["model"].items())
+    assert state["optimizer"]["param_groups"][0]["params"] == lone["optimizer"]["param_groups"][0]["params"]
+    assert state["optimizer"]["state"].keys() == lone["optimizer"]["state"].keys()
+
+    _ok(_cli("--resume", str(run), "--max-steps", "8", "--grad-accum", "2"))
+    _assert_same(run, reference, range(5, 9))
+
+
+def test_a_killed_rank_ends_the_run_cleanly(tmp_path, data):
+    """SIGKILL to rank 1 mid-run: the launcher stops rank 0 and says which rank died of
+    what, in one line; the last checkpoint still loads."""
+    from engine import checkpoint as ckpt
+
+    run = tmp_path / "killed"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "train", *COMMON, "--data", str(data), "--nproc", "2",
+         "--max-steps", "100000", "--ckpt-interval", "2", "--out", str(run)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "checkpoints" / "latest").exists():
+            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.2)
+        victim = _worker_pid(launcher.pid, rank=1)
+        os.kill(victim, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)  # bounded: the launcher must not hang
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 1
+    line = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert len(line) == 1, err[-3000:]
+    assert f"rank 1 (pid {victim}) killed by SIGKILL" in line[0] and "last checkpoint: " in line[0]
+    state = ckpt.load(ckpt.find(run))  # intact, and a real one
+    assert state["step"] >= 2
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _worker_pid(ancestor: int, rank: int) -> int:
+    """The pid of the worker with RANK=rank among the descendants of `ancestor` (via /proc)."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+
+    def descends(pid: int) -> bool:
+        while pid in parents and pid > 1:
+            pid = parents[pid]
+            if pid == ancestor:
+                return True
+        return False
+
+    for pid in parents:
+        if not descends(pid):
+            continue
+        try:
+            env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID" in b" ".join(env):
+            return pid
+    raise AssertionError(f"no worker with RANK={rank} under pid {ancestor}")
+
+
+def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.Tensor]:
+    """One optimizer step of the real Trainer (no clipping); the gradients it produced."""
+    from engine import distributed
+    from engine.config import resolve
+    from engine.trainer import Trainer, open_data
+
+    overrides = {
+        "data.path": str(data), "optim.grad_clip": 0.0, "speed.parallel": parallel, "speed.device": "cpu",
+        "train.grad_accum": accum, "data.prefetch": False,
+    }  # fmt: skip
+    config, ds = open_data(resolve("micro", overrides=overrides))
+    trainer = Trainer(config, out, ds)
+    trainer._setup()
+    try:
+        trainer.train_step(1e-3)
+        return {n: distributed.local_value(p.grad).detach().clone() for n, p in trainer.model.named_parameters()}
+    finally:
+        trainer.loader.close()
+
+
+def _grad_worker(out: Path, data: Path) -> None:
+    from engine import distributed
+
+    ctx = distributed.init("cpu")
+    for kind in ("ddp", "fsdp"):
+        grads = _grads(out / kind, data, kind, accum=1)
+        if ctx.is_main:
+            torch.save(grads, out / f"{kind}.pt")
+    distributed.shutdown()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["grads"]:
+    _grad_worker(Path(sys.argv[2]), Path(sys.argv[3]))

@@ -1,0 +1,252 @@
+"""The memory estimator, held to what PyTorch really holds and saves.
+
+Parameters, gradients and AdamW state must equal a real model's and a stepped AdamW's
+bytes; activations must be within 10% of what autograd saves (one forward of the real
+model under saved_tensors_hooks, unique storages) over a grid of shapes and switches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import memory
+from engine.cli import main
+from engine.config import resolve
+from engine.memory import MemoryEstimate, estimate, suggest_fit
+from engine.memory_measure import measure_saved, measure_state
+from engine.model import GPT
+
+# three small shapes that differ in every dimension the formulas use (heads, width,
+# layers, vocab padding, bias, T vs B)
+SHAPES = {
+    "s1": {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+           "model.vocab_size": 100, "train.batch_size": 3},
+    "s2": {"model.n_layer": 3, "model.n_head": 4, "model.n_embd": 64, "model.block_size": 64,
+           "model.vocab_size": 300, "model.bias": False, "train.batch_size": 2},
+    "s3": {"model.n_layer": 1, "model.n_head": 3, "model.n_embd": 48, "model.block_size": 48,
+           "model.vocab_size": 64, "model.pad_vocab": False, "train.batch_size": 4, "train.block_size": 40},
+}  # fmt: skip
+GRID = list(itertools.product(SHAPES, ["flash", "manual"], ["fp32", "bf16"], [False, True]))
+
+
+def _config(shape: dict | str, **flags):
+    base = SHAPES[shape] if isinstance(shape, str) else shape
+    over = {"speed.device": "cpu", "speed.compile": False} | base
+    over |= {k.replace("__", "."): v for k, v in flags.items()}
+    return resolve(None, None, over)
+
+
+@pytest.mark.parametrize("shape,attention,precision,ckpt", GRID, ids=lambda v: str(v))
+def test_activations_match_what_autograd_saves(shape, attention, precision, ckpt):
+    cfg = _config(shape, model__attention=attention, speed__precision=precision, model__grad_checkpointing=ckpt)
+    est, saved = estimate(cfg), measure_saved(cfg)
+    assert saved.activations > 0
+    assert abs(est.activation_bytes / saved.activations - 1) <= 0.10, (est.activation_bytes, saved.activations)
+    # autocast's weight copies are counted separately and exactly
+    assert est.components["autocast weight copies"] == saved.weight_copies
+    assert (saved.weight_copies > 0) == (precision == "bf16")
+
+
+@pytest.mark.parametrize(
+    "preset,attention", [("gpt2", "flash"), ("gpt2-medium", "manual")], ids=["gpt2-flash", "gpt2-medium-manual"]
+)
+def test_activation_formula_holds_at_real_preset_widths(preset, attention):
+    """The presets' own widths, heads and 50257-id vocab; one layer and a short sequence keep it fast
+    (the formula is linear in layers; the T and T^2 terms are exercised by the grid)."""
+    cfg = resolve(preset, None, {"model.n_layer": 1, "speed.device": "cpu", "speed.precision": "bf16",
+                                 "speed.compile": False, "train.batch_size": 1, "train.block_size": 64,
+                                 "model.attention": attention})  # fmt: skip
+    est, saved = estimate(cfg), measure_saved(cfg)
+    assert abs(est.activation_bytes / saved.activations - 1) <= 0.10
+    assert est.components["autocast weight copies"] == saved.weight_copies
+
+
+def test_llmc_anchor_gpt2_124m_bf16_flash():
+    """llm.c reports ~331 MiB of activations per 1024-token sequence for GPT-2 124M (bf16, flash)."""
+    cfg = resolve("gpt2", None, {"speed.device": "cuda", "speed.precision": "bf16", "speed.compile": False,
+                                 "train.batch_size": 1, "train.block_size": 1024})  # fmt: skip
+    est = estimate(cfg)
+    blocks = 12 * est.layer_activation_bytes / memory.MiB
+    assert blocks == pytest.approx(324.75, abs=0.01)  # 27,712 bytes per token per layer
+    assert abs(blocks / 331 - 1) < 0.03
+
+
+@pytest.mark.parametrize("flags", [{}, {"model__bias": False, "model__pad_vocab": False}], ids=["bias", "no-bias"])
+def test_parameters_gradients_adamw_state_exact(flags):
+    cfg = _config("s1", speed__precision="bf16", **flags)
+    est, real = estimate(cfg), measure_state(cfg)
+    assert est.components["parameters"] == real.parameters
+    assert est.components["gradients"] == real.gradients
+    assert est.components["AdamW state"] == real.optimizer
+    assert est.n_params == GPT(cfg.model).num_params()
+
+
+def test_preset_parameter_counts_match_the_real_models():
+    for preset in ["gpt2", "gpt2-medium", "gpt2-xl"]:
+        cfg = resolve(preset, None, {"model.vocab_size": 50257})
+        with torch.device("meta"):  # real module shapes, no memory, no init time
+            model = GPT(cfg.model)
+        assert memory.param_count(cfg) == model.num_params(), preset
+    assert memory.param_count(resolve("gpt2", None, {"model.vocab_size": 50257})) == 124_475_904
+
+
+def test_peak_is_the_sum_of_its_parts_and_grows_with_the_batch():
+    cfg = resolve("gpt2", None, {"speed.device": "cuda", "speed.compile": False})
+    est = estimate(cfg)
+    assert sum(est.breakdown.values()) == est.peak_bytes
+    assert est.allocated_peak_bytes == max(est.phases.values()) == est.phases[est.peak_phase]
+    assert est.peak_bytes > est.allocated_peak_bytes  # CUDA context + allocator margin
+    peaks = [estimate(memory.with_batch(cfg, b, 1)).peak_bytes for b in (1, 2, 4, 8, 16)]
+    assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
+    # the fp32 B*T*V logits dominate GPT-2 small at micro-batch 16
+    assert est.components["logits & loss"] > est.components["parameters"]
+
+
+def test_switches_move_the_estimate_the_right_way():
+    cfg = resolve("gpt2", None, {"speed.device": "cuda", "speed.compile": False, "speed.precision": "bf16"})
+    base = estimate(cfg)
+    ckpt = estimate(cfg.model_copy(update={"model": cfg.model.model_copy(update={"grad_checkpointing": True})}))
+    assert ckpt.layer_activation_bytes < base.layer_activation_bytes / 3
+    assert ckpt.activation_bytes < base.activation_bytes
+    manual = estimate(cfg.model_copy(update={"model": cfg.model.model_copy(update={"attention": "manual"})}))
+    assert manual.layer_activation_bytes > 2 * base.layer_activation_bytes  # T^2 probabilities
+    fp32 = estimate(cfg.model_copy(update={"speed": cfg.speed.model_copy(update={"precision": "fp32"})}))
+    assert fp32.layer_activation_bytes > base.layer_activation_bytes
+    compiled = estimate(cfg.model_copy(update={"speed": cfg.speed.model_copy(update={"compile": True})}))
+    assert compiled.layer_activation_bytes < base.layer_activation_bytes and compiled.notes
+    fsdp = estimate(cfg, world_size=8, sharding="fsdp")
+    assert fsdp.components["parameters"] * 8 >= base.components["parameters"] > fsdp.components["parameters"]
+    assert base.peak_bytes > fsdp.peak_bytes
+    # DDP's gradient buckets outlive zero_grad: without accumulation they add to the peak
+    single = memory.with_batch(cfg, 16, 1)
+    assert estimate(single, world_size=8, sharding="ddp").peak_bytes > estimate(single).peak_bytes
+
+
+def test_suggest_fit_keeps_the_step_and_takes_the_largest_batch_that_fits():
+    cfg = resolve("gpt2", None, {"speed.device": "cuda", "train.batch_size": 64, "train.grad_accum": 8})
+    device = 24 * memory.GiB
+    assert not estimate(cfg).fits(device)
+    fitted = suggest_fit(cfg, device)
+    assert fitted is not None
+    b, accum = fitted.train.batch_size, fitted.train.grad_accum
+    assert b * accum == 64 * 8 and estimate(fitted).fits(device)
+    larger = [d for d in range(b + 1, 513) if 512 % d == 0]
+    assert not estimate(memory.with_batch(cfg, larger[0], 512 // larger[0])).fits(device)
+    assert fitted.model == cfg.model and fitted.optim == cfg.optim
+    # a roomy device gets a larger micro-batch (fewer accumulation steps), not the same one
+    roomy = suggest_fit(memory.with_batch(cfg, 2, 256), 140 * memory.GiB)
+    assert roomy is not None and roomy.train.batch_size > 2
+    assert suggest_fit(cfg, memory.GiB) is None
+
+
+def test_vocab_comes_from_the_data_config_when_unset():
+    cfg = resolve("gpt2", None, {"speed.device": "cuda"})
+    assert cfg.model.vocab_size is None
+    same = resolve("gpt2", None, {"speed.device": "cuda", "model.vocab_size": cfg.data.vocab_size})
+    assert estimate(cfg) == estimate(same)
+
+
+def test_device_memory():
+    total = memory.device_memory_bytes("cpu")
+    assert total is not None and total > 2**28
+    assert memory.available_host_memory() <= total
+    if not torch.cuda.is_available():
+        assert memory.device_memory_bytes("cuda") is None
+
+
+@pytest.mark.parametrize("text,expected", [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("512 MiB", 512 * 2**20),
+                                           ("16g", 16 * 2**30), ("1e9", 10**9)])  # fmt: skip
+def test_parse_bytes(text, expected):
+    assert memory.parse_bytes(text) == expected
+
+
+def test_format_table_names_the_parts_the_peak_and_the_verdict():
+    est = estimate(resolve("gpt2", None, {"speed.device": "cuda", "train.batch_size": 64, "speed.compile": False}))
+    table = memory.format_table(est, 80 * memory.GiB)
+    for part in ["parameters", "AdamW state", "activations (12 blocks)", "logits & loss", "CUDA context", "peak ("]:
+        assert part in table
+    assert "fits" in table and memory.human(est.peak_bytes) in table
+    assert "does not fit" in memory.format_table(est, 8 * memory.GiB)
+    assert "unknown" in memory.format_table(est, None)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_estimate_cli_table_json_and_exit_status(capsys):
+    argv = ["estimate", "--preset", "gpt2", "--batch-size", "16", "--block-size", "1024", "--precision", "bf16"]
+    assert main([*argv, "--device-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 on cuda" in out and "fits: peak" in out
+    assert main([*argv, "--device-memory", "80GiB", "--json"]) == 0
+    est = MemoryEstimate.model_validate_json(capsys.readouterr().out)
+    assert est.batch_size == 16 and est.precision == "bf16" and est.target == "cuda"
+    assert main([*argv, "--batch-size", "128", "--device-memory", "24GiB"]) == 1
+    out = capsys.readouterr().out
+    fix = re.search(r"--batch-size (\d+) --grad-accum (\d+)", out)
+    assert "does not fit" in out and fix and int(fix[1]) * int(fix[2]) == 128 * 32
+
+
+@pytest.mark.parametrize("flags,words", [(["--device-memory", "lots"], "memory size"),
+                                         (["--world-size", "0"], "--world-size"),
+                                         (["--preset", "nope"], "unknown preset")])  # fmt: skip
+def test_estimate_cli_bad_input_is_one_line(capsys, flags, words):
+    assert main(["estimate", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+
+
+def test_train_refuses_a_config_that_cannot_fit_before_writing_anything(tmp_path, tiny_dataset):
+    """Real subprocess, real dataset: 40M sequences a micro-batch is terabytes; refused with the fix."""
+    exe = Path(sys.executable).with_name("gpt2-tui")
+    run = tmp_path / "run"
+    argv = [str(exe), "train", "--preset", "micro", "--device", "cpu", "--precision", "fp32",
+            "--data", str(tiny_dataset), "--out", str(run), "--batch-size", "40000000"]  # fmt: skip
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "predicted peak memory" in err and "RAM available" in err and "--force" in err
+    fix = re.search(r"--batch-size (\d+) --grad-accum (\d+)", err)
+    assert fix and int(fix[1]) * int(fix[2]) == 40_000_000
+    assert not run.exists()
+
+
+def test_force_skips_the_check():
+    from engine.errors import UserError
+    from engine.memory_cli import check_train
+
+    cfg = _config("s1", train__batch_size=40_000_000)
+    with pytest.raises(UserError, match="predicted peak memory"):
+        check_train(cfg, force=False)
+    check_train(cfg, force=True)
+    check_train(_config("s1"), force=False)  # a small config passes
+
+
+def test_memory_check_needs_a_gpu_and_says_so(capsys):
+    from engine.memory_check import main as check_main
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the GPU check below runs instead")
+    assert check_main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--cpu" in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_total_within_10_percent_of_max_memory_allocated(tmp_path):
+    """The acceptance check on a GPU: gpt2, bf16, flash, eager, micro-batch 8, real Trainer."""
+    from engine.memory_check import _gpu_config, _synthetic_dataset, run_peak
+
+    data = _synthetic_dataset(tmp_path / "data", tokens=200_000)
+    cfg = _gpu_config("gpt2", 8, False, data, steps=2)
+    allocated, _, outcome = run_peak(cfg, tmp_path)
+    assert outcome == "ok" and allocated
+    assert abs(estimate(cfg).allocated_peak_bytes / allocated - 1) <= 0.10

@@ -1,0 +1,131 @@
+"""The TUI's pure parts: form fields from pydantic, capabilities, RunState alerts, tailing."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import events as ev
+from engine.config import preset_names, resolve
+from engine.model import GPT
+from tui import capabilities, fields
+from tui.runstate import RunState
+from tui.tail import EventTail
+from tui.widgets.charts import thin
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_preset_param_count_matches_the_model(name: str) -> None:
+    for bias in (True, False):
+        cfg = resolve(name, overrides={"model.vocab_size": 1000, "model.bias": bias}).model
+        with torch.device("meta"):
+            n = GPT(cfg).num_params()
+        assert fields.count_params(cfg.n_layer, cfg.n_embd, cfg.block_size, 1000, cfg.pad_vocab, bias) == n
+
+
+def test_fields_come_from_pydantic_and_errors_land_on_their_field() -> None:
+    assert fields.spec("train.batch_size").bounds == ">= 1"
+    assert fields.spec("speed.precision").choices == ("auto", "fp32", "tf32", "bf16", "fp16")
+    assert fields.spec("optim.fused").kind == "tristate"
+    assert "~1.5-2.3x" in fields.spec("speed.compile").help  # the CLI's one source of help
+    base = resolve("micro").model_dump(mode="json")
+    config, errs, general = fields.validate(base, {"train.batch_size": "0", "optim.lr": "x"})
+    assert config is None and general == []
+    assert "greater than or equal to 1" in errs["train.batch_size"] and "valid number" in errs["optim.lr"]
+    _, errs, _ = fields.validate(base, {"optim.lr": "1e-3", "optim.min_lr": "1e-2"})
+    assert "above lr" in errs["optim.min_lr"]  # a model-level rule, blamed on its field
+    _, errs, _ = fields.validate(base, {"train.block_size": "64"})
+    assert "above the model's context" in errs["train.block_size"]
+    config, errs, _ = fields.validate(base, {"train.block_size": "", "train.batch_size": "7"})
+    assert errs == {} and config.train.block_size is None and config.train.batch_size == 7
+
+
+def test_cpu_capabilities_disable_cuda_only_switches() -> None:
+    caps = capabilities.Capabilities(cuda=False, mps=False, bf16=True, device="cpu", device_name="CPU", compile_reason=None)
+    off = capabilities.disabled(caps)
+    assert "CUDA only" in off["optim.fused"] and "CUDA only" in off["data.pin_memory"]
+    assert "speed.compile" not in off
+    assert "no CUDA" in capabilities.refuse({"speed.device": "cuda"}, caps)["speed.device"]
+    gpu = capabilities.Capabilities(cuda=True, mps=False, bf16=False, device="cuda", device_name="T4", compile_reason="no triton")
+    refused = capabilities.refuse({"speed.device": "auto", "speed.precision": "bf16", "speed.compile": True}, gpu)
+    assert "no bf16" in refused["speed.precision"] and refused["speed.compile"] == "no triton"
+    assert capabilities.disabled(gpu) == {"speed.compile": "no triton", "speed.compile_mode": "no triton"}
+
+
+def _started(clip: float = 1.0, max_steps: int = 100) -> ev.RunStarted:
+    cfg = resolve("micro", overrides={"optim.grad_clip": clip, "train.max_steps": max_steps}).model_dump(mode="json")
+    return ev.RunStarted(config=cfg, n_params=1, device="cpu", device_name="CPU", precision="fp32", flops_per_token=1, time=1000.0)
+
+
+def _step(i: int, loss: float = 2.0, norm: float = 0.5, data: float = 0.0, t: float = 0.1) -> ev.Step:
+    return ev.Step(step=i, loss=loss, lr=1e-3, grad_norm=norm, step_time_s=t, tokens_per_s=100.0, mfu=None,
+                   mem_bytes=None, tokens=100 * i, data_time_s=data, time=1000.0 + i)  # fmt: skip
+
+
+def alerts(s: RunState) -> list[str]:
+    return [line.text for line in s.log if line.text.startswith("ALERT")]
+
+
+def test_alerts_fire_once_per_episode() -> None:
+    s = RunState()
+    s.feed(_started())
+    for i in range(1, 21):
+        s.feed(_step(i))
+    assert alerts(s) == []
+    s.feed(_step(21, loss=float("nan")))
+    s.feed(_step(22, loss=float("inf")))
+    assert len(alerts(s)) == 1 and "NaN/Inf" in alerts(s)[0]
+    assert len(s.series["loss"]) == 20  # non-finite points are not plotted
+    s.feed(_step(23, loss=5.0))  # 2.5x the EMA
+    assert "loss spike" in alerts(s)[-1]
+    for i in range(24, 24 + 10):
+        s.feed(_step(i, norm=3.0))
+    assert "grad norm at the clip" in alerts(s)[-1]
+    s.feed(_step(40, data=0.05, t=0.1))
+    assert "data loading is 50%" in alerts(s)[-1]
+    n = len(alerts(s))
+    s.feed(_step(41, data=0.05, t=0.1))
+    assert len(alerts(s)) == n  # still the same episode
+
+
+def test_eta_settled_speed_and_checkpoints(tmp_path: Path) -> None:
+    s = RunState()
+    s.feed(_started(max_steps=100))
+    for i in range(1, 11):
+        s.feed(_step(i, t=1.0 if i <= 2 else 0.2))  # compile warm-up, then settled
+    assert s.settled_step_time() == pytest.approx(0.2)
+    assert s.eta() == pytest.approx(90 * 0.2)
+    p = tmp_path / "step_000010.pt"
+    p.write_bytes(b"x")
+    s.feed(ev.Checkpoint(step=5, path=str(tmp_path / "gone.pt"), val_loss=3.0, best=True))
+    s.feed(ev.Checkpoint(step=10, path=str(p), val_loss=3.5, best=False))
+    rows = [(r.step, r.best, latest) for r, latest in s.checkpoint_rows()]
+    assert rows == [(10, False, True), (5, True, False)]  # best.pt outlives its step file
+    s.feed(ev.RunFinished(step=10, reason="stopped"))
+    assert s.state == "stopped" and s.eta() is None
+
+
+def test_tail_reads_appends_and_skips_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    tail = EventTail(path)
+    assert tail.read_new() == []  # not written yet
+    a = ev.Eval(step=1, val_loss=2.0).model_dump_json()
+    b = ev.Eval(step=2, val_loss=1.5).model_dump_json()
+    path.write_text(a + "\n" + b[:10])  # the writer is mid-line
+    got = tail.read_new()
+    assert [e.step for e in got] == [1]
+    with open(path, "a") as f:
+        f.write(b[10:] + "\n" + "not json\n")
+    got = tail.read_new()
+    assert [e.step for e in got] == [2] and len(tail.problems) == 1
+
+
+def test_thin_keeps_about_n_points_and_the_last() -> None:
+    xs = list(range(1000))
+    tx, ty = thin(xs, [float(x) for x in xs], 100)
+    assert 90 <= len(tx) <= 101 and tx[-1] == 999 and ty[-1] == 999.0
+    assert thin([1, 2], [3.0, 4.0], 10) == ([1, 2], [3.0, 4.0])
+    assert not math.isnan(sum(ty))

@@ -1,0 +1,141 @@
+"""What the dashboard costs the run it shows: the same config headless and under the TUI.
+
+    python -m tui.bench_overhead --preset micro --max-steps 300 --rounds 2
+
+Each round trains the config once headless (the Trainer alone on a worker thread with
+the same torch thread count: a thread's OpenMP team is its own, and on a loaded 2-core
+machine 1 vs 2 intra-op threads alone moved micro's step time 5x) and once under the dashboard (the app in headless-terminal mode at
+160x50, every chart visible, launched in-process the way F5 does; with --detached, the
+headless CLI in its own process with the dashboard tailing its file, the way F6 does).
+Modes alternate so that load drifting on a shared machine hits both. The figure is the
+settled step time (median over the second half of the steps, as the trainer's summary
+reports it) and the overhead is TUI over headless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from engine import events as ev
+from engine.config import RunConfig, resolve
+from engine.trainer import Trainer, open_data
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    events, _ = ev.read_events(run_dir / "events.jsonl")
+    done = [e for e in events if isinstance(e, ev.RunFinished)]
+    if not done:
+        raise RuntimeError(f"{run_dir}: the run did not finish")
+    return done[-1].summary
+
+
+def run_headless(config: RunConfig, run_dir: Path, threads: int) -> dict[str, Any]:
+    """The trainer alone, on a worker thread set up exactly like the TUI's (same torch
+    thread count): what differs between the two modes is then only the dashboard."""
+    import threading
+
+    import torch
+
+    from engine import rundir
+
+    def work() -> None:
+        torch.set_num_threads(threads)
+        cfg, ds = open_data(config)
+        rundir.create(run_dir, cfg, ds.info.tokenizer)
+        Trainer(cfg, run_dir, ds).run()
+
+    t = threading.Thread(target=work, name="bench-headless")
+    t.start()
+    t.join()
+    return _summary(run_dir)
+
+
+async def _run_tui(config: RunConfig, run_dir: Path, size: tuple[int, int], detached: bool, threads: int) -> dict[str, Any]:
+    from tui.app import GPT2App
+    from tui.widgets.charts import MetricChart
+
+    app = GPT2App(attach_dir=None)
+    draws0, secs0 = MetricChart.draws, MetricChart.draw_seconds
+    async with app.run_test(headless=True, size=size) as pilot:
+        await pilot.pause()
+        app.launch(config, run_dir, detached=detached, threads=threads)
+        session = app.session
+        while session is None or session.alive() or session.state.live:
+            await asyncio.sleep(0.2)
+            if session is not None and session.process is not None and session.process.poll() is not None:
+                await asyncio.sleep(1.0)  # let the tail catch the last lines
+                break
+        await pilot.pause()
+    out = _summary(run_dir)
+    out["chart_draws"] = MetricChart.draws - draws0
+    out["draw_seconds"] = MetricChart.draw_seconds - secs0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tui.bench_overhead", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="micro")
+    p.add_argument("--data", default=None, help="dataset dir (default: the embedded corpus)")
+    p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--size", default="160x50", help="terminal size of the dashboard")
+    p.add_argument("--detached", action="store_true", help="measure the F6 launch (own process) instead")
+    p.add_argument("--threads", type=int, default=None, help="torch threads on the trainer thread (default: torch's)")
+    args = p.parse_args(argv)
+    w, h = (int(v) for v in args.size.split("x"))
+    import torch
+
+    threads = args.threads or torch.get_num_threads()
+    over: dict[str, Any] = {"train.max_steps": args.max_steps, "train.eval_interval": 10**9,
+                            "train.ckpt_interval": 10**9, "train.log_interval": 1}  # fmt: skip
+    if args.data:
+        over["data.path"] = args.data
+    if args.batch_size:
+        over["train.batch_size"] = args.batch_size
+    config = resolve(args.preset, overrides=over)
+    tui_mode = "tui-detached" if args.detached else "tui-in-process"
+    results: dict[str, list[dict[str, Any]]] = {"headless": [], tui_mode: []}
+    root = Path(tempfile.mkdtemp(prefix="gpt2-tui-overhead-"))
+    t0 = time.time()
+    try:
+        for r in range(args.rounds):
+            for mode in ("headless", tui_mode) if r % 2 == 0 else (tui_mode, "headless"):
+                run_dir = root / f"{mode}-{r}"
+                if mode == "headless":
+                    res = run_headless(config, run_dir, threads)
+                else:
+                    res = asyncio.run(_run_tui(config, run_dir, (w, h), args.detached, threads))
+                results[mode].append(res)
+                print(f"round {r} {mode:>15}: {1000 * res['median_step_time_s']:.2f} ms/step", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    head = statistics.median(x["median_step_time_s"] for x in results["headless"])
+    tui = statistics.median(x["median_step_time_s"] for x in results[tui_mode])
+    draws = sum(x.get("chart_draws", 0) for x in results[tui_mode])
+    secs = sum(x.get("draw_seconds", 0.0) for x in results[tui_mode])
+    print(f"config: preset {args.preset}, {config.tokens_per_step} tokens/step, {args.max_steps} steps, "
+          f"{args.rounds} rounds, dashboard {w}x{h}; torch threads {threads} on the trainer thread, "
+          f"{os.cpu_count()} CPUs; {time.time() - t0:.0f} s")  # fmt: skip
+    print("| mode | settled ms/step (median of rounds) | per round | overhead |")
+    print("|---|---:|---|---:|")
+    for mode, val in (("headless", head), (tui_mode, tui)):
+        rounds = ", ".join(f"{1000 * x['median_step_time_s']:.1f}" for x in results[mode])
+        ovh = "-" if mode == "headless" else f"{100 * (val / head - 1):+.1f}%"
+        print(f"| {mode} | {1000 * val:.2f} | {rounds} | {ovh} |")
+    if draws:
+        print(f"chart builds+renders: {draws} builds, {secs:.2f} s in plotext over the TUI runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

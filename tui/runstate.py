@@ -1,0 +1,245 @@
+"""What the dashboard knows about a run, built only from its events (no Textual here).
+
+The same state is fed by a live in-process trainer or by tailing another process's
+events.jsonl, so `attach` and a launch show exactly the same thing. Alerts are derived
+here too: NaN/Inf loss, a loss spike, the grad norm pinned at the clip, data loading
+taking over 10% of the step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from engine import events as ev
+
+XAxis = Literal["step", "tokens", "time"]
+X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
+EMA_BETA = 0.9
+SPIKE_FACTOR = 1.5  # loss above this multiple of its EMA is a spike
+PINNED_STEPS = 10  # this many consecutive step reports at the clip = pinned
+DATA_SHARE = 0.10  # data wait above this share of the step time is an alert
+
+
+@dataclass
+class Series:
+    """One metric over the run, with all three possible x values per point."""
+
+    step: list[float] = field(default_factory=list)
+    tokens: list[float] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    y: list[float] = field(default_factory=list)
+
+    def add(self, step: int, tokens: int, t: float, y: float) -> None:
+        self.step.append(step)
+        self.tokens.append(tokens)
+        self.time.append(t)
+        self.y.append(y)
+
+    def xs(self, axis: XAxis) -> list[float]:
+        return getattr(self, axis)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class CheckpointRow:
+    step: int
+    path: str
+    val_loss: float | None
+    size_bytes: int
+    time: float
+    best: bool
+
+
+@dataclass
+class LogLine:
+    time: float
+    text: str
+    level: Literal["info", "warning", "error"] = "info"
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+class RunState:
+    """Accumulates events; `version` increases on every change so views redraw only then."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.started: ev.RunStarted | None = None
+        self.finished: ev.RunFinished | None = None
+        self.failed: ev.RunFailed | None = None
+        self.paused = False
+        self.t0: float | None = None
+        self.step = 0
+        self.tokens = 0
+        self.last_event_time: float | None = None
+        self.last_step: ev.Step | None = None
+        self.series: dict[str, Series] = {
+            k: Series() for k in ("loss", "ema", "lr", "grad_norm", "step_time", "tokens_per_s", "mfu", "mem")
+        }
+        self.val = Series()
+        self.best_val_loss: float | None = None
+        self.checkpoints: dict[int, CheckpointRow] = {}
+        self.samples: list[tuple[int, str]] = []
+        self.log: list[LogLine] = []  # the last 500
+        self.log_count = 0  # lines ever logged
+        self._ema: float | None = None
+        self._pinned = 0
+        self._alerts_on: set[str] = set()
+
+    # ----------------------------------------------------------------- derived
+
+    @property
+    def max_steps(self) -> int | None:
+        return self.started.config["train"]["max_steps"] if self.started else None
+
+    @property
+    def grad_clip(self) -> float:
+        return float(self.started.config["optim"]["grad_clip"]) if self.started else 0.0
+
+    @property
+    def state(self) -> str:
+        if self.failed:
+            return "failed"
+        if self.finished:
+            return self.finished.reason
+        if self.started is None:
+            return "waiting"
+        return "paused" if self.paused else "running"
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("waiting", "running", "paused")
+
+    def settled_step_time(self) -> float | None:
+        """Median over the second half of the step reports: past the compile warm-up."""
+        times = self.series["step_time"].y
+        return statistics.median(times[len(times) // 2 :]) if times else None
+
+    def elapsed(self, now: float | None = None) -> float:
+        if self.t0 is None:
+            return 0.0
+        end = self.last_event_time if not self.live else (now or time.time())
+        return max(0.0, (end or self.t0) - self.t0)
+
+    def eta(self) -> float | None:
+        settled, total = self.settled_step_time(), self.max_steps
+        if settled is None or total is None or not self.live:
+            return None
+        return max(0, total - self.step) * settled
+
+    # ----------------------------------------------------------------- feeding
+
+    def feed(self, e: Any) -> None:
+        self.version += 1
+        self.last_event_time = getattr(e, "time", None)
+        match e:
+            case ev.RunStarted():
+                self.started, self.finished, self.failed, self.paused = e, None, None, False
+                self.t0 = self.t0 or e.time
+                self.step = e.start_step
+                self._log(f"run started: {e.n_params / 1e6:.2f}M parameters on {e.device_name} ({e.precision})", e.time)
+            case ev.Step():
+                self._on_step(e)
+            case ev.Eval():
+                self.val.add(e.step, self.tokens, self._rel(e.time), e.val_loss)
+                if _finite(e.val_loss) and (self.best_val_loss is None or e.val_loss < self.best_val_loss):
+                    self.best_val_loss = e.val_loss
+                self._log(f"eval step {e.step}: val loss {e.val_loss:.4f}", e.time)
+            case ev.Checkpoint():
+                if e.best:
+                    for row in self.checkpoints.values():
+                        row.best = False
+                self.checkpoints[e.step] = CheckpointRow(e.step, e.path, e.val_loss, e.size_bytes, e.time, e.best)
+                self._log(f"checkpoint step {e.step}{' (best)' if e.best else ''}", e.time)
+            case ev.Sample():
+                self.samples.append((e.step, e.text))
+                del self.samples[:-20]
+            case ev.Warning_():
+                self._log(f"warning: {e.message}", e.time, "warning")
+            case ev.Paused():
+                self.paused = True
+                self._log(f"paused at step {e.step}", e.time)
+            case ev.Resumed():
+                self.paused = False
+                self._log(f"resumed at step {e.step}", e.time)
+            case ev.RunFinished():
+                self.finished, self.paused = e, False
+                self.step = e.step
+                self._log(f"run {e.reason} at step {e.step}", e.time)
+            case ev.RunFailed():
+                self.failed = e
+                self._log(f"run failed at step {e.step}: {e.error}", e.time, "error")
+
+    def _rel(self, t: float) -> float:
+        return t - self.t0 if self.t0 is not None else 0.0
+
+    def _log(self, text: str, t: float | None = None, level: Literal["info", "warning", "error"] = "info") -> None:
+        self.log.append(LogLine(t or time.time(), text, level))
+        self.log_count += 1
+        del self.log[:-500]
+
+    def _on_step(self, e: ev.Step) -> None:
+        self.step, self.tokens, self.last_step = e.step, e.tokens, e
+        t = self._rel(e.time)
+        s = self.series
+
+        def add(name: str, y: float | None) -> None:
+            if y is not None:
+                s[name].add(e.step, e.tokens, t, y)
+
+        add("loss", e.loss if math.isfinite(e.loss) else None)
+        if math.isfinite(e.loss):
+            self._ema = e.loss if self._ema is None else EMA_BETA * self._ema + (1 - EMA_BETA) * e.loss
+            add("ema", self._ema)
+        add("lr", e.lr)
+        add("grad_norm", e.grad_norm if math.isfinite(e.grad_norm) else None)
+        add("step_time", e.step_time_s)
+        add("tokens_per_s", e.tokens_per_s)
+        add("mfu", None if e.mfu is None else 100 * e.mfu)
+        add("mem", None if e.mem_bytes is None else e.mem_bytes / 2**30)
+        self._check_alerts(e)
+
+    def _alert(self, key: str, on: bool, text: str, t: float) -> None:
+        """Log an alert when its condition starts; re-arm it once the condition clears."""
+        if on and key not in self._alerts_on:
+            self._alerts_on.add(key)
+            self._log(f"ALERT {text}", t, "warning")
+        elif not on:
+            self._alerts_on.discard(key)
+
+    def _check_alerts(self, e: ev.Step) -> None:
+        bad = not (math.isfinite(e.loss) and math.isfinite(e.grad_norm))
+        self._alert("nan", bad, f"step {e.step}: NaN/Inf loss or grad norm (loss {e.loss}, norm {e.grad_norm})", e.time)
+        ema = self._ema
+        spike = math.isfinite(e.loss) and ema is not None and len(self.series["loss"]) > 10 and e.loss > SPIKE_FACTOR * ema
+        self._alert("spike", spike, f"step {e.step}: loss spike {e.loss:.3f} vs EMA {ema or 0:.3f}", e.time)
+        clip = self.grad_clip
+        self._pinned = self._pinned + 1 if clip > 0 and e.grad_norm >= clip else 0
+        self._alert(
+            "pinned", self._pinned >= PINNED_STEPS,
+            f"step {e.step}: grad norm at the clip ({clip}) for {PINNED_STEPS} reports: lr may be too high", e.time,
+        )  # fmt: skip
+        share = e.data_time_s / e.step_time_s if e.step_time_s > 0 else 0.0
+        self._alert(
+            "data", share > DATA_SHARE,
+            f"step {e.step}: data loading is {100 * share:.0f}% of the step time (try --preload/--prefetch)", e.time,
+        )  # fmt: skip
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def checkpoint_rows(self) -> list[tuple[CheckpointRow, bool]]:
+        """Rows whose file is still on disk (keep-last deletes old ones), newest first,
+        each with whether it is the latest."""
+        rows = [r for r in self.checkpoints.values() if r.best or Path(r.path).exists()]
+        rows.sort(key=lambda r: r.step, reverse=True)
+        latest = rows[0].step if rows else None
+        return [(r, r.step == latest) for r in rows]

@@ -1,0 +1,194 @@
+"""The Benchmark screen: runs the speed ladder (engine.bench) and draws it live.
+
+The ladder runs on a worker thread (each rung is the real Trainer; torch.compile is
+fine there). The UI must not slow what it measures, so nothing is posted per step: the
+worker writes its latest step into a field that a slow timer shows, and the table and
+the bar chart are rebuilt only when a rung lands.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Button, DataTable, Footer, Header, Input, Label, Select, Static, Switch
+from textual_plotext import PlotextPlot
+
+from engine import bench
+from engine.config import preset_names
+from engine.errors import UserError
+
+TICK_S = 0.5
+
+
+class BenchmarkScreen(Screen):
+    """Pick a preset and a step count, run the ladder, watch the table and bars fill in."""
+
+    BINDINGS = [
+        Binding("r", "run", "Run ladder"),
+        Binding("s", "stop", "Stop"),
+        Binding("escape", "back", "Back"),
+    ]
+    DEFAULT_CSS = """
+    BenchmarkScreen #bench-form { height: 3; padding: 0 1; }
+    BenchmarkScreen #bench-form Label { height: 3; content-align: left middle; padding: 0 1 0 0; }
+    BenchmarkScreen #bench-preset { width: 24; }
+    BenchmarkScreen #bench-steps { width: 10; }
+    BenchmarkScreen #bench-status { height: 3; padding: 0 1; background: $boost; }
+    BenchmarkScreen #bench-table { height: auto; max-height: 14; }
+    BenchmarkScreen #bench-chart { height: 1fr; min-height: 10; }
+    """
+
+    def __init__(self, config: bench.BenchConfig | None = None, out: Path | None = None):
+        super().__init__()
+        self.config = config or bench.BenchConfig()
+        self.out = out
+        self.result: bench.LadderResult | None = None
+        self.rungs: list[bench.RungResult] = []
+        self.error: str | None = None
+        self.running = False
+        self._stop = threading.Event()
+        self._live: tuple[str, int, float] | None = None  # (rung, step, s/step), written by the worker
+        self._thread: threading.Thread | None = None
+        self._drawn = -1
+        self.out_used: Path | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="bench-form"):
+            yield Label("preset")
+            names = preset_names()
+            value = self.config.preset if self.config.preset in names else names[0]
+            yield Select([(n, n) for n in names], value=value, allow_blank=False, id="bench-preset")
+            yield Label(" timed steps")
+            yield Input(str(self.config.steps), id="bench-steps", type="integer")
+            yield Label(" compile")
+            yield Switch("compile" not in self.config.skip, id="bench-compile")
+            yield Button("Run", id="bench-run", variant="primary")
+        yield Static("r: run the ladder (each rung adds one optimization); s: stop; esc: back",
+                     id="bench-status", markup=False)  # fmt: skip
+        yield DataTable(id="bench-table", zebra_stripes=True)
+        yield PlotextPlot(id="bench-chart")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "gpt2-tui - speed ladder"
+        table = self.query_one("#bench-table", DataTable)
+        table.add_columns(*bench.table_rows(bench.LadderResult(preset=""))[0])
+        self.set_interval(TICK_S, self.tick)
+
+    # ----------------------------------------------------------------- running
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "bench-run":
+            self.action_run()
+
+    def _form_config(self) -> bench.BenchConfig:
+        steps_text = self.query_one("#bench-steps", Input).value.strip()
+        if not steps_text.isdigit() or int(steps_text) < 1:
+            raise UserError(f"timed steps must be a whole number >= 1 (got {steps_text!r})")
+        skip = [s for s in self.config.skip if s != "compile"]
+        if not self.query_one("#bench-compile", Switch).value:
+            skip.append("compile")
+        preset = str(self.query_one("#bench-preset", Select).value)
+        return self.config.model_copy(update={"preset": preset, "steps": int(steps_text), "skip": skip})
+
+    def action_run(self) -> None:
+        if self.running:
+            self.notify("the ladder is already running; s stops it", severity="warning")
+            return
+        try:
+            config = self._form_config()
+        except UserError as err:
+            self.notify(str(err), severity="error")
+            return
+        out = self.out or bench._default_out(config.preset)
+        self.config, self.out_used = config, out
+        self.rungs, self.result, self.error, self._live = [], None, None, None
+        self._stop.clear()
+        self.running = True
+        self._drawn = -1
+        self._thread = threading.Thread(target=self._work, args=(config, out), name="speed-ladder", daemon=True)
+        self._thread.start()
+        self.tick()
+
+    def _work(self, config: bench.BenchConfig, out: Path) -> None:
+        def on_step(rung: str, e: Any) -> None:
+            self._live = (rung, e.step, e.step_time_s)
+
+        def on_rung(r: bench.RungResult) -> None:
+            self.rungs.append(r.model_copy(deep=True))
+
+        try:
+            self.result = bench.run_ladder(config, out, stop=self._stop, on_step=on_step, on_rung=on_rung,
+                                           command=f"TUI Benchmark screen: {config.model_dump_json()}")  # fmt: skip
+        except UserError as err:
+            self.error = str(err)
+        except Exception as err:  # shown on screen, never a crash of the app
+            self.error = f"{type(err).__name__}: {err}"
+        finally:
+            self.running = False
+
+    def action_stop(self) -> None:
+        if self.running:
+            self._stop.set()
+            self.notify("stopping the ladder at the next step boundary")
+
+    def action_back(self) -> None:
+        self._stop.set()
+        self.app.pop_screen()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+
+    # ----------------------------------------------------------------- drawing
+
+    def status_line(self) -> str:
+        if self.error:
+            return f"error: {self.error}"
+        total = self.config.warmup + self.config.steps
+        if self.running:
+            live = ""
+            if self._live is not None:
+                rung, step, s = self._live
+                live = f"  {rung}: step {step}/{total}, {1000 * s:.1f} ms/step"
+            return f"running the ladder on {self.config.preset}: {len(self.rungs)}/{len(bench.LADDER)} rungs done{live}"
+        if self.result is not None:
+            return f"done: {len(self.rungs)} rungs; tables in {self.out_used}"
+        return "r: run the ladder (each rung adds one optimization); s: stop; esc: back"
+
+    def tick(self) -> None:
+        self.query_one("#bench-status", Static).update(self.status_line())
+        if len(self.rungs) != self._drawn:
+            self._drawn = len(self.rungs)
+            self._draw_table()
+            self._draw_chart()
+
+    def _draw_table(self) -> None:
+        table = self.query_one("#bench-table", DataTable)
+        table.clear()
+        partial = bench.LadderResult(preset=self.config.preset, rungs=list(self.rungs))
+        for row in bench.table_rows(partial)[1:]:
+            table.add_row(*row)
+
+    def _draw_chart(self) -> None:
+        chart = self.query_one("#bench-chart", PlotextPlot)
+        plt = chart.plt
+        plt.clear_data()
+        plt.clear_figure()
+        ran = [r for r in self.rungs if r.status == "ran" and r.tokens_per_s]
+        if ran:
+            plt.bar([r.name for r in ran], [r.tokens_per_s for r in ran], orientation="horizontal", width=0.5)
+        plt.title("tokens/s per rung (higher is faster)")
+        chart.refresh()
+
+
+def open_benchmark() -> BenchmarkScreen:
+    """The factory the app's EXTRA_SCREENS entry calls."""
+    return BenchmarkScreen()
+

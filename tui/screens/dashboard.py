@@ -1,0 +1,254 @@
+"""The live dashboard of one run: status, charts, checkpoints, samples, log.
+
+Everything on it is drawn from a RunState at a slow, adaptive rate: events only update
+the state (cheap); a timer redraws what changed and is visible. The redraw interval
+grows when drawing gets expensive, so the UI thread never takes more than a small share
+of the time the trainer needs (the GIL is shared with an in-process run).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
+
+from tui.runstate import X_AXES, RunState, XAxis
+from tui.session import RunSession
+from tui.widgets.charts import Line, MetricChart
+
+MIN_INTERVAL = 0.5  # s between redraws at most 2 Hz
+MAX_INTERVAL = 4.0
+DRAW_SHARE = 0.03  # aim: redraws take at most this share of wall time
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+def printable(text: str) -> str:
+    """Model output may hold control characters; a terminal must never receive them raw."""
+    return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text)
+
+
+def status_text(state: RunState, session: RunSession, now: float | None = None) -> str:
+    """Two status lines (also what tests and the tmux check read)."""
+    total = state.max_steps
+    last = state.last_step
+    settled = state.settled_step_time()
+    speed = "-"
+    if last is not None:
+        speed = f"{1000 * last.step_time_s:.1f} ms/step ({last.tokens_per_s:,.0f} tok/s)"
+        if settled:
+            speed += f" vs settled {1000 * settled:.1f} ms"
+    best = "-" if state.best_val_loss is None else f"{state.best_val_loss:.4f}"
+    mfu = "unknown" if last is None or last.mfu is None else f"{100 * last.mfu:.1f}%"
+    where = state.started.device_name if state.started else "-"
+    line1 = (
+        f"{state.state.upper()}  step {state.step}/{total or '?'}  ETA {_dur(state.eta())}  "
+        f"elapsed {_dur(state.elapsed(now))}  tokens {_tokens(state.tokens)}  best val {best}"
+    )
+    line2 = f"{speed}  MFU {mfu}  on {where}  [{session.mode}: {session.run_dir}]"
+    if state.failed:
+        line2 = f"FAILED: {state.failed.error}"
+    return f"{line1}\n{line2}"
+
+
+class DashboardScreen(Screen):
+    BINDINGS = [
+        Binding("p", "pause", "Pause/resume"),
+        Binding("s", "save", "Save now"),
+        Binding("q", "stop", "Stop"),
+        Binding("l", "logy", "Log-y"),
+        Binding("x", "xaxis", "X-axis"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+    ]
+
+    def __init__(self, session: RunSession):
+        super().__init__()
+        self.session = session
+        self.axis: XAxis = "step"
+        self.logy = False
+        self.interval = MIN_INTERVAL
+        self._log_seen = 0
+        self._samples_seen = 0
+        self._ckpt_key: Any = None
+        self._status_key: Any = None
+
+    @property
+    def state(self) -> RunState:
+        return self.session.state
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("", id="status", markup=False)
+        with TabbedContent(id="tabs"):
+            with TabPane("Charts", id="tab-charts"):
+                with VerticalScroll(id="charts-scroll"):
+                    yield MetricChart("loss", [Line("loss", "raw", "gray"), Line("ema", "EMA", "cyan"),
+                                               Line("val", "val", "orange", scatter=True)], id="chart-loss")  # fmt: skip
+                    with Grid(id="chart-grid"):
+                        yield MetricChart("lr", [Line("lr", "lr", "green")], id="chart-lr")
+                        yield MetricChart("grad norm (pre-clip)", [Line("grad_norm", "norm", "magenta")], id="chart-norm")
+                        yield MetricChart("s/step", [Line("step_time", "s/step", "yellow")], unit=" s", id="chart-steptime")
+                        yield MetricChart("tok/s", [Line("tokens_per_s", "tok/s", "blue")], id="chart-toks")
+                        yield MetricChart("MFU %", [Line("mfu", "MFU", "cyan")], id="chart-mfu")
+                        yield MetricChart("memory GiB", [Line("mem", "GiB", "red")], id="chart-mem")
+            with TabPane("Checkpoints", id="tab-ckpt"):
+                yield DataTable(id="ckpts", cursor_type="row", zebra_stripes=True)
+            with TabPane("Sample", id="tab-sample"):
+                with VerticalScroll():
+                    yield Static("(a short generation appears at each eval when the dataset has a tokenizer)", id="sample", markup=False)
+        yield RichLog(id="log", max_lines=500, wrap=True, markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"gpt2-tui - {self.session.run_dir}"
+        table = self.query_one("#ckpts", DataTable)
+        table.add_columns("step", "val loss", "size", "age", "")
+        self._timer = self.set_interval(MIN_INTERVAL, self.tick)
+        self.tick()
+
+    # ----------------------------------------------------------------- feeding
+
+    def feed(self, events: list[Any]) -> None:
+        for e in events:
+            self.state.feed(e)
+
+    def tick(self) -> None:
+        """Poll a tailed run, then redraw what changed; adapt the rate to the drawing cost."""
+        self.feed(self.session.poll())
+        t0 = time.perf_counter()
+        before = MetricChart.draw_seconds
+        self.redraw()
+        spent = time.perf_counter() - t0 + (MetricChart.draw_seconds - before)
+        # draw cost of the previous frame's render() is counted here too (rendered later)
+        want = min(MAX_INTERVAL, max(MIN_INTERVAL, spent / DRAW_SHARE))
+        if abs(want - self.interval) > 0.25:
+            self.interval = want
+            self._timer.stop()
+            self._timer = self.set_interval(self.interval, self.tick)
+
+    def redraw(self) -> None:
+        state = self.state
+        key = (state.version, int(time.time()))
+        if key != self._status_key:
+            self._status_key = key
+            self.query_one("#status", Static).update(status_text(state, self.session))
+        clip = state.grad_clip
+        self.query_one("#chart-norm", MetricChart).hline = clip or None
+        tabs = self.query_one("#tabs", TabbedContent)
+        if tabs.active == "tab-charts":
+            for chart in self.query(MetricChart):
+                chart.maybe_redraw(state, self.axis, self.logy)
+        elif tabs.active == "tab-ckpt":
+            self._update_checkpoints()
+        elif tabs.active == "tab-sample":
+            self._update_sample()
+        self._update_log()
+
+    def _update_checkpoints(self) -> None:
+        rows = self.state.checkpoint_rows()
+        now = time.time()
+        key = (self.state.version, int(now) // 5, len(rows))
+        if key == self._ckpt_key:
+            return
+        self._ckpt_key = key
+        table = self.query_one("#ckpts", DataTable)
+        table.clear()
+        for row, latest in rows:
+            marks = " ".join(m for m, on in (("best", row.best), ("latest", latest)) if on)
+            val = "-" if row.val_loss is None else f"{row.val_loss:.4f}"
+            table.add_row(str(row.step), val, _bytes(row.size_bytes), _dur(now - row.time), marks)
+
+    def _update_sample(self) -> None:
+        if len(self.state.samples) != self._samples_seen:
+            self._samples_seen = len(self.state.samples)
+            step, text = self.state.samples[-1]
+            self.query_one("#sample", Static).update(f"step {step}:\n{printable(text)}")
+
+    def _update_log(self) -> None:
+        log = self.query_one("#log", RichLog)
+        lines, total = self.state.log, self.state.log_count
+        new = min(total - self._log_seen, len(lines))
+        for line in lines[len(lines) - new :] if new > 0 else []:
+            style = {"warning": "yellow", "error": "bold red"}.get(line.level, "")
+            log.write(Text(time.strftime("%H:%M:%S ", time.localtime(line.time)) + line.text, style=style))
+        self._log_seen = total
+
+    # ----------------------------------------------------------------- keys
+
+    def action_pause(self) -> None:
+        if not self._steerable("pause"):
+            return
+        ctl = self.session.control
+        if ctl.paused:
+            ctl.resume()
+            self.notify("resuming")
+        else:
+            ctl.pause()
+            self.notify("pausing at the next step boundary")
+
+    def action_save(self) -> None:
+        if self._steerable("save"):
+            self.session.control.save_now()
+            self.notify("a checkpoint will be saved at the next step boundary")
+
+    def _steerable(self, what: str) -> bool:
+        if not self.state.live or not self.session.alive():
+            self.notify(f"the run is not running: nothing to {what}", severity="warning")
+            return False
+        if not self.session.steerable:
+            self.notify(f"this run is in another process: {what} works on runs launched in-process", severity="warning")
+            return False
+        return True
+
+    def action_stop(self) -> None:
+        from tui.screens.modals import ConfirmScreen
+
+        if not self.state.live or not self.session.alive():
+            self.notify("the run has ended; ctrl+q quits", severity="information")
+            return
+        if self.session.mode == "attached":
+            self.notify("this run belongs to another process; stop it there (Ctrl-C or SIGTERM)", severity="warning")
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.session.request_stop()
+                self.notify("stopping: a checkpoint is saved at the next step boundary")
+
+        self.app.push_screen(ConfirmScreen("Stop the run? It saves a checkpoint at the next step boundary."), answer)
+
+    def action_logy(self) -> None:
+        self.logy = not self.logy
+        self.redraw()
+
+    def action_xaxis(self) -> None:
+        self.axis = X_AXES[(X_AXES.index(self.axis) + 1) % len(X_AXES)]
+        self.notify(f"x-axis: {self.axis}")
+        self.redraw()
+
+    def action_help(self) -> None:
+        from tui.screens.modals import HelpScreen
+
+        self.app.push_screen(HelpScreen())
+
+
+__all__ = ["DashboardScreen", "status_text"]

@@ -1,0 +1,81 @@
+"""Small modal screens: a yes/no confirm, the key help, a directory picker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, DirectoryTree, Static
+
+HELP = """\
+Setup:      F5 launch here   F6 launch detached (own process; survives the terminal)
+            F4 apply the memory fix   F2 save the form as TOML   F3 load a TOML
+Dashboard:  p pause/resume   s save a checkpoint now   q stop the run (asks first)
+            l log-y on/off   x x-axis: step / tokens / time   ? this help
+            Tab / shift+Tab move between panels; ctrl+p the command palette
+Anywhere:   ctrl+q quit (an in-process run is stopped first; a detached one goes on:
+            `gpt2-tui attach RUN_DIR` re-opens its dashboard)"""
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
+
+    def __init__(self, question: str):
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question, markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Yes [y]", id="yes", variant="error")
+                yield Button("No [n]", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Static(HELP, markup=False)
+            yield Static("(Esc to close)", classes="help-line")
+
+
+class PickDirectory(ModalScreen["Path | None"]):
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+        self.chosen: Path | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog tall"):
+            yield Static("Pick a dataset directory (Enter opens, Choose takes the highlighted one)")
+            yield DirectoryTree(self.root, id="tree")
+            with Horizontal(classes="buttons"):
+                yield Button("Choose", id="choose", variant="primary")
+                yield Button("Cancel", id="cancel")
+
+    def on_directory_tree_directory_selected(self, event: DirectoryTree.DirectorySelected) -> None:
+        self.chosen = event.path
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "choose":
+            node = self.query_one(DirectoryTree).cursor_node
+            path = node.data.path if node and node.data else self.chosen
+            self.dismiss(Path(path) if path else None)
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

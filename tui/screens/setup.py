@@ -1,0 +1,386 @@
+"""The setup form: preset, dataset, batch and schedule, every speed switch, memory budget.
+
+Fields come from tui.fields (derived from the pydantic models); every change re-validates
+the whole config with pydantic and shows each error at its field; Launch stays disabled
+while anything is refused or the memory estimate says it will not fit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
+
+from engine import rundir
+from engine.config import RunConfig, load_preset, merge, preset_names, read_toml, resolve
+from engine.errors import UserError
+from tui import capabilities as caps_mod
+from tui import fields as F
+from tui.widgets.memory import MemoryPanel
+
+TRISTATE = (("auto", "auto"), ("on", "on"), ("off", "off"))
+_TRI_TO = {"auto": None, "on": True, "off": False}
+_TRI_FROM = {None: "auto", True: "on", False: "off"}
+
+
+def wid(dotted: str) -> str:
+    return "f-" + dotted.replace(".", "-").replace("_", "-")
+
+
+class SetupScreen(Screen):
+    """Configure a run. `base` is the config the form starts from (preset, or --config file)."""
+
+    BINDINGS = [
+        Binding("f5", "launch", "Launch"),
+        Binding("f6", "launch_detached", "Launch detached"),
+        Binding("f4", "apply_fix", "Fit memory"),
+        Binding("f2", "save_config", "Save TOML"),
+        Binding("f3", "load_config", "Load TOML"),
+    ]
+
+    def __init__(self, base: RunConfig | None = None):
+        super().__init__()
+        self.base_config = base or resolve("nano")
+        self.base = self.base_config.model_dump(mode="json")
+        self.caps = caps_mod.detect()
+        self.config: RunConfig | None = None
+        self.errors: dict[str, str] = {}
+        self.general: list[str] = []
+        self.dataset_info: Any = None
+        self._loading = False
+
+    # ----------------------------------------------------------------- layout
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll(id="form"):
+            with Horizontal(classes="row"):
+                yield Label("preset", classes="name")
+                yield Select(self._preset_options(), value=self._preset_value(), allow_blank=False, id="preset")
+                yield Static("model shape; train/schedule values reset to the preset's", classes="help")
+            with Horizontal(classes="row"):
+                yield Label("dataset", classes="name")
+                yield Input(self.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset")
+                yield Button("Browse", id="browse", compact=True)
+            yield Static("", id="dataset-info", classes="help-line")
+            yield Static("", id="err-dataset", classes="error")
+            with Horizontal(classes="row"):
+                yield Label("run directory", classes="name")
+                yield Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir")
+            yield Static("", id="err-run-dir", classes="error")
+            for title, names in F.SECTIONS:
+                yield Static(title, classes="section")
+                for dotted in names:
+                    yield from self._field_row(dotted)
+                    if dotted == "train.grad_accum":
+                        yield Static("", id="tokens-per-step", classes="help-line")
+            yield Static("Memory budget", classes="section")
+            yield MemoryPanel(id="memory")
+            yield Static("", id="general", classes="error")
+            with Horizontal(id="actions"):
+                yield Button("Launch [F5]", id="launch", variant="success")
+                yield Button("Launch detached [F6]", id="launch-detached")
+                yield Button("Fit memory [F4]", id="fix")
+                yield Input("run.toml", id="toml-path")
+                yield Button("Save [F2]", id="save")
+                yield Button("Load [F3]", id="load")
+        yield Footer()
+
+    def _field_row(self, dotted: str) -> ComposeResult:
+        sp = F.spec(dotted)
+        value = F.get_value(self.base, dotted)
+        why_off = caps_mod.disabled(self.caps).get(dotted)
+        with Horizontal(classes="row"):
+            yield Label(sp.label, classes="name")
+            if sp.kind == "bool":
+                yield Switch(bool(value), id=wid(dotted), disabled=why_off is not None)
+            elif sp.kind == "tristate":
+                yield Select(TRISTATE, value=_TRI_FROM[value], allow_blank=False, id=wid(dotted), disabled=why_off is not None)
+            elif sp.kind == "choice":
+                yield Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted), disabled=why_off is not None)
+            else:
+                yield Input(F.to_text(value), placeholder="model context" if sp.optional else sp.bounds, id=wid(dotted))
+            text = sp.help + (f" [disabled: {why_off}]" if why_off else "")
+            yield Static(text, classes="help", markup=False)
+        yield Static("", id="err-" + wid(dotted), classes="error")
+
+    def _preset_options(self) -> list[tuple[str, str]]:
+        opts = []
+        for name in preset_names():
+            n = F.preset_params(name, self._vocab_guess())
+            opts.append((f"{name} ({F.fmt_params(n)} params)", name))
+        return opts
+
+    def _vocab_guess(self) -> int:
+        return self.dataset_info.vocab_size if self.dataset_info else 8192
+
+    def _preset_value(self) -> str:
+        p = self.base.get("preset")
+        return p if p in preset_names() else "nano"
+
+    def on_mount(self) -> None:
+        self.title = "gpt2-tui - set up a run"
+        self._check_dataset()
+        self.revalidate()
+
+    # ----------------------------------------------------------------- values
+
+    def values(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for dotted in F.ALL_FIELDS:
+            w = self.query_one("#" + wid(dotted))
+            if isinstance(w, Switch):
+                out[dotted] = w.value
+            elif isinstance(w, Select):
+                out[dotted] = _TRI_TO[w.value] if F.spec(dotted).kind == "tristate" else w.value
+            else:
+                out[dotted] = w.value
+        path = self.query_one("#dataset", Input).value.strip()
+        out["data.path"] = path or None
+        return out
+
+    def set_values(self, data: dict[str, Any]) -> None:
+        """Fill every field from a config dict (preset change, loaded TOML)."""
+        self._loading = True
+        try:
+            for dotted in F.ALL_FIELDS:
+                w = self.query_one("#" + wid(dotted))
+                v = F.get_value(data, dotted)
+                if isinstance(w, Switch):
+                    w.value = bool(v)
+                elif isinstance(w, Select):
+                    w.value = _TRI_FROM[v] if F.spec(dotted).kind == "tristate" else str(v)
+                else:
+                    w.value = F.to_text(v)
+            self.query_one("#dataset", Input).value = data.get("data", {}).get("path") or ""
+        finally:
+            self._loading = False
+        self._check_dataset()
+        self.revalidate()
+
+    # ----------------------------------------------------------------- validation
+
+    def revalidate(self) -> None:
+        vals = self.values()
+        field_vals = {k: v for k, v in vals.items() if k in F.ALL_FIELDS}
+        base = merge(self.base, {"data": {"path": vals["data.path"]}})
+        if base["model"].get("vocab_size") is None and (self.dataset_info or vals["data.path"] is None):
+            base = merge(base, {"model": {"vocab_size": self._vocab_guess()}})  # for the estimate
+        config, errors, general = F.validate(base, field_vals)
+        for dotted, why in caps_mod.refuse(field_vals, self.caps).items():
+            errors.setdefault(dotted, why)
+        if config is not None and self.dataset_info is not None and config.seq_len > 0:
+            T = config.seq_len
+            if self.dataset_info.val_tokens <= T or self.dataset_info.train_tokens <= T:
+                errors.setdefault("train.block_size", f"the dataset is shorter than one block of {T} tokens")
+        self.errors, self.general = errors, general
+        self.config = config if not errors else None
+        for dotted in F.ALL_FIELDS:
+            self._show_error("err-" + wid(dotted), errors.get(dotted), "#" + wid(dotted))
+        self.query_one("#general", Static).update("\n".join(general))
+        tps = self.query_one("#tokens-per-step", Static)
+        if config is not None:
+            tps.update(
+                f"effective: {config.train.batch_size} x {config.train.grad_accum} x {config.seq_len} = "
+                f"{config.tokens_per_step:,} tokens per optimizer step"
+            )
+        else:
+            tps.update("")
+        self.query_one(MemoryPanel).show(self.config, vals.get("speed.device", "auto"))
+        self._update_launch()
+
+    def _show_error(self, err_id: str, why: str | None, field_sel: str | None = None) -> None:
+        err = self.query_one("#" + err_id, Static)
+        err.update(f"  ^ {why}" if why else "")
+        err.display = bool(why)
+        if field_sel:
+            self.query_one(field_sel).set_class(bool(why), "invalid")
+
+    def _run_dir_error(self) -> str | None:
+        text = self.query_one("#run-dir", Input).value.strip()
+        if not text:
+            return "give a directory for the run"
+        try:
+            rundir.check_new(Path(text))
+        except UserError as err:
+            return str(err)
+        return None
+
+    def _update_launch(self) -> None:
+        run_err = self._run_dir_error()
+        self._show_error("err-run-dir", run_err, "#run-dir")
+        ok = self.ready() and run_err is None
+        self.query_one("#launch", Button).disabled = not ok
+        self.query_one("#launch-detached", Button).disabled = not ok
+        self.query_one("#fix", Button).disabled = self.query_one(MemoryPanel).fix is None
+
+    def ready(self) -> bool:
+        return (
+            self.config is not None and not self.general and self.query_one("#err-dataset", Static).display is False
+            and self.query_one(MemoryPanel).fits is not False
+        )  # fmt: skip
+
+    def _check_dataset(self) -> None:
+        from engine.data import open_dataset
+
+        path = self.query_one("#dataset", Input).value.strip()
+        info_w = self.query_one("#dataset-info", Static)
+        self.dataset_info = None
+        if not path:
+            from engine.prepare import DEFAULT_VOCAB
+
+            info_w.update(f"the embedded stdlib corpus (BPE {DEFAULT_VOCAB}), built once on first launch (~5 s)")
+            self._show_error("err-dataset", None, "#dataset")
+            return
+        try:
+            ds = open_dataset(Path(path), vocab_size=self.base["data"].get("vocab_size", 50257), preload=False)
+        except UserError as err:
+            info_w.update("")
+            self._show_error("err-dataset", str(err), "#dataset")
+            return
+        self.dataset_info = ds.info
+        i = ds.info
+        info_w.update(
+            f"{i.format}: {i.train_tokens:,} train + {i.val_tokens:,} val tokens, {i.dtype}, vocab {i.vocab_size:,}"
+            + ("" if i.tokenizer else ", no tokenizer (no samples)")
+        )
+        self._show_error("err-dataset", None, "#dataset")
+
+    # ----------------------------------------------------------------- events
+
+    @on(Input.Changed)
+    def _input_changed(self, event: Input.Changed) -> None:
+        if self._loading:
+            return
+        if event.input.id == "dataset":
+            self._check_dataset()
+        if event.input.id == "toml-path":
+            return
+        self.revalidate()
+
+    @on(Switch.Changed)
+    def _switch_changed(self) -> None:
+        if not self._loading:
+            self.revalidate()
+
+    @on(Select.Changed)
+    def _select_changed(self, event: Select.Changed) -> None:
+        if self._loading:
+            return
+        if event.select.id == "preset" and event.value != self.base.get("preset"):
+            self._apply_preset(str(event.value))
+            return
+        self.revalidate()
+
+    def _apply_preset(self, name: str) -> None:
+        """A new preset: its model shape and its train/optim values; speed and data kept."""
+        current = self.values()
+        self.base = merge(resolve(name).model_dump(mode="json"), {"data": self.base["data"], "speed": self.base["speed"]})
+        self.set_values(self.base)
+        for dotted in F.SECTIONS[1][1]:  # the speed switches stay as the user set them
+            self._set_one(dotted, current[dotted])
+        self.query_one("#run-dir", Input).value = str(rundir.default_path(name))
+        self.revalidate()
+
+    def _set_one(self, dotted: str, value: Any) -> None:
+        self._loading = True
+        try:
+            w = self.query_one("#" + wid(dotted))
+            if isinstance(w, Select) and F.spec(dotted).kind == "tristate":
+                w.value = _TRI_FROM[value]
+            else:
+                w.value = value
+        finally:
+            self._loading = False
+
+    @on(Button.Pressed)
+    def _button(self, event: Button.Pressed) -> None:
+        action = {
+            "launch": self.action_launch, "launch-detached": self.action_launch_detached, "fix": self.action_apply_fix,
+            "save": self.action_save_config, "load": self.action_load_config, "browse": self._browse,
+        }.get(event.button.id or "")  # fmt: skip
+        if action:
+            action()
+
+    def _browse(self) -> None:
+        from tui.screens.modals import PickDirectory
+
+        def picked(path: Path | None) -> None:
+            if path is not None:
+                self.query_one("#dataset", Input).value = str(path)
+
+        self.app.push_screen(PickDirectory(Path.cwd()), picked)
+
+    # ----------------------------------------------------------------- actions
+
+    def final_config(self) -> RunConfig | None:
+        self.revalidate()
+        if not (self.ready() and self._run_dir_error() is None):
+            self.notify("fix the fields marked in red first", severity="error")
+            return None
+        assert self.config is not None
+        # the vocab is the dataset's unless the config named one: leave it to open_data
+        vocab = self.base["model"].get("vocab_size")
+        return self.config.model_copy(update={"model": self.config.model.model_copy(update={"vocab_size": vocab})})
+
+    def action_launch(self, detached: bool = False) -> None:
+        config = self.final_config()
+        if config is not None:
+            run_dir = Path(self.query_one("#run-dir", Input).value.strip())
+            self.app.launch(config, run_dir, detached=detached)  # type: ignore[attr-defined]
+
+    def action_launch_detached(self) -> None:
+        self.action_launch(detached=True)
+
+    def action_apply_fix(self) -> None:
+        fix = self.query_one(MemoryPanel).fix
+        if fix is None:
+            self.notify("nothing to fix: the run fits (or no smaller micro-batch would)")
+            return
+        self._set_one("train.batch_size", str(fix.train.batch_size))
+        self._set_one("train.grad_accum", str(fix.train.grad_accum))
+        self.revalidate()
+        self.notify(f"micro-batch {fix.train.batch_size} x {fix.train.grad_accum} accumulation: same sequences per step")
+
+    def action_save_config(self) -> None:
+        path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
+        config = self.config
+        if config is None:
+            self.notify("fix the fields marked in red before saving", severity="error")
+            return
+        from engine.checkpoint import atomic_write_bytes
+
+        try:
+            atomic_write_bytes(path, config.to_toml().encode())
+        except OSError as err:
+            self.notify(f"cannot write {path}: {err.strerror}", severity="error")
+            return
+        self.notify(f"saved {path}")
+
+    def action_load_config(self) -> None:
+        path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
+        try:
+            data = read_toml(path)
+            config = resolve(data["preset"], path) if data.get("preset") in preset_names() else resolve(None, path)
+        except UserError as err:
+            self.notify(str(err), severity="error")
+            return
+        self.load(config)
+        self.notify(f"loaded {path}")
+
+    def load(self, config: RunConfig) -> None:
+        self.base_config = config
+        self.base = config.model_dump(mode="json")
+        self._loading = True
+        self.query_one("#preset", Select).value = self._preset_value()
+        self._loading = False
+        self.set_values(self.base)
+
+
+__all__ = ["SetupScreen", "load_preset"]

@@ -1,0 +1,46 @@
+"""Follow a run's events.jsonl as another process writes it (the `attach` side).
+
+Reads only what was appended since the last call; a line without its newline yet is kept
+for the next call (the writer may be mid-line), so a torn last line is never parsed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from engine.events import parse_event
+
+
+class EventTail:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._pos = 0
+        self._partial = b""
+        self.problems: list[str] = []
+        self._line = 0
+
+    def read_new(self, max_bytes: int = 8 << 20) -> list[Any]:
+        """Events appended since the last call (at most max_bytes read per call)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._pos)
+                chunk = f.read(max_bytes)
+        except FileNotFoundError:
+            return []
+        self._pos += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # b"" when the chunk ended with a newline
+        out = []
+        for raw in lines:
+            self._line += 1
+            if not raw.strip():
+                continue
+            try:
+                out.append(parse_event(raw.decode("utf-8")))
+            except (ValidationError, UnicodeDecodeError):
+                self.problems.append(f"{self.path}:{self._line}: skipped an unreadable line")
+        return out
