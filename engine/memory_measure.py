@@ -121,3 +121,38 @@ def measure_state(config: RunConfig, device: str = "cpu", seed: int = 0) -> Stat
         gradients=nbytes([p.grad for p in params if p.grad is not None]),
         optimizer=nbytes(state),
     )
+
+
+class PeakBytes(BaseModel):
+    peak: int  # most tensor bytes alive at once during one steady-state optimizer step
+    by_category: dict[str, int]  # the profiler's categories at that moment
+
+
+def measure_peak(config: RunConfig, dataset, run_dir) -> PeakBytes:  # dataset: engine.data.Dataset
+    """The peak of live tensor bytes over one training step of the real Trainer, from the
+    PyTorch profiler's memory timeline (works on CPU, where no allocator keeps a peak).
+
+    `config` must come from open_data. The first step runs unmeasured so AdamW's state
+    exists, as in every later step; nothing is written to run_dir.
+    """
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
+
+    from engine.trainer import Trainer
+
+    trainer = Trainer(config, run_dir, dataset)
+    trainer._setup()
+    try:
+        trainer.train_step(config.optim.lr)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+        with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+            trainer.train_step(config.optim.lr)
+    finally:
+        trainer.loader.close()
+    timeline = MemoryProfileTimeline(prof._memory_profile())
+    device = "cpu" if trainer.device.type == "cpu" else f"{trainer.device.type}:{trainer.device.index or 0}"
+    _, sizes = timeline._coalesce_timeline(device)
+    totals = [sum(row) for row in sizes]
+    at = max(range(len(totals)), key=totals.__getitem__)
+    names = [c.name.lower() if c is not None else "unknown" for c in _CATEGORY_TO_INDEX]
+    return PeakBytes(peak=totals[at], by_category=dict(zip(names, sizes[at][1:], strict=True)))

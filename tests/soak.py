@@ -57,7 +57,7 @@ def _last_logged_step(run: Path) -> tuple[int, int]:
     return (max(steps) if steps else events[start].start_step), len(problems)
 
 
-def soak(minutes: float, out: Path, seed: int, kills_per_run: int, extra: list[str]) -> Tally:
+def soak(minutes: float, out: Path, seed: int, kills_per_run: int, preset: str, extra: list[str]) -> Tally:
     rng = random.Random(seed)
     t = Tally()
     deadline = time.monotonic() + 60 * minutes
@@ -67,7 +67,7 @@ def soak(minutes: float, out: Path, seed: int, kills_per_run: int, extra: list[s
     while time.monotonic() < deadline:
         if run is None or kills_this_run >= kills_per_run:
             run, kills_this_run, torn_before = out / f"run{t.runs:03d}", 0, 0
-            argv = ["--preset", "nano", "--device", "cpu", "--out", str(run), "--max-steps", "1000000",
+            argv = ["--preset", preset, "--device", "cpu", "--out", str(run), "--max-steps", "1000000",
                     "--ckpt-interval", str(rng.choice([5, 10, 20])), "--eval-interval", "50", "--eval-batches", "4", *extra]  # fmt: skip
             t.runs += 1
             start = None
@@ -137,6 +137,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, help="where the runs go (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kills-per-run", type=int, default=8)
+    p.add_argument("--preset", default="nano", help="model preset of the soaked runs (micro on a busy CPU)")
     args, extra = p.parse_known_args()  # anything else goes to `gpt2-tui train`
     out = args.out or Path(tempfile.mkdtemp(prefix="gpt2-tui-soak-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +146,7 @@ def main() -> int:
 
         default_dataset()
     t0 = time.monotonic()
-    tally = soak(args.minutes, out, args.seed, args.kills_per_run, extra)
+    tally = soak(args.minutes, out, args.seed, args.kills_per_run, args.preset, extra)
     print(report(tally, args.minutes, time.monotonic() - t0))
     print(f"\nruns in {out}")
     return 1 if tally.failures else 0

@@ -68,6 +68,33 @@ def test_activation_formula_holds_at_real_preset_widths(preset, attention):
     assert est.components["autocast weight copies"] == saved.weight_copies
 
 
+PEAK_GRID = [("fp32", "flash", False, 1), ("bf16", "flash", True, 2), ("fp32", "manual", False, 2),
+             ("fp32", "flash", True, 1)]  # fmt: skip
+
+
+@pytest.mark.parametrize("precision,attention,ckpt,accum", PEAK_GRID, ids=lambda v: str(v))
+def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, make_dataset, precision,
+                                                                    attention, ckpt, accum):  # fmt: skip
+    """Parameters + AdamW + gradients + activations + the transients (the loss's fp32 gradients,
+    the held logits, a recomputed block): the predicted allocated peak vs the profiler's
+    memory timeline of one steady-state step of the real Trainer on CPU."""
+    from engine.memory_measure import measure_peak
+    from engine.trainer import open_data
+
+    data = make_dataset("gpt2-tui", vocab_size=500)
+    cfg = _config({"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 64, "model.block_size": 64,
+                   "train.batch_size": 8, "data.path": str(data), "data.prefetch": False},
+                  speed__precision=precision, model__attention=attention, model__grad_checkpointing=ckpt,
+                  train__grad_accum=accum)  # fmt: skip
+    cfg, dataset = open_data(cfg)
+    measured = measure_peak(cfg, dataset, tmp_path / "run")
+    est = estimate(cfg)
+    assert abs(est.allocated_peak_bytes / measured.peak - 1) <= 0.10, (est.phases, measured)
+    assert measured.by_category["parameter"] == est.components["parameters"]
+    assert measured.by_category["optimizer_state"] == est.components["AdamW state"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_llmc_anchor_gpt2_124m_bf16_flash():
     """llm.c reports ~331 MiB of activations per 1024-token sequence for GPT-2 124M (bf16, flash)."""
     cfg = resolve("gpt2", None, {"speed.device": "cuda", "speed.precision": "bf16", "speed.compile": False,

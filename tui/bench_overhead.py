@@ -5,8 +5,9 @@
 Each round trains the config once headless (the Trainer alone on a worker thread with
 the same torch thread count: a thread's OpenMP team is its own, and on a loaded 2-core
 machine 1 vs 2 intra-op threads alone moved micro's step time 5x) and once under the dashboard (the app in headless-terminal mode at
-160x50, every chart visible, launched in-process the way F5 does; with --detached, the
-headless CLI in its own process with the dashboard tailing its file, the way F6 does).
+160x50, every chart visible, launched in-process the way F5 does). With --detached the
+pair is: the headless CLI process alone, and the same command spawned by F6 with the
+dashboard tailing its file.
 Modes alternate so that load drifting on a shared machine hits both. The figure is the
 settled step time (median over the second half of the steps, as the trainer's summary
 reports it) and the overhead is TUI over headless.
@@ -56,6 +57,18 @@ def run_headless(config: RunConfig, run_dir: Path, threads: int) -> dict[str, An
     t = threading.Thread(target=work, name="bench-headless")
     t.start()
     t.join()
+    return _summary(run_dir)
+
+
+def run_headless_cli(config: RunConfig, run_dir: Path) -> dict[str, Any]:
+    """The baseline for --detached: exactly the command F6 spawns, with no dashboard."""
+    import subprocess
+
+    from tui.session import headless_command
+
+    cfg_file = run_dir.with_suffix(".toml")
+    cfg_file.write_text(config.model_copy(update={"out_dir": str(run_dir)}).to_toml())
+    subprocess.run(headless_command(cfg_file, run_dir), check=True, stdout=subprocess.DEVNULL)
     return _summary(run_dir)
 
 
@@ -111,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for mode in ("headless", tui_mode) if r % 2 == 0 else (tui_mode, "headless"):
                 run_dir = root / f"{mode}-{r}"
-                if mode == "headless":
+                if mode == "headless" and args.detached:
+                    res = run_headless_cli(config, run_dir)
+                elif mode == "headless":
                     res = run_headless(config, run_dir, threads)
                 else:
                     res = asyncio.run(_run_tui(config, run_dir, (w, h), args.detached, threads))

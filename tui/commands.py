@@ -18,8 +18,9 @@ def run_attach(args: argparse.Namespace) -> int:
     rundir.load_config(args.run_dir)
     from tui.app import GPT2App
 
-    GPT2App(attach_dir=args.run_dir).run()
-    return 0
+    app = GPT2App(attach_dir=args.run_dir)
+    app.run()
+    return app.return_code or 0
 
 
 def run_app(config_path: Path | None = None) -> int:
@@ -38,4 +39,4 @@ def run_app(config_path: Path | None = None) -> int:
     s = app.session
     if s is not None and s.process is not None and s.process.poll() is None:
         print(f"the run goes on in process {s.process.pid}; re-attach with: gpt2-tui attach {s.run_dir}")
-    return 0
+    return app.return_code or 0

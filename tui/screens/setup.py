@@ -62,17 +62,17 @@ class SetupScreen(Screen):
         with VerticalScroll(id="form"):
             with Horizontal(classes="row"):
                 yield Label("preset", classes="name")
-                yield Select(self._preset_options(), value=self._preset_value(), allow_blank=False, id="preset")
+                yield Select(self._preset_options(), value=self._preset_value(), allow_blank=False, id="preset", compact=True)
                 yield Static("model shape; train/schedule values reset to the preset's", classes="help")
             with Horizontal(classes="row"):
                 yield Label("dataset", classes="name")
-                yield Input(self.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset")
+                yield Input(self.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset", compact=True)
                 yield Button("Browse", id="browse", compact=True)
             yield Static("", id="dataset-info", classes="help-line")
             yield Static("", id="err-dataset", classes="error")
             with Horizontal(classes="row"):
                 yield Label("run directory", classes="name")
-                yield Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir")
+                yield Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir", compact=True)
             yield Static("", id="err-run-dir", classes="error")
             for title, names in F.SECTIONS:
                 yield Static(title, classes="section")
@@ -84,12 +84,12 @@ class SetupScreen(Screen):
             yield MemoryPanel(id="memory")
             yield Static("", id="general", classes="error")
             with Horizontal(id="actions"):
-                yield Button("Launch [F5]", id="launch", variant="success")
-                yield Button("Launch detached [F6]", id="launch-detached")
-                yield Button("Fit memory [F4]", id="fix")
-                yield Input("run.toml", id="toml-path")
-                yield Button("Save [F2]", id="save")
-                yield Button("Load [F3]", id="load")
+                yield Button("Launch [F5]", id="launch", variant="success", compact=True)
+                yield Button("Launch detached [F6]", id="launch-detached", compact=True)
+                yield Button("Fit memory [F4]", id="fix", compact=True)
+                yield Input("run.toml", id="toml-path", compact=True)
+                yield Button("Save [F2]", id="save", compact=True)
+                yield Button("Load [F3]", id="load", compact=True)
         yield Footer()
 
     def _field_row(self, dotted: str) -> ComposeResult:
@@ -101,11 +101,11 @@ class SetupScreen(Screen):
             if sp.kind == "bool":
                 yield Switch(bool(value), id=wid(dotted), disabled=why_off is not None)
             elif sp.kind == "tristate":
-                yield Select(TRISTATE, value=_TRI_FROM[value], allow_blank=False, id=wid(dotted), disabled=why_off is not None)
+                yield Select(TRISTATE, value=_TRI_FROM[value], allow_blank=False, id=wid(dotted), disabled=why_off is not None, compact=True)
             elif sp.kind == "choice":
-                yield Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted), disabled=why_off is not None)
+                yield Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted), disabled=why_off is not None, compact=True)
             else:
-                yield Input(F.to_text(value), placeholder="model context" if sp.optional else sp.bounds, id=wid(dotted))
+                yield Input(F.to_text(value), placeholder="model context" if sp.optional else sp.bounds, id=wid(dotted), compact=True)
             text = sp.help + (f" [disabled: {why_off}]" if why_off else "")
             yield Static(text, classes="help", markup=False)
         yield Static("", id="err-" + wid(dotted), classes="error")

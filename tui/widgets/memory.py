@@ -34,7 +34,7 @@ class MemoryPanel(Vertical):
     def compose(self) -> ComposeResult:
         with Horizontal(classes="row"):
             yield Label("memory budget", classes="name")
-            yield Input("", placeholder="device's memory", id="mem-budget")
+            yield Input("", placeholder="device's memory", id="mem-budget", compact=True)
             yield Static("e.g. 80GiB; blank = the training device's total", classes="help")
         yield Static("", id="mem-table", markup=False)
 
