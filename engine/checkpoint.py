@@ -61,8 +61,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_save(obj: dict[str, Any], path: Path) -> None:
-    """torch.save, atomically."""
-    _atomic_write(path, lambda f: torch.save(obj, f))
+    """torch.save, atomically; a failed write surfaces as the OSError it is."""
+
+    def write(f: BinaryIO) -> None:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as err:  # on a full disk torch's zip writer hides ENOSPC behind its own error
+            cause = err.__cause__ or err.__context__
+            while cause is not None and not isinstance(cause, OSError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise cause from None
+
+    _atomic_write(path, write)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

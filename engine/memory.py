@@ -58,6 +58,7 @@ class MemoryEstimate(BaseModel):
     target: Target
     precision: str
     n_params: int
+    vocab_size: int  # the real vocab the logits span (the config's, else data.vocab_size)
     batch_size: int
     seq_len: int
     grad_accum: int
@@ -304,7 +305,7 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     if target != "cuda":
         notes.append(f"{target}: no CUDA context or allocator margin; the process's own baseline is not counted")
     return MemoryEstimate(
-        target=target, precision=precision, n_params=N, batch_size=B, seq_len=T, grad_accum=accum,
+        target=target, precision=precision, n_params=N, vocab_size=s.V, batch_size=B, seq_len=T, grad_accum=accum,
         world_size=world_size, sharding=sharding, compile=compiled,
         breakdown=breakdown, components=components, phases=phases, peak_phase=peak_phase,
         activation_bytes=acts, layer_activation_bytes=layer_acts, allocated_peak_bytes=allocated,
@@ -452,7 +453,8 @@ def format_table(est: MemoryEstimate, device_bytes: int | None) -> str:
     w0 = max(len(r[0]) for r in rows) + 2
     w1 = max(len(r[1]) for r in rows) + 2
     lines = [
-        f"{est.n_params / 1e6:.1f}M parameters, micro-batch {est.batch_size} x {est.seq_len} tokens, "
+        f"{est.n_params / 1e6:.1f}M parameters, vocab {est.vocab_size}, "
+        f"micro-batch {est.batch_size} x {est.seq_len} tokens, "
         f"grad accum {est.grad_accum}, {est.precision} on {est.target}"
         + (f", {est.world_size} ranks ({est.sharding})" if est.world_size > 1 else "")
         + (", torch.compile" if est.compile else ""),

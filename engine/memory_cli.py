@@ -8,6 +8,7 @@ the kernel reports available now (MemAvailable), since the machine is shared.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -24,6 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "Exit status 0 when it fits (or the device memory is unknown), 1 when it does not, 2 on bad input."
     )
     p.add_argument("--preset", help="model preset name or TOML file (default gpt2)")
+    p.epilog = (
+        "The vocab is --vocab-size, else the sidecar of --data DIR (our format), else 50257 (GPT-2's); "
+        "the embedded default corpus has 8192, so pass --vocab-size 8192 to estimate a run on it."
+    )
     p.add_argument("--config", type=Path, help="run config TOML")
     p.add_argument(
         "--device-memory", metavar="SIZE",
@@ -63,6 +68,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if device_bytes is not None and overrides.get("speed.device", "auto") == "auto":
         overrides["speed.device"] = "cuda"  # a memory size to plan for means a GPU
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
+    config = _vocab_from_sidecar(config)
     est = memory.estimate(config, args.world_size, args.sharding)
     if device_bytes is None:
         device_bytes, _ = budget(est.target)  # None when this machine lacks that device
@@ -73,6 +79,19 @@ def run_from_args(args: argparse.Namespace) -> int:
         if device_bytes is not None and not est.fits(device_bytes):
             print(_advice(config, device_bytes, args.world_size, args.sharding))
     return 1 if device_bytes is not None and not est.fits(device_bytes) else 0
+
+
+def _vocab_from_sidecar(config: RunConfig) -> RunConfig:
+    """With --data DIR of ours and no --vocab-size, the vocab the run would get: the sidecar's
+    (read from dataset.json alone: no token scan). Otherwise data.vocab_size (GPT-2's 50257)."""
+    if config.model.vocab_size is not None or config.data.path is None:
+        return config
+    sidecar = Path(config.data.path) / "dataset.json"
+    try:
+        vocab = int(json.loads(sidecar.read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return config
+    return config.model_copy(update={"model": config.model.model_copy(update={"vocab_size": vocab})})
 
 
 def _advice(config: RunConfig, device_bytes: int, world_size: int, sharding: str) -> str:

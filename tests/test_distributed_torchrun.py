@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,14 @@ def reference_run(tmp_path_factory, data) -> Path:
 
 
 @pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory, data) -> Path:
+    """One process, grad_accum 2, stopped at step 4 (copied by each test that resumes it)."""
+    run = tmp_path_factory.mktemp("one") / "run"
+    _ok(_cli(*COMMON, "--data", str(data), "--grad-accum", "2", "--max-steps", "4", "--out", str(run)))
+    return run
+
+
+@pytest.fixture(scope="module")
 def reference(reference_run) -> tuple[dict, dict]:
     return _curve(reference_run)
 
@@ -113,10 +122,9 @@ def test_two_processes_match_one_then_resume_under_one(tmp_path, data, reference
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_one_process_checkpoint_resumes_under_two_with_plain_torchrun(tmp_path, data, reference, parallel):
+def test_one_process_checkpoint_resumes_under_two_with_plain_torchrun(tmp_path, one_process_run, reference, parallel):
     """The reverse: a 1-process checkpoint loaded into 2 replicas (DDP) or 2 shards (FSDP2)."""
-    run = tmp_path / "one"
-    _ok(_cli(*COMMON, "--data", str(data), "--grad-accum", "2", "--max-steps", "4", "--out", str(run)))
+    run = Path(shutil.copytree(one_process_run, tmp_path / "one"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [*TORCHRUN, "-m", "engine.cli", "train", "--resume", str(run), "--max-steps", "8", "--grad-accum", "1",

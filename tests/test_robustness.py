@@ -402,3 +402,24 @@ def test_full_disk_under_events_jsonl_drops_lines_not_the_run(tmp_path, tiny_dat
     (t.run_dir / rundir.EVENTS).symlink_to("/dev/full")
     assert t.run() == "completed"
     assert seen[-1].event == "run_finished" and ckpt.load(t.ckpts.latest())["step"] == 3
+
+
+def test_a_really_full_filesystem(tmp_path, tiny_dataset, capsys):
+    """A 1 MiB tmpfs: saves succeed, then ENOSPC (which torch.save reports as a RuntimeError,
+    unwrapped by atomic_save); the run warns, keeps what it had and completes."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:  # fmt: skip
+        pytest.skip("needs root with mount rights for a tiny tmpfs")
+    try:
+        run = mnt / "run"
+        assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "8",
+                     "--ckpt-interval", "1", "--keep-last", "8"]) == 0  # fmt: skip
+        out = capsys.readouterr().out
+        assert "(No space left on device" in out and "retries at the next checkpoint interval" in out
+        saved = ckpt.CheckpointDir(run / "checkpoints")
+        assert 1 <= len(saved.step_files()) < 8 and not list(saved.path.glob(".*"))
+        assert ckpt.load(saved.latest())["step"] == saved.step_files()[-1][0]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)

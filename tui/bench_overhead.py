@@ -80,6 +80,7 @@ async def _run_tui(config: RunConfig, run_dir: Path, size: tuple[int, int], deta
     draws0, secs0 = MetricChart.draws, MetricChart.draw_seconds
     async with app.run_test(headless=True, size=size) as pilot:
         await pilot.pause()
+        cpu0, wall0 = time.thread_time(), time.perf_counter()  # this is the UI thread
         app.launch(config, run_dir, detached=detached, threads=threads)
         session = app.session
         while session is None or session.alive() or session.state.live:
@@ -87,8 +88,10 @@ async def _run_tui(config: RunConfig, run_dir: Path, size: tuple[int, int], deta
             if session is not None and session.process is not None and session.process.poll() is not None:
                 await asyncio.sleep(1.0)  # let the tail catch the last lines
                 break
+        ui_cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
         await pilot.pause()
     out = _summary(run_dir)
+    out["ui_cpu_s"], out["wall_s"] = ui_cpu, wall
     out["chart_draws"] = MetricChart.draws - draws0
     out["draw_seconds"] = MetricChart.draw_seconds - secs0
     return out
@@ -147,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         rounds = ", ".join(f"{1000 * x['median_step_time_s']:.1f}" for x in results[mode])
         ovh = "-" if mode == "headless" else f"{100 * (val / head - 1):+.1f}%"
         print(f"| {mode} | {1000 * val:.2f} | {rounds} | {ovh} |")
+    pairs = [t["median_step_time_s"] / h["median_step_time_s"] - 1 for h, t in zip(results["headless"], results[tui_mode])]
+    print(f"paired overhead, round by round (each pair ran back to back): "
+          f"{', '.join(f'{100 * p:+.1f}%' for p in pairs)}; median {100 * statistics.median(pairs):+.1f}%")  # fmt: skip
+    ui = sum(x["ui_cpu_s"] for x in results[tui_mode])
+    wall = sum(x["wall_s"] for x in results[tui_mode])
+    print(f"UI thread CPU time: {ui:.1f} s over {wall:.1f} s of TUI runs = {100 * ui / wall:.1f}% "
+          f"(load-independent: the most of the time the UI can hold the GIL or a core)")  # fmt: skip
     if draws:
         print(f"chart builds+renders: {draws} builds, {secs:.2f} s in plotext over the TUI runs")
     return 0
