@@ -7,8 +7,8 @@ sampler, same seed), torch.optim.AdamW, fp32, eager; per step: batch -> forward 
 zero_grad -> backward -> step. A second plain variant adds clip_grad_norm_, which our
 loop does too (the Trainer clips and reports the pre-clip norm), so any gap can be put
 where it belongs. The loops run in alternating rounds (ours, plain, plain+clip, ours, ...)
-so drift on a shared machine hits them alike; each figure is the median over the timed
-steps of all rounds.
+so drift on a shared machine hits them alike, the order rotating each round so that no
+loop always runs first; each figure is the median over the timed steps of all rounds.
 """
 
 from __future__ import annotations
@@ -107,8 +107,9 @@ def compare(config: RunConfig, dataset: Dataset, out: Path, steps: int, warmup: 
     ours.train.eval_interval = ours.train.ckpt_interval = total + 1
     ours.train.log_interval = 1
     cpu: dict[str, float] = {k: 0.0 for k in VARIANTS}
+    names = list(VARIANTS)
     for n in range(rounds):
-        for name in VARIANTS:
+        for name in names[n % len(names) :] + names[: n % len(names)]:  # rotate: no loop always goes first
             c0 = time.process_time()
             if name == "ours":
                 times = time_config(ours, dataset, out / f"round{n}-ours").step_times_s

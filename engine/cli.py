@@ -183,6 +183,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"\n{signal.Signals(signum).name}: saving a checkpoint and stopping (again to quit now)", file=sys.stderr)
 
     previous = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
+    if hasattr(signal, "SIGUSR1"):  # how the TUI steers its detached runs: save now, pause/resume
+        signal.signal(signal.SIGUSR1, lambda *_: control.save_now())
+        signal.signal(signal.SIGUSR2, lambda *_: control.resume() if control.paused else control.pause())
     try:
         Trainer(config, run_dir, dataset, sinks=[ConsoleSink()], control=control, resume=bool(args.resume)).run()
     finally:

@@ -49,7 +49,7 @@ def err_text(screen, dotted: str) -> str:
     return str(w.render()) if w.display else ""
 
 
-def test_setup_validates_budget_fix_then_launch_and_watch(tiny_dataset: Path, tmp_path: Path) -> None:
+def test_setup_validates_budget_fix_then_launch_in_app_and_watch(tiny_dataset: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
 
     async def go() -> None:
@@ -89,7 +89,7 @@ def test_setup_validates_budget_fix_then_launch_and_watch(tiny_dataset: Path, tm
             assert setup.query_one("#" + wid("train.grad_accum")).value == "4"
             assert panel.fits is True and setup.query_one("#launch").disabled is False
 
-            await pilot.press("f5")
+            await pilot.press("f6")
             await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
             dash = app.screen
             state = app.session.state
@@ -123,8 +123,9 @@ def test_pause_save_and_quit_while_running(tiny_dataset: Path, tmp_path: Path) -
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             await set_input(pilot, app.screen, "#run-dir", str(run_dir))
-            await pilot.press("f5")
+            await pilot.press("f6")  # in this app's process
             await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
+            assert app.session.mode == "in-process"
             state = app.session.state
             await until(pilot, lambda: state.step >= 3, "a few steps")
             await pilot.press("p")
@@ -179,8 +180,8 @@ def test_attach_finished_run(tiny_dataset: Path, tmp_path: Path) -> None:
 
 
 def test_detached_launch_is_tailed_live_and_stopped(tiny_dataset: Path, tmp_path: Path) -> None:
-    """F6: the headless CLI in its own session; the dashboard tails it while it runs, and q
-    stops it gracefully (SIGTERM: checkpoint at the step boundary)."""
+    """F5 (the default): the headless CLI in its own session; the dashboard tails it while
+    it runs, steers it by signals, and q stops it gracefully (SIGTERM: a checkpoint)."""
     run_dir = tmp_path / "detached"
 
     async def go(holder: list) -> None:
@@ -188,7 +189,7 @@ def test_detached_launch_is_tailed_live_and_stopped(tiny_dataset: Path, tmp_path
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             await set_input(pilot, app.screen, "#run-dir", str(run_dir))
-            await pilot.press("f6")
+            await pilot.press("f5")  # the default launch: detached
             await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
             session = app.session
             holder.append(session)
@@ -198,6 +199,12 @@ def test_detached_launch_is_tailed_live_and_stopped(tiny_dataset: Path, tmp_path
             await until(pilot, lambda: state.step >= 2, "steps tailed from the live file")
             seen = state.step
             await until(pilot, lambda: state.step > seen, "more steps while it runs")
+            await pilot.press("p")  # steered by signals: SIGUSR2 pauses, SIGUSR1 saves
+            await until(pilot, lambda: state.paused, "paused event tailed")
+            await pilot.press("p")
+            await until(pilot, lambda: not state.paused, "resumed event tailed")
+            await pilot.press("s")
+            await until(pilot, lambda: len(state.checkpoints) >= 1, "save-now checkpoint tailed")
             await pilot.press("q")
             await pilot.press("y")
             await until(pilot, lambda: state.state == "stopped", "stopped event tailed")

@@ -4,7 +4,13 @@ parser on every call; Textual loads only when a screen is about to open)."""
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
+
+# engine/cli.py's `train` handles these: SIGUSR1 saves at the next step boundary, SIGUSR2
+# pauses or resumes (POSIX only). The dashboard steers the runs it spawned with them.
+SAVE_SIGNAL = getattr(signal, "SIGUSR1", None)
+PAUSE_SIGNAL = getattr(signal, "SIGUSR2", None)
 
 
 def add_attach_arguments(parser: argparse.ArgumentParser) -> None:

@@ -45,8 +45,31 @@ class RunSession:
 
     @property
     def steerable(self) -> bool:
-        """Pause and save-now reach only a trainer in this process."""
-        return self.control is not None
+        """Pause and save-now reach a trainer in this process, or the process we spawned
+        (by signals); a run attached from elsewhere is only watched."""
+        return self.control is not None or (self.process is not None and self.process.poll() is None)
+
+    def toggle_pause(self) -> bool:
+        """Pause or resume; True if a pause was asked for."""
+        if self.control is not None:
+            if self.control.paused:
+                self.control.resume()
+                return False
+            self.control.pause()
+            return True
+        from tui.commands import PAUSE_SIGNAL
+
+        pausing = not self.state.paused
+        os.kill(self.process.pid, PAUSE_SIGNAL)
+        return pausing
+
+    def save_now(self) -> None:
+        if self.control is not None:
+            self.control.save_now()
+        else:
+            from tui.commands import SAVE_SIGNAL
+
+            os.kill(self.process.pid, SAVE_SIGNAL)
 
     def alive(self) -> bool:
         if self.thread is not None:

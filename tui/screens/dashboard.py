@@ -22,9 +22,9 @@ from tui.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
 
-MIN_INTERVAL = 0.5  # s between redraws at most 2 Hz
-MAX_INTERVAL = 4.0
-DRAW_SHARE = 0.03  # aim: redraws take at most this share of wall time
+MIN_INTERVAL = 0.5  # s between redraws: at most 2 Hz
+MAX_INTERVAL = 10.0
+UI_SHARE = 0.03  # aim: the UI thread busy (GIL held, a core taken) at most this share of the time
 
 
 def _dur(s: float | None) -> str:
@@ -132,15 +132,20 @@ class DashboardScreen(Screen):
             self.state.feed(e)
 
     def tick(self) -> None:
-        """Poll a tailed run, then redraw what changed; adapt the rate to the drawing cost."""
+        """Poll a tailed run, redraw what changed, then adapt the rate: the UI thread's own
+        CPU time since the last tick (plotext, layout, compositing, all of it) over the wall
+        time since then is kept near UI_SHARE by stretching or shrinking the interval."""
         self.feed(self.session.poll())
-        t0 = time.perf_counter()
-        before = MetricChart.draw_seconds
         self.redraw()
-        spent = time.perf_counter() - t0 + (MetricChart.draw_seconds - before)
-        # draw cost of the previous frame's render() is counted here too (rendered later)
-        want = min(MAX_INTERVAL, max(MIN_INTERVAL, spent / DRAW_SHARE))
-        if abs(want - self.interval) > 0.25:
+        cpu, wall = time.thread_time(), time.perf_counter()
+        last = getattr(self, "_last_clock", None)
+        self._last_clock = (cpu, wall)
+        if last is None or wall - last[1] <= 0:
+            return
+        share = (cpu - last[0]) / (wall - last[1])
+        want = self.interval * 1.5 if share > UI_SHARE else self.interval / 1.25 if share < UI_SHARE / 2 else self.interval
+        want = min(MAX_INTERVAL, max(MIN_INTERVAL, want))
+        if want != self.interval:
             self.interval = want
             self._timer.stop()
             self._timer = self.set_interval(self.interval, self.tick)
@@ -197,17 +202,14 @@ class DashboardScreen(Screen):
     def action_pause(self) -> None:
         if not self._steerable("pause"):
             return
-        ctl = self.session.control
-        if ctl.paused:
-            ctl.resume()
-            self.notify("resuming")
-        else:
-            ctl.pause()
+        if self.session.toggle_pause():
             self.notify("pausing at the next step boundary")
+        else:
+            self.notify("resuming")
 
     def action_save(self) -> None:
         if self._steerable("save"):
-            self.session.control.save_now()
+            self.session.save_now()
             self.notify("a checkpoint will be saved at the next step boundary")
 
     def _steerable(self, what: str) -> bool:
@@ -215,7 +217,7 @@ class DashboardScreen(Screen):
             self.notify(f"the run is not running: nothing to {what}", severity="warning")
             return False
         if not self.session.steerable:
-            self.notify(f"this run is in another process: {what} works on runs launched in-process", severity="warning")
+            self.notify(f"this run belongs to another process: {what} works on runs launched from this app", severity="warning")
             return False
         return True
 

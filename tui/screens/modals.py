@@ -11,13 +11,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DirectoryTree, Static
 
 HELP = """\
-Setup:      F5 launch here   F6 launch detached (own process; survives the terminal)
+Setup:      F5 launch (its own process: survives the terminal)   F6 launch in this app
             F4 apply the memory fix   F2 save the form as TOML   F3 load a TOML
 Dashboard:  p pause/resume   s save a checkpoint now   q stop the run (asks first)
             l log-y on/off   x x-axis: step / tokens / time   ? this help
             Tab / shift+Tab move between panels; ctrl+p the command palette
-Anywhere:   ctrl+q quit (an in-process run is stopped first; a detached one goes on:
-            `gpt2-tui attach RUN_DIR` re-opens its dashboard)"""
+Anywhere:   ctrl+q quit (a run in this app is stopped first; one in its own process goes
+            on: `gpt2-tui attach RUN_DIR` re-opens its dashboard)"""
 
 
 class ConfirmScreen(ModalScreen[bool]):

@@ -38,7 +38,7 @@ class SetupScreen(Screen):
 
     BINDINGS = [
         Binding("f5", "launch", "Launch"),
-        Binding("f6", "launch_detached", "Launch detached"),
+        Binding("f6", "launch_in_app", "Launch in-app"),
         Binding("f4", "apply_fix", "Fit memory"),
         Binding("f2", "save_config", "Save TOML"),
         Binding("f3", "load_config", "Load TOML"),
@@ -85,7 +85,7 @@ class SetupScreen(Screen):
             yield Static("", id="general", classes="error")
             with Horizontal(id="actions"):
                 yield Button("Launch [F5]", id="launch", variant="success", compact=True)
-                yield Button("Launch detached [F6]", id="launch-detached", compact=True)
+                yield Button("Launch in-app [F6]", id="launch-in-app", compact=True)
                 yield Button("Fit memory [F4]", id="fix", compact=True)
                 yield Input("run.toml", id="toml-path", compact=True)
                 yield Button("Save [F2]", id="save", compact=True)
@@ -217,7 +217,7 @@ class SetupScreen(Screen):
         self._show_error("err-run-dir", run_err, "#run-dir")
         ok = self.ready() and run_err is None
         self.query_one("#launch", Button).disabled = not ok
-        self.query_one("#launch-detached", Button).disabled = not ok
+        self.query_one("#launch-in-app", Button).disabled = not ok
         self.query_one("#fix", Button).disabled = self.query_one(MemoryPanel).fix is None
 
     def ready(self) -> bool:
@@ -302,7 +302,7 @@ class SetupScreen(Screen):
     @on(Button.Pressed)
     def _button(self, event: Button.Pressed) -> None:
         action = {
-            "launch": self.action_launch, "launch-detached": self.action_launch_detached, "fix": self.action_apply_fix,
+            "launch": self.action_launch, "launch-in-app": self.action_launch_in_app, "fix": self.action_apply_fix,
             "save": self.action_save_config, "load": self.action_load_config, "browse": self._browse,
         }.get(event.button.id or "")  # fmt: skip
         if action:
@@ -329,14 +329,17 @@ class SetupScreen(Screen):
         vocab = self.base["model"].get("vocab_size")
         return self.config.model_copy(update={"model": self.config.model.model_copy(update={"vocab_size": vocab})})
 
-    def action_launch(self, detached: bool = False) -> None:
+    def action_launch(self, detached: bool = True) -> None:
+        """The default launch is detached: the headless CLI in its own process, so the run
+        survives the terminal and the dashboard cannot slow it through the GIL (see
+        docs/benchmarks.md); F6 trains on a thread of this app instead."""
         config = self.final_config()
         if config is not None:
             run_dir = Path(self.query_one("#run-dir", Input).value.strip())
             self.app.launch(config, run_dir, detached=detached)  # type: ignore[attr-defined]
 
-    def action_launch_detached(self) -> None:
-        self.action_launch(detached=True)
+    def action_launch_in_app(self) -> None:
+        self.action_launch(detached=False)
 
     def action_apply_fix(self) -> None:
         fix = self.query_one(MemoryPanel).fix
