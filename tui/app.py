@@ -6,6 +6,8 @@ Extra screens (e.g. the speed-ladder benchmark) register with one line in EXTRA_
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -28,12 +30,36 @@ EXTRA_SCREENS: list[tuple[str, str, Callable[[], Screen], str]] = [
 QUIT_WAIT_S = 10.0  # an in-process run gets this long to stop at a step boundary on quit
 
 
-class EngineEvent(Message):
-    """One engine event, posted from the trainer thread (post_message is thread-safe)."""
+class EventsReady(Message):
+    """Engine events are waiting in a session's inbox (posted from the trainer thread;
+    post_message is thread-safe and never blocks it)."""
 
-    def __init__(self, session: RunSession, event: Any):
+    def __init__(self, session: RunSession):
         super().__init__()
-        self.session, self.event = session, event
+        self.session = session
+
+
+class Inbox:
+    """Coalesces the trainer's events: one message per batch, not per event, so a fast
+    loop (hundreds of steps a second on small models) does not flood the UI thread."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.events: deque[Any] = deque()
+        self.pending = threading.Event()
+
+    def __call__(self, session: RunSession, event: Any) -> None:  # on the trainer thread
+        self.events.append(event)
+        if not self.pending.is_set():
+            self.pending.set()
+            self.app.post_message(EventsReady(session))
+
+    def drain(self) -> list[Any]:  # on the UI thread
+        self.pending.clear()
+        out = []
+        while self.events:
+            out.append(self.events.popleft())
+        return out
 
 
 class GPT2App(App):
@@ -46,6 +72,7 @@ class GPT2App(App):
         self.initial_config = config
         self.attach_dir = attach_dir
         self.session: RunSession | None = None
+        self.inbox = Inbox(self)
         for key, title, factory, _ in EXTRA_SCREENS:
             self.bind(key, f"open_extra('{title}')", description=title)
 
@@ -64,8 +91,8 @@ class GPT2App(App):
             if detached:
                 session = start_detached(config, run_dir)
             else:
-                post = lambda s, e: self.post_message(EngineEvent(s, e))  # noqa: E731
-                session = start_in_process(config, run_dir, post, threads=threads)
+                self.inbox = Inbox(self)
+                session = start_in_process(config, run_dir, self.inbox, threads=threads)
         except UserError as err:
             self.notify(str(err), severity="error")
             return
@@ -77,8 +104,9 @@ class GPT2App(App):
         self.session = session
         self.push_screen(DashboardScreen(session))
 
-    def on_engine_event(self, message: EngineEvent) -> None:
-        message.session.state.feed(message.event)
+    def on_events_ready(self, message: EventsReady) -> None:
+        for event in self.inbox.drain():
+            message.session.state.feed(event)
 
     def action_open_extra(self, title: str) -> None:
         for _, t, factory, _ in EXTRA_SCREENS:
