@@ -13,12 +13,12 @@ from typing import Any
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
 
 from engine import rundir
-from engine.config import RunConfig, load_preset, merge, preset_names, read_toml, resolve
+from engine.config import RunConfig, merge, preset_names, read_toml, resolve
 from engine.errors import UserError
 from tui import capabilities as caps_mod
 from tui import fields as F
@@ -385,5 +385,3 @@ class SetupScreen(Screen):
         self._loading = False
         self.set_values(self.base)
 
-
-__all__ = ["SetupScreen", "load_preset"]
