@@ -90,8 +90,10 @@ def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, mak
     measured = measure_peak(cfg, dataset, tmp_path / "run")
     est = estimate(cfg)
     assert abs(est.allocated_peak_bytes / measured.peak - 1) <= 0.10, (est.phases, measured)
-    assert measured.by_category["parameter"] == est.components["parameters"]
-    assert measured.by_category["optimizer_state"] == est.components["AdamW state"]
+    # No exact check of the profiler's per-category split here: its categories are inferred
+    # heuristically, and about one run in four it files a LayerNorm mean/rstd (B*T floats,
+    # 2048 bytes at this size) under "parameter". Parameters, gradients and AdamW state are
+    # checked exactly against the real tensors in test_parameters_gradients_adamw_state_exact.
     assert not (tmp_path / "run").exists()
 
 

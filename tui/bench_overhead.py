@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--size", default="160x50", help="terminal size of the dashboard")
-    p.add_argument("--detached", action="store_true", help="measure the F6 launch (own process) instead")
+    p.add_argument("--detached", action="store_true", help="measure the F5 launch (own process) instead")
     p.add_argument("--threads", type=int, default=None, help="torch threads on the trainer thread (default: torch's)")
     args = p.parse_args(argv)
     w, h = (int(v) for v in args.size.split("x"))
