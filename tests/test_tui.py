@@ -231,3 +231,49 @@ def test_bad_attach_and_config_are_one_line(tmp_path: Path) -> None:
         assert out.returncode == 2, out.stderr
         assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_several_gpus_launch_torchrun_and_the_dashboard_names_the_slowest_rank(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """With more than one GPU visible the form offers a GPU count; N > 1 launches the
+    headless CLI with --nproc N (torchrun; gloo stands in for NCCL on this CPU machine)
+    and the dashboard shows the per-rank step times."""
+    import dataclasses
+
+    from textual.widgets import Select
+
+    from tui import capabilities
+    from tui.screens.dashboard import status_text
+
+    two = dataclasses.replace(capabilities.detect(), gpus=2)
+    monkeypatch.setattr(capabilities, "detect", lambda: two)
+    run_dir = tmp_path / "two-ranks"
+
+    async def go(holder: list) -> None:
+        app = GPT2App(micro(tiny_dataset, **{"train.max_steps": 6, "train.ckpt_interval": 100}))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert app.screen.query_one("#nproc", Select).value == 2
+            await set_input(pilot, app.screen, "#run-dir", str(run_dir))
+            await pilot.press("f6")  # in-app is one process: refused with the reason
+            assert isinstance(app.screen, SetupScreen)
+            await pilot.press("f5")
+            await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
+            session = app.session
+            holder.append(session)
+            assert "--nproc" in session.process.args and "2" in session.process.args
+            state = session.state
+            await until(pilot, lambda: state.state in ("completed", "failed", "stopped"), "the run's end")
+            assert state.state == "completed", state.failed
+            assert state.started.world_size == 2
+            assert "2 ranks: slowest rank" in status_text(state, session)
+
+    holder: list = []
+    try:
+        asyncio.run(go(holder))
+    finally:
+        proc = holder[0].process if holder else None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -86,10 +86,12 @@ class GPT2App(App):
 
     # ----------------------------------------------------------------- runs
 
-    def launch(self, config: RunConfig, run_dir: Path, detached: bool = False, threads: int | None = None) -> None:
+    def launch(
+        self, config: RunConfig, run_dir: Path, detached: bool = False, threads: int | None = None, nproc: int = 1
+    ) -> None:
         try:
             if detached:
-                session = start_detached(config, run_dir)
+                session = start_detached(config, run_dir, nproc)
             else:
                 self.inbox = Inbox(self)
                 session = start_in_process(config, run_dir, self.inbox, threads=threads)

@@ -21,6 +21,7 @@ class Capabilities:
     device: str  # what "auto" picks
     device_name: str
     compile_reason: str | None  # None: torch.compile can run here
+    gpus: int = 0  # CUDA devices visible: > 1 offers a multi-GPU (torchrun) launch
 
 
 @functools.cache
@@ -32,7 +33,8 @@ def detect() -> Capabilities:
     device = "cuda" if cuda else "mps" if mps else "cpu"
     name = torch.cuda.get_device_name(0) if cuda else device.upper()
     bf16 = torch.cuda.is_bf16_supported() if cuda else True
-    return Capabilities(cuda, mps, bf16, device, name, _compile_reason(cuda))
+    gpus = torch.cuda.device_count() if cuda else 0
+    return Capabilities(cuda, mps, bf16, device, name, _compile_reason(cuda), gpus)
 
 
 def _compile_reason(cuda: bool) -> str | None:

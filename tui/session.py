@@ -147,11 +147,13 @@ def start_in_process(
     return session
 
 
-def headless_command(config_file: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "engine.cli", "train", "--headless", "--config", str(config_file), "--out", str(run_dir)]
+def headless_command(config_file: Path, run_dir: Path, nproc: int = 1) -> list[str]:
+    """The headless CLI; with nproc > 1 it relaunches itself under torchrun (one rank per GPU)."""
+    cmd = [sys.executable, "-m", "engine.cli", "train", "--headless", "--config", str(config_file), "--out", str(run_dir)]
+    return cmd + (["--nproc", str(nproc)] if nproc > 1 else [])
 
 
-def start_detached(config: RunConfig, run_dir: Path) -> RunSession:
+def start_detached(config: RunConfig, run_dir: Path, nproc: int = 1) -> RunSession:
     """Spawn the headless CLI on this config in its own session; tail what it writes."""
     rundir.check_new(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +163,7 @@ def start_detached(config: RunConfig, run_dir: Path) -> RunSession:
     log = open(run_dir / CONSOLE_LOG, "ab")
     try:
         proc = subprocess.Popen(
-            headless_command(Path(name), run_dir),
+            headless_command(Path(name), run_dir, nproc),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, cwd=os.getcwd(),
         )  # fmt: skip

@@ -57,6 +57,10 @@ def status_text(state: RunState, session: RunSession, now: float | None = None) 
         speed = f"{1000 * last.step_time_s:.1f} ms/step ({last.tokens_per_s:,.0f} tok/s)"
         if settled:
             speed += f" vs settled {1000 * settled:.1f} ms"
+        ranks = last.rank_step_times
+        if ranks and len(ranks) > 1:  # step_time_s is already the slowest rank's
+            slow = max(range(len(ranks)), key=ranks.__getitem__)
+            speed += f"  {len(ranks)} ranks: slowest rank {slow} ({1000 * min(ranks):.1f}-{1000 * max(ranks):.1f} ms)"
     best = "-" if state.best_val_loss is None else f"{state.best_val_loss:.4f}"
     mfu = "unknown" if last is None or last.mfu is None else f"{100 * last.mfu:.1f}%"
     where = state.started.device_name if state.started else "-"

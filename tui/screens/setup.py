@@ -74,6 +74,16 @@ class SetupScreen(Screen):
                 yield Label("run directory", classes="name")
                 yield Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir", compact=True)
             yield Static("", id="err-run-dir", classes="error")
+            if self.caps.gpus > 1:
+                with Horizontal(classes="row"):
+                    yield Label("GPUs", classes="name")
+                    options = [(str(n), n) for n in range(1, self.caps.gpus + 1)]
+                    yield Select(options, value=self.caps.gpus, allow_blank=False, id="nproc", compact=True)
+                    yield Static(
+                        "processes, one per GPU, under torchrun (DDP, or FSDP2 when only a shard fits); "
+                        "more than 1 launches in its own process (F5)",
+                        classes="help",
+                    )
             for title, names in F.SECTIONS:
                 yield Static(title, classes="section")
                 for dotted in names:
@@ -334,9 +344,14 @@ class SetupScreen(Screen):
         survives the terminal and the dashboard cannot slow it through the GIL (see
         docs/benchmarks.md); F6 trains on a thread of this app instead."""
         config = self.final_config()
-        if config is not None:
-            run_dir = Path(self.query_one("#run-dir", Input).value.strip())
-            self.app.launch(config, run_dir, detached=detached)  # type: ignore[attr-defined]
+        if config is None:
+            return
+        nproc = self.query_one("#nproc", Select).value if self.caps.gpus > 1 else 1
+        if nproc > 1 and not detached:
+            self.notify(f"{nproc} GPUs run as torchrun processes: launch with F5", severity="error")
+            return
+        run_dir = Path(self.query_one("#run-dir", Input).value.strip())
+        self.app.launch(config, run_dir, detached=detached, nproc=nproc)  # type: ignore[attr-defined]
 
     def action_launch_in_app(self) -> None:
         self.action_launch(detached=False)
