@@ -149,3 +149,16 @@ def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
 def snapshot() -> Callable[[Path], dict[str, tuple[int, int]]]:
     """tree_snapshot as a fixture, so tests need not import conftest."""
     return tree_snapshot
+
+
+def cli_fails(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> str:
+    """Run the in-process CLI: it must exit 2 with one stderr line naming the problem."""
+    from engine.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+    return err

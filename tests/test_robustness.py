@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import cli_fails
 from engine import checkpoint as ckpt
 from engine import guard, rundir
 from engine.cli import main
@@ -43,14 +44,7 @@ def _warnings(events) -> list[str]:
     return [e.message for e in events if e.event == "warning"]
 
 
-def _one_line_exit_2(capsys, argv, *words) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for w in words:
-        assert w in err, err
-    return err
+_one_line_exit_2 = cli_fails
 
 
 @pytest.fixture
