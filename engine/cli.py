@@ -1,4 +1,4 @@
-"""The `gpt2-tui` command: train, prepare, sample, bench-data (the bare command opens the TUI).
+"""The `gpt2-tui` command: the TUI (bare), train, estimate, prepare, sample, bench, bench-data, attach.
 
 Bad input anywhere is one line on stderr and exit status 2; nothing is written.
 """
@@ -97,6 +97,11 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # each subcommand's module defines its own flags; tui.commands loads textual only when a
+    # screen opens, so the engine's CLI stays free of it
+    from engine import bench, launch, memory_cli, prepare
+    from tui.commands import add_attach_arguments
+
     parser = _Parser(prog="gpt2-tui", description="Train GPT-2-class models fast, and watch it live.")
     parser.add_argument("--config", type=Path, dest="tui_config", help="open the TUI with this run config TOML filled in")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -108,15 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     t.add_argument("--headless", action="store_true", help="no TUI: events go to the console")
     _add_flags(t)
-    from engine import launch
-
     launch.add_arguments(t)
-    from engine import memory_cli
-
     memory_cli.add_train_arguments(t)
     memory_cli.add_arguments(sub.add_parser("estimate", help="predict peak memory, part by part, and whether it fits"))
-
-    from engine import prepare
 
     prepare.add_arguments(sub.add_parser("prepare", help="tokenize text files into a dataset"))
 
@@ -132,11 +131,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # its flags belong to engine.bench_data, which parses them (and its own --help)
     sub.add_parser("bench-data", add_help=False, help="time batch building: vectorized vs loop, RAM vs memmap")
-    from engine import bench
-
     bench.add_arguments(sub.add_parser("bench", help="the speed ladder: what each optimization buys here"))
-    from tui.commands import add_attach_arguments  # light: textual loads only when a screen opens
-
     add_attach_arguments(sub.add_parser("attach", help="open the dashboard on a run directory (live or finished)"))
     return parser
 
