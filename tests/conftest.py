@@ -146,8 +146,8 @@ def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture
-def snapshot() -> Callable[[Path], dict[str, tuple[int, int]]]:
-    """tree_snapshot as a fixture, so tests need not import conftest."""
+def file_tree() -> Callable[[Path], dict[str, tuple[int, int]]]:
+    """tree_snapshot as a fixture (not named `snapshot`: that is syrupy's, for the TUI SVGs)."""
     return tree_snapshot
 
 

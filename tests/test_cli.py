@@ -100,26 +100,26 @@ def test_usage_errors_are_one_line(tmp_path, capsys, flags):
     assert not (tmp_path / "r").exists()
 
 
-def test_out_dir_holding_a_run_is_never_overwritten(trained, tiny_dataset, capsys, snapshot):
-    before = snapshot(trained)
+def test_out_dir_holding_a_run_is_never_overwritten(trained, tiny_dataset, capsys, file_tree):
+    before = file_tree(trained)
     _fails(capsys, ["train", *MICRO, "--data", str(tiny_dataset), "--out", str(trained)], "--resume")
-    assert snapshot(trained) == before
+    assert file_tree(trained) == before
 
 
-def test_resume_with_another_model_shape(trained, capsys, snapshot):
-    before = snapshot(trained)
+def test_resume_with_another_model_shape(trained, capsys, file_tree):
+    before = file_tree(trained)
     _fails(capsys, ["train", "--resume", str(trained), "--n-layer", "3"], "another model shape")
-    assert snapshot(trained) == before
+    assert file_tree(trained) == before
 
 
-def test_truncated_checkpoint(trained, capsys, snapshot):
+def test_truncated_checkpoint(trained, capsys, file_tree):
     latest = trained / "checkpoints" / "step_000004.pt"
     data = latest.read_bytes()
     latest.write_bytes(data[: len(data) // 2])
-    before = snapshot(trained)
+    before = file_tree(trained)
     _fails(capsys, ["train", "--resume", str(trained)], "truncated or corrupt")
     _fails(capsys, ["sample", str(latest)], "truncated or corrupt")
-    assert snapshot(trained) == before
+    assert file_tree(trained) == before
 
 
 def test_pickle_that_is_not_a_checkpoint_is_refused_unexecuted(tmp_path, capsys):

@@ -334,15 +334,15 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
-def test_bad_input_is_one_line_user_error(make_dataset, writers, snapshot, tmp_path: Path, case: str) -> None:
+def test_bad_input_is_one_line_user_error(make_dataset, writers, file_tree, tmp_path: Path, case: str) -> None:
     build, needle = BAD[case]
     root = build(make_dataset, writers)
-    before = snapshot(tmp_path)
+    before = file_tree(tmp_path)
     with pytest.raises(UserError) as err:
         open_dataset(root, vocab_size=64 if "llmc" in case else 50257)
     msg = str(err.value)
     assert "\n" not in msg and needle in msg, msg
-    assert snapshot(tmp_path) == before  # nothing written or touched
+    assert file_tree(tmp_path) == before  # nothing written or touched
 
 
 def test_vocab_size_argument_checked(make_dataset) -> None:

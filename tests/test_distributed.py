@@ -82,8 +82,8 @@ def test_worker_command_drops_nproc_and_pins_the_run_dir(tmp_path):
         (["--nproc", "2", "--lr", "0"], "optim.lr"),
     ],
 )
-def test_bad_launch_is_one_line_exit_2_nothing_written(tmp_path, tiny_dataset, capsys, snapshot, flags, expected):
-    before = snapshot(tmp_path)
+def test_bad_launch_is_one_line_exit_2_nothing_written(tmp_path, tiny_dataset, capsys, file_tree, flags, expected):
+    before = file_tree(tmp_path)
     out = tmp_path / "run"
     try:
         code = cli.main(["train", "--preset", "micro", "--data", str(tiny_dataset), "--out", str(out), *flags])
@@ -92,5 +92,5 @@ def test_bad_launch_is_one_line_exit_2_nothing_written(tmp_path, tiny_dataset, c
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert expected in err and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert snapshot(tmp_path) == before and not out.exists()
+    assert file_tree(tmp_path) == before and not out.exists()
 

@@ -118,15 +118,15 @@ def test_prepare_uint32_for_big_vocab(corpus: Path, tmp_path: Path) -> None:
     assert ids.max() >= 65536
 
 
-def test_existing_out_is_refused_and_untouched(corpus: Path, tmp_path: Path, snapshot) -> None:
+def test_existing_out_is_refused_and_untouched(corpus: Path, tmp_path: Path, file_tree) -> None:
     out = tmp_path / "data"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    before = snapshot(tmp_path)
+    before = file_tree(tmp_path)
     with pytest.raises(UserError) as err:
         prepare([corpus], out, vocab_size=300, progress=False)
     assert "\n" not in str(err.value) and "choose another --out" in str(err.value)
-    assert snapshot(tmp_path) == before
+    assert file_tree(tmp_path) == before
     empty = tmp_path / "empty"
     empty.mkdir()
     prepare([corpus], empty, vocab_size=300, progress=False)  # an empty directory is fine
@@ -161,15 +161,15 @@ def _bad_cases(corpus: Path, tmp_path: Path) -> dict[str, tuple[dict, str]]:
     ["missing input", "one document", "no text", "no paths", "val fraction 0", "val fraction 1",
      "vocab too small", "broken tokenizer", "missing tokenizer", "out is a file"],
 )  # fmt: skip
-def test_bad_input_is_one_line_user_error(corpus: Path, tmp_path: Path, snapshot, case: str) -> None:
+def test_bad_input_is_one_line_user_error(corpus: Path, tmp_path: Path, file_tree, case: str) -> None:
     kwargs, needle = _bad_cases(corpus, tmp_path)[case]
     args = dict(paths=[corpus], out=tmp_path / "new" / "data", vocab_size=300, progress=False) | kwargs
-    before = snapshot(tmp_path)
+    before = file_tree(tmp_path)
     with pytest.raises(UserError) as err:
         prepare(**args)
     msg = str(err.value)
     assert "\n" not in msg and needle in msg, msg
-    assert snapshot(tmp_path) == before  # not even the parent of --out was created
+    assert file_tree(tmp_path) == before  # not even the parent of --out was created
 
 
 def test_crash_leaves_no_half_dataset(corpus: Path, tmp_path: Path, monkeypatch) -> None:
@@ -220,15 +220,15 @@ def test_cached_build_is_built_once_under_concurrency(corpus: Path, tmp_path: Pa
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["demo", "demo.lock"]
 
 
-def test_default_dataset_builds_once_and_is_reused(tmp_path: Path, monkeypatch, snapshot) -> None:
+def test_default_dataset_builds_once_and_is_reused(tmp_path: Path, monkeypatch, file_tree) -> None:
     monkeypatch.setenv("GPT2_TUI_CACHE", str(tmp_path / "cache"))
     path = default_dataset(progress=False)
     assert path.parent == tmp_path / "cache" and path.name.startswith("stdlib-py") and path.name.endswith("-v8192")
-    before = snapshot(path)
+    before = file_tree(path)
     t0 = time.perf_counter()
     assert default_dataset(progress=False) == path
     assert time.perf_counter() - t0 < 0.5
-    assert snapshot(path) == before
+    assert file_tree(path) == before
     info = open_dataset(path).info
     assert info.vocab_size == 8192 and info.dtype == "uint16" and info.eot_id == 0
     assert info.train_tokens > 1_000_000 and info.val_tokens > 10_000

@@ -206,18 +206,18 @@ def _read_only(path: Path):
         subprocess.run(["umount", str(path)], check=True)
 
 
-def test_read_only_checkpoint_dir_stops_when_asked_and_keeps_the_old_ones(trained_run, capsys, snapshot):
+def test_read_only_checkpoint_dir_stops_when_asked_and_keeps_the_old_ones(trained_run, capsys, file_tree):
     ckdir = trained_run / "checkpoints"
-    before = snapshot(ckdir)
+    before = file_tree(ckdir)
     with _read_only(ckdir):
         err = _one_line_exit_2(capsys, ["train", "--resume", str(trained_run), "--max-steps", "6",
                                         "--on-save-error", "stop"], "step 4 could not be written")  # fmt: skip
         assert "Read-only file system" in err or "Permission denied" in err
-        assert snapshot(ckdir) == before
+        assert file_tree(ckdir) == before
         # default: continue; every checkpoint of the run fails, the run still completes
         assert main(["train", "--resume", str(trained_run), "--max-steps", "6", "--on-save-error", "continue"]) == 0
         assert "retries at the next checkpoint interval" in capsys.readouterr().out
-        assert snapshot(ckdir) == before
+        assert file_tree(ckdir) == before
     assert main(["train", "--resume", str(trained_run), "--max-steps", "6"]) == 0  # writable again: resumes
     assert ckpt.load(ckpt.CheckpointDir(ckdir).latest())["step"] == 6
 
@@ -292,7 +292,7 @@ class _Payload:
 
 
 @pytest.mark.parametrize("how", ["pickle", "torch.save"])
-def test_malicious_checkpoint_is_refused_and_never_executed(tmp_path, tiny_dataset, capsys, snapshot, how):
+def test_malicious_checkpoint_is_refused_and_never_executed(tmp_path, tiny_dataset, capsys, file_tree, how):
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "2"]) == 0
     marker = tmp_path / "pwned"
@@ -303,11 +303,11 @@ def test_malicious_checkpoint_is_refused_and_never_executed(tmp_path, tiny_datas
     else:
         torch.save(state, evil)
     (run / "checkpoints" / "latest").write_text("step_000009.pt\n")
-    before = snapshot(tmp_path)
+    before = file_tree(tmp_path)
     _one_line_exit_2(capsys, ["train", "--resume", str(run)], "not a gpt2-tui checkpoint", "safe loader")
     _one_line_exit_2(capsys, ["sample", str(run)], "not a gpt2-tui checkpoint")
     assert not marker.exists()
-    assert snapshot(tmp_path) == before
+    assert file_tree(tmp_path) == before
 
 
 def test_broken_tokenizer_json_in_a_run(tmp_path, make_dataset, capsys):
@@ -329,7 +329,7 @@ def test_broken_tokenizer_json_in_a_run(tmp_path, make_dataset, capsys):
         ("[train]\non_save_error = \"ignore\"\n", ["train.on_save_error"]),
     ],
 )
-def test_hostile_config_toml_for_a_new_run_and_a_resume(tmp_path, tiny_dataset, capsys, snapshot, text, words):
+def test_hostile_config_toml_for_a_new_run_and_a_resume(tmp_path, tiny_dataset, capsys, file_tree, text, words):
     bad = tmp_path / "run.toml"
     bad.write_text(text)
     _one_line_exit_2(capsys, ["train", "--config", str(bad), "--data", str(tiny_dataset),
@@ -338,9 +338,9 @@ def test_hostile_config_toml_for_a_new_run_and_a_resume(tmp_path, tiny_dataset, 
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "1"]) == 0
     (run / "config.toml").write_text(text)
-    before = snapshot(run)
+    before = file_tree(run)
     _one_line_exit_2(capsys, ["train", "--resume", str(run)], *words)
-    assert snapshot(run) == before
+    assert file_tree(run) == before
 
 
 def test_token_file_with_a_bad_header_through_the_cli(tmp_path, make_dataset, writers, capsys):

@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from syrupy import SnapshotAssertion
-from syrupy.extensions.amber import AmberSnapshotExtension
-from syrupy.location import PyTestLocation
 
 from engine.config import resolve
 from tui.app import GPT2App
@@ -25,17 +22,6 @@ DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="snapshots are of the CPU machine's form (GPU switches differ)"
 )
-
-
-@pytest.fixture
-def snapshot(request: pytest.FixtureRequest) -> SnapshotAssertion:
-    """syrupy's own fixture (conftest's `snapshot` is the file-tree helper of the same name)."""
-    return SnapshotAssertion(
-        update_snapshots=request.config.option.update_snapshots,
-        extension_class=AmberSnapshotExtension,  # snap_compare switches it to SVG
-        test_location=PyTestLocation(request.node),
-        session=request.session.config._syrupy,  # type: ignore[attr-defined]
-    )
 
 
 @pytest.fixture
