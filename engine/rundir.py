@@ -5,7 +5,9 @@ A run directory describes itself: `attach`, `--resume` and `sample` need nothing
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from engine.config import RunConfig, build, read_toml
 from engine.errors import UserError
 
 CONFIG, EVENTS, CHECKPOINTS, TOKENIZER = "config.toml", "events.jsonl", "checkpoints", "tokenizer.json"
+WRITER = "writer.pid"  # host and pid of the process writing the run, while it runs
 
 
 def default_path(preset: str | None) -> Path:
@@ -55,3 +58,31 @@ def load_config(path: Path) -> RunConfig:
 def tokenizer_of(path: Path) -> Path | None:
     p = path / TOKENIZER
     return p if p.is_file() else None
+
+
+def claim_writer(path: Path) -> None:
+    """Record who writes this run, so `attach` can tell a live run from one whose writer died."""
+    atomic_write_bytes(path / WRITER, f"{socket.gethostname()} {os.getpid()}\n".encode())
+
+
+def release_writer(path: Path) -> None:
+    (path / WRITER).unlink(missing_ok=True)
+
+
+def writer_alive(path: Path) -> bool | None:
+    """False when the recorded writer is a dead process on this host; None when unknown
+    (no record, or another host's process, which we cannot see)."""
+    try:
+        host, pid = (path / WRITER).read_text().split()
+        pid_n = int(pid)
+    except (OSError, ValueError):
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid_n, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True

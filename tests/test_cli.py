@@ -42,6 +42,7 @@ def test_train_resume_and_sample_end_to_end(tmp_path, make_dataset, capsys):
     assert main(["train", "--resume", str(run), "--max-steps", "8"]) == 0
     assert "run completed at step 8" in capsys.readouterr().out
     assert (run / "tokenizer.json").is_file()
+    assert not (run / "writer.pid").exists()  # claimed while training, released at the end
     assert main(["sample", str(run), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"]) == 0
     sample = capsys.readouterr().out
     assert sample.startswith("def ") and len(sample) > 10

@@ -277,3 +277,37 @@ def test_several_gpus_launch_torchrun_and_the_dashboard_names_the_slowest_rank(
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_attach_tells_a_dead_writer_from_a_live_one(tmp_path: Path) -> None:
+    """A run whose writer was kill -9'd (events end without run_finished, its writer.pid
+    names a dead process) is shown as such, not as running forever."""
+    import shutil
+    import socket
+
+    from engine import rundir
+
+    run_dir = tmp_path / "orphan"
+    shutil.copytree(Path(__file__).parent / "data" / "tui-run", run_dir)
+    lines = (run_dir / "events.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "events.jsonl").write_text("".join(l for l in lines if '"run_finished"' not in l))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    def status_after_attach(pid: int) -> str:
+        (run_dir / rundir.WRITER).write_text(f"{socket.gethostname()} {pid}\n")
+
+        async def go() -> str:
+            app = GPT2App(attach_dir=run_dir)
+            async with app.run_test(size=SIZE) as pilot:
+                state = app.session.state
+                await until(pilot, lambda: state.step >= 30, "the file read")
+                status = app.screen.query_one("#status")
+                await until(pilot, lambda: "step 30" in str(status.render()), "status drawn")
+                return str(status.render())
+
+        return asyncio.run(go())
+
+    assert "WRITER GONE" in status_after_attach(dead.pid)
+    alive = status_after_attach(os.getpid())
+    assert "RUNNING" in alive and "WRITER GONE" not in alive

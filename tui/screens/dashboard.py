@@ -18,6 +18,7 @@ from textual.containers import Grid, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
 
+from engine import rundir
 from tui.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
@@ -64,8 +65,11 @@ def status_text(state: RunState, session: RunSession, now: float | None = None) 
     best = "-" if state.best_val_loss is None else f"{state.best_val_loss:.4f}"
     mfu = "unknown" if last is None or last.mfu is None else f"{100 * last.mfu:.1f}%"
     where = state.started.device_name if state.started else "-"
+    label = state.state.upper()
+    if session.mode == "attached" and state.live and rundir.writer_alive(session.run_dir) is False:
+        label = "WRITER GONE (died without finishing; --resume it)"
     line1 = (
-        f"{state.state.upper()}  step {state.step}/{total or '?'}  ETA {_dur(state.eta())}  "
+        f"{label}  step {state.step}/{total or '?'}  ETA {_dur(state.eta())}  "
         f"elapsed {_dur(state.elapsed(now))}  tokens {_tokens(state.tokens)}  best val {best}"
     )
     line2 = f"{speed}  MFU {mfu}  on {where}  [{session.mode}: {session.run_dir}]"
