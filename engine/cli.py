@@ -182,13 +182,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if hasattr(signal, "SIGUSR1"):  # how the TUI steers its detached runs: save now, pause/resume
         signal.signal(signal.SIGUSR1, lambda *_: control.save_now())
         signal.signal(signal.SIGUSR2, lambda *_: control.resume() if control.paused else control.pause())
-    if dctx.is_main:
-        rundir.claim_writer(run_dir)
     try:
         Trainer(config, run_dir, dataset, sinks=[ConsoleSink()], control=control, resume=bool(args.resume)).run()
     finally:
-        if dctx.is_main:
-            rundir.release_writer(run_dir)  # a kill -9 leaves it behind: attach then sees a dead pid
         signal.signal(signal.SIGINT, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
         distributed.shutdown()

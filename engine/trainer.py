@@ -511,6 +511,7 @@ class Trainer:
             raise
         if self.dist.is_main:
             self.sinks.insert(0, ev.JsonlSink(self.run_dir / rundir.EVENTS))
+            rundir.claim_writer(self.run_dir)  # a kill -9 leaves it behind: attach sees a dead pid
         try:
             if self.resume and self.dist.is_main:
                 rundir.write_config(self.run_dir, self.config)  # flags given at resume are kept
@@ -536,6 +537,8 @@ class Trainer:
             self.emit(ev.RunFailed(step=self.step, error=f"{type(err).__name__}: {message}"))
             raise
         finally:
+            if self.dist.is_main:
+                rundir.release_writer(self.run_dir)
             self._close()
 
     def _close(self) -> None:
