@@ -451,7 +451,7 @@ class Trainer:
                 clock.restart()
 
             lr = lr_at(self.step, self.config.optim, max_steps)
-            loss, norm = self.train_step(lr)
+            loss, _ = self.train_step(lr)  # the norm reaches the host through the guard
             self.step += 1
             self.tokens += self.config.tokens_per_step * self.dist.world_size
             clock.steps += 1
@@ -462,7 +462,11 @@ class Trainer:
             if self.step % cfg.log_interval == 0 or last:
                 self._sync()
                 step_time, data_time = clock.per_step()
-                self._report(distributed.mean_over_ranks(loss, self.dist).item(), lr, norm.item(), step_time, data_time)
+                # the guard already read this step's loss and (global) norm to the host
+                loss_v, norm_v = self.guard.last
+                if self.dist.enabled:  # the logged loss is the mean over ranks
+                    loss_v = distributed.mean_over_ranks(loss, self.dist).item()
+                self._report(loss_v, lr, norm_v, step_time, data_time)
                 clock.restart()
             if self.step % cfg.eval_interval == 0 or last:
                 self.evaluate()
