@@ -1,7 +1,15 @@
-"""gpt2-tui's training engine: config, model, data, loop, checkpoints and events.
+"""The training system, free of any UI: config -> front door -> trainer -> events.
 
-Nothing in this package imports textual; the TUI drives it through config objects,
-the trainer's Control object and events.
+    from engine.start import new_config, start
+    config, run_dir = new_config("nano", None, {"optim.lr": 3e-4})  # pydantic RunConfig, checked
+    trainer = start(config, run_dir)   # data opened, memory checked, run directory created
+    trainer.run()                      # events -> run_dir/events.jsonl (+ any sinks: console, TUI)
+
+Core: config (every setting, described once), settings (their flags and form fields),
+device (device and precision decisions), data, model, losses, trainer, guard (verdicts
+on bad steps), control (pause/stop/save from other threads), checkpoint, rundir, events,
+memory (the estimator), flops, distributed, launch (torchrun), prepare, sample, cli
+(the headless commands). Measuring tools live in engine.measure.
 """
 
 import os as _os

@@ -28,21 +28,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def _flag(name: str | None) -> dict[str, Any]:
+    """A CLI flag name other than the field's own (`--field-name`); None = no flag."""
+    return {"flag": name}
+
+
 class ModelConfig(_Strict):
     """GPT-2 shape and the model-side switches (attention kernel, padding, checkpointing)."""
 
-    n_layer: int = Field(12, ge=1)
-    n_head: int = Field(12, ge=1)
-    n_embd: int = Field(768, ge=1)
-    block_size: int = Field(1024, ge=1, description="context length: positions the model has")
-    vocab_size: int | None = Field(
-        None, ge=2, description="real vocabulary; None takes it from the dataset"
+    n_layer: int = Field(12, ge=1, description="transformer blocks")
+    n_head: int = Field(12, ge=1, description="attention heads")
+    n_embd: int = Field(768, ge=1, description="embedding width")
+    block_size: int = Field(
+        1024, ge=1, description="the model's context length (positions)", json_schema_extra=_flag("--context")
     )
-    pad_vocab: bool = Field(True, description="pad the embedding to a multiple of 64 (50257 -> 50304)")
-    bias: bool = True
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    attention: Attention = "flash"
-    grad_checkpointing: bool = False
+    vocab_size: int | None = Field(
+        None, ge=2, description="real vocabulary (default: the dataset's; nanoGPT/llm.c files: 50257)"
+    )
+    pad_vocab: bool = Field(
+        True, description="pad the vocab to a multiple of 64, 50257 -> 50304 (reported 3-25% faster; docs/benchmarks.md)"
+    )
+    bias: bool = Field(True, description="biases in Linear and LayerNorm")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability")
+    attention: Attention = Field(
+        "flash", description="flash = SDPA (reported ~1.35x, O(T) memory; docs/benchmarks.md); manual = masked softmax"
+    )
+    grad_checkpointing: bool = Field(
+        False, description="recompute each block in backward: less activation memory, ~30% more compute"
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -55,16 +68,34 @@ class ModelConfig(_Strict):
         assert self.vocab_size is not None, "vocab_size is resolved from the dataset first"
         return -(-self.vocab_size // 64) * 64 if self.pad_vocab else self.vocab_size
 
+    def n_params(self, vocab_size: int | None = None) -> int:
+        """GPT-2's parameter count (tied embedding once), in closed form: instant for any size.
+        Per block: 12 C^2 weights, plus 13 C of biases and LayerNorms (2 C without biases).
+        `vocab_size` stands in while the dataset has not decided it."""
+        vocab = self.vocab_size or vocab_size
+        assert vocab is not None, "vocab_size is resolved from the dataset first"
+        v = -(-vocab // 64) * 64 if self.pad_vocab else vocab
+        C = self.n_embd
+        per_block = 12 * C * C + (13 if self.bias else 2) * C
+        return v * C + self.block_size * C + self.n_layer * per_block + (2 if self.bias else 1) * C
+
 
 class DataConfig(_Strict):
     """Where tokens come from and how batches are built."""
 
-    path: str | None = Field(None, description="dataset directory; None = the embedded stdlib corpus")
-    vocab_size: int = Field(
-        50257, ge=2, description="vocab of nanoGPT/llm.c files, which carry none"
+    path: str | None = Field(
+        None, description="dataset directory (ours, nanoGPT train.bin/val.bin, or llm.c shards); default: the stdlib corpus",
+        json_schema_extra=_flag("--data"),
     )
-    preload: bool = Field(True, description="read the token files into RAM instead of np.memmap")
-    vectorized: bool = Field(True, description="build a batch in one numpy gather, not a Python loop")
+    vocab_size: int = Field(
+        50257, ge=2, description="vocab of nanoGPT/llm.c files, which carry none", json_schema_extra=_flag(None)
+    )
+    preload: bool = Field(
+        True, description="read the token files into RAM instead of np.memmap (reported 2-3x faster random reads)"
+    )
+    vectorized: bool = Field(
+        True, description="build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)"
+    )
     pin_memory: bool = Field(True, description="pinned host buffers + non_blocking copies (CUDA)")
     prefetch: bool = Field(True, description="build the next batch on a background thread")
 
@@ -72,16 +103,24 @@ class DataConfig(_Strict):
 class OptimConfig(_Strict):
     """AdamW and the LR schedule: linear warmup, then cosine to min_lr."""
 
-    lr: float = Field(6e-4, gt=0)
-    min_lr: float = Field(6e-5, ge=0)
-    warmup_steps: int = Field(100, ge=0)
-    decay_steps: int | None = Field(None, ge=1, description="end of the cosine; None = max_steps")
-    weight_decay: float = Field(0.1, ge=0)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    eps: float = Field(1e-8, gt=0)
-    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 disables clipping")
-    fused: bool | None = Field(None, description="fused AdamW kernel; None = on for CUDA")
+    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate")
+    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the cosine")
+    warmup_steps: int = Field(100, ge=0, description="linear warmup steps")
+    decay_steps: int | None = Field(
+        None, ge=1, description="step where the cosine reaches min-lr (default: max-steps)"
+    )
+    weight_decay: float = Field(
+        0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay (matrices and embeddings only)"
+    )
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
+    eps: float = Field(1e-8, gt=0, allow_inf_nan=False, description="AdamW epsilon")
+    grad_clip: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="clip the global grad norm to this (0 = off)"
+    )
+    fused: bool | None = Field(
+        None, description="fused AdamW kernel (default: on for CUDA)", json_schema_extra=_flag("--fused-adamw")
+    )
 
     @model_validator(mode="after")
     def _min_below_peak(self) -> OptimConfig:
@@ -93,16 +132,19 @@ class OptimConfig(_Strict):
 class SpeedConfig(_Strict):
     """Device and the compute switches."""
 
-    device: Device = "auto"
+    device: Device = Field("auto", description="where to train (auto: cuda > mps > cpu)")
     precision: Precision = Field(
-        "auto", description="auto = bf16 on GPUs that have it, else fp16 on CUDA, else fp32"
+        "auto", description="auto = bf16 on GPUs that have it, else fp16 on CUDA, else fp32; reported on GPT-2: "
+        "tf32 ~3x fp32 (Ampere+), bf16 ~1.1x more, fp16 uses a GradScaler (docs/benchmarks.md)"
     )
-    compile: bool = False
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
-        "default"
+    compile: bool = Field(
+        False, description="torch.compile (reported 1.5-2.3x; the first steps are slow while it compiles)"
+    )
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile mode"
     )
     parallel: Literal["auto", "ddp", "fsdp"] = Field(
-        "auto", description="under torchrun: ddp replicates the model, fsdp shards it (FSDP2); "
+        "auto", description="with --nproc/torchrun: ddp replicates the model, fsdp (FSDP2) shards it; "
         "auto = ddp unless the estimator says only a shard fits the GPU"
     )
 
@@ -111,22 +153,25 @@ class TrainConfig(_Strict):
     """Batch geometry, run length and bookkeeping intervals."""
 
     batch_size: int = Field(16, ge=1, description="micro-batch: sequences per forward pass")
-    block_size: int | None = Field(None, ge=1, description="tokens per sequence; None = model context")
-    grad_accum: int = Field(1, ge=1)
-    max_steps: int = Field(1000, ge=1)
-    eval_interval: int = Field(100, ge=1)
-    eval_batches: int = Field(20, ge=1)
-    log_interval: int = Field(1, ge=1, description="steps between step events (host syncs)")
-    ckpt_interval: int = Field(500, ge=1)
-    keep_last: int = Field(3, ge=1, description="checkpoints kept besides best")
-    seed: int = 1337
+    block_size: int | None = Field(None, ge=1, description="tokens per sequence (default: the model's context)")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    max_steps: int = Field(1000, ge=1, description="optimizer steps to train to")
+    eval_interval: int = Field(100, ge=1, description="steps between val-loss evals")
+    eval_batches: int = Field(20, ge=1, description="val batches per eval")
+    log_interval: int = Field(1, ge=1, description="steps between step reports (each reads the device: a host sync)")
+    ckpt_interval: int = Field(500, ge=1, description="steps between checkpoints")
+    keep_last: int = Field(3, ge=1, description="checkpoints kept besides best.pt")
+    seed: int = Field(
+        1337, ge=0, lt=2**32, description="random seed (same seed + config on CPU = same loss curve)"
+    )
     sample_tokens: int = Field(48, ge=0, description="tokens generated at each eval for the dashboard (0 = none)")
     on_save_error: Literal["continue", "stop"] = Field(
         "continue", description="a checkpoint write fails (disk full, no permission): warn and retry "
         "at the next interval, or stop the run"
     )
     max_bad_steps: int = Field(
-        5, ge=1, description="consecutive steps with a NaN/Inf loss or grad norm (each skipped) before the run stops"
+        5, ge=1, description="consecutive NaN/Inf steps (each skipped) before the run stops with a checkpoint "
+        "of the last good state"
     )
 
 

@@ -155,11 +155,10 @@ def choose(parallel: str, config: Any, ctx: Context, device: torch.device) -> Pa
         return parallel  # type: ignore[return-value]
     if device.type != "cuda":
         return "ddp"
-    try:  # the memory estimator (engine/memory.py) decides when it is there
-        from engine import memory
-    except ImportError:
-        return "ddp"
-    total = memory.device_memory_bytes(str(device))
+    from engine import memory
+    from engine.device import memory_bytes
+
+    total = memory_bytes(str(device))
     if total is None:
         return "ddp"
     if memory.estimate(config, ctx.world_size, "ddp").fits(total):

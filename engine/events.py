@@ -7,8 +7,8 @@ queue or callback for the TUI. `read_events` parses a run's file back, for `atta
 
 from __future__ import annotations
 
-import json
 import queue
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -194,8 +194,54 @@ class CallbackSink:
         pass
 
 
-def _fmt_bytes(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+def settled_step_time(times: list[float]) -> float | None:
+    """Median over the second half of the step reports: past the compile warm-up."""
+    return statistics.median(times[len(times) // 2 :]) if times else None
+
+
+def describe(e: _Event, max_steps: int | None = None) -> str:
+    """One human-readable line per event: the console's, the dashboard log's, `attach`'s."""
+    from engine.memory import human
+
+    match e:
+        case RunStarted():
+            t = e.config["train"]
+            return (
+                f"run started: {e.n_params / 1e6:.2f}M parameters on {e.device_name} ({e.device}, {e.precision}), "
+                f"{t['batch_size']}x{t['grad_accum']}x{t.get('block_size')} tokens/step, from step {e.start_step}"
+            ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "")
+        case Step():
+            mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
+            return (
+                f"step {e.step:>6}/{max_steps} | loss {e.loss:.4f} | lr {e.lr:.2e} | "
+                f"norm {e.grad_norm:.3f} | {1000 * e.step_time_s:.1f} ms | "
+                f"{e.tokens_per_s:,.0f} tok/s | mfu {mfu} | mem {human(e.mem_bytes)}"
+            )
+        case Eval():
+            return f"eval step {e.step}: val loss {e.val_loss:.4f}"
+        case Checkpoint():
+            return f"checkpoint step {e.step}: {e.path}{' (best)' if e.best else ''}"
+        case Warning_():
+            return f"warning: {e.message}"
+        case RunFinished():
+            best = "-" if e.best_val_loss is None else f"{e.best_val_loss:.4f}"
+            line = f"run {e.reason} at step {e.step}; best val loss {best}"
+            s = e.summary
+            if s:
+                mfu = "-" if s.get("mfu") is None else f"{100 * s['mfu']:.1f}%"
+                line += (
+                    f"\nsettled speed: {1000 * s['median_step_time_s']:.1f} ms/step, "
+                    f"{s['tokens_per_s']:,.0f} tok/s, mfu {mfu}, peak mem "
+                    f"{human(s.get('peak_mem_bytes'))} (first step {s['first_step_time_s']:.2f} s)"
+                )
+            return line
+        case RunFailed():
+            return f"run failed at step {e.step}: {e.error}"
+        case Paused():
+            return f"paused at step {e.step}"
+        case Resumed():
+            return f"resumed at step {e.step}"
+    return ""
 
 
 class ConsoleSink:
@@ -206,53 +252,11 @@ class ConsoleSink:
         self._max_steps: int | None = None
 
     def emit(self, event: _Event) -> None:
-        line = self.format(event)
+        if isinstance(event, RunStarted):
+            self._max_steps = event.config["train"]["max_steps"]
+        line = describe(event, self._max_steps)
         if line:
             print(line, file=self._out, flush=True)
-
-    def format(self, e: _Event) -> str:
-        match e:
-            case RunStarted():
-                self._max_steps = e.config["train"]["max_steps"]
-                mp = f"{e.n_params / 1e6:.2f}M"
-                return (
-                    f"run started: {mp} parameters on {e.device_name} ({e.device}, {e.precision}), "
-                    f"{e.config['train']['batch_size']}x{e.config['train']['grad_accum']}x"
-                    f"{e.config['train'].get('block_size')} tokens/step, from step {e.start_step}"
-                ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "")
-            case Step():
-                mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
-                return (
-                    f"step {e.step:>6}/{self._max_steps} | loss {e.loss:.4f} | lr {e.lr:.2e} | "
-                    f"norm {e.grad_norm:.3f} | {1000 * e.step_time_s:.1f} ms | "
-                    f"{e.tokens_per_s:,.0f} tok/s | mfu {mfu} | mem {_fmt_bytes(e.mem_bytes)}"
-                )
-            case Eval():
-                return f"eval step {e.step}: val loss {e.val_loss:.4f}"
-            case Checkpoint():
-                best = " (best)" if e.best else ""
-                return f"checkpoint step {e.step}: {e.path}{best}"
-            case Warning_():
-                return f"warning: {e.message}"
-            case RunFinished():
-                best = "-" if e.best_val_loss is None else f"{e.best_val_loss:.4f}"
-                line = f"run {e.reason} at step {e.step}; best val loss {best}"
-                s = e.summary
-                if s:
-                    mfu = "-" if s.get("mfu") is None else f"{100 * s['mfu']:.1f}%"
-                    line += (
-                        f"\nsettled speed: {1000 * s['median_step_time_s']:.1f} ms/step, "
-                        f"{s['tokens_per_s']:,.0f} tok/s, mfu {mfu}, peak mem "
-                        f"{_fmt_bytes(s.get('peak_mem_bytes'))} (first step {s['first_step_time_s']:.2f} s)"
-                    )
-                return line
-            case RunFailed():
-                return f"run failed at step {e.step}: {e.error}"
-            case Paused():
-                return f"paused at step {e.step}"
-            case Resumed():
-                return f"resumed at step {e.step}"
-        return ""
 
     def close(self) -> None:
         pass

@@ -10,7 +10,6 @@ rank and the cause. Across machines use torchrun itself (see the README).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import uuid
@@ -19,22 +18,16 @@ from typing import Any
 
 import torch
 
-from engine import distributed, rundir
+from engine import device, distributed, rundir
+from engine.config import RunConfig
 from engine.errors import UserError
 
 SHUTDOWN_GRACE_S = 30  # after a stop signal, workers get this long to checkpoint before SIGKILL
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--nproc", type=int, metavar="N",
-        help="train on N processes of this machine, one per GPU (gloo on CPU), launched with "
-        "torch.distributed.run; the run directory gets one events.jsonl, written by rank 0",
-    )  # fmt: skip
-
-
-def requested(args: argparse.Namespace) -> bool:
-    return getattr(args, "nproc", None) is not None and (args.nproc != 1 or distributed.under_torchrun())
+def requested(nproc: int | None) -> bool:
+    """--nproc N asks for the launcher (N = 1 outside torchrun is a plain run)."""
+    return nproc is not None and (nproc != 1 or distributed.under_torchrun())
 
 
 def _strip_nproc(argv: list[str]) -> list[str]:
@@ -49,51 +42,33 @@ def _strip_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def _check(args: argparse.Namespace) -> Path:
-    """Everything a worker would refuse, refused here; returns the run directory."""
-    from engine.cli import overrides_from
-    from engine.config import build, merge, resolve, set_dotted
-    from engine.trainer import open_data
+def _check(n: int, config: RunConfig, force: bool) -> None:
+    """Everything a worker would refuse, refused here (the config and run directory are
+    already checked by engine.start's new_config / resumed_config)."""
+    from engine.start import open_data
 
-    n = args.nproc
     if distributed.under_torchrun():
         raise UserError("--nproc starts torchrun itself; under torchrun leave it out")
     if n < 1:
         raise UserError(f"--nproc {n} is not a process count; pass --nproc 2 or more (1 = no launcher)")
-    overrides = overrides_from(args)
-    if args.resume:
-        if args.preset or args.config or args.out:
-            raise UserError("--resume takes its config and directory from the run; drop --preset/--config/--out")
-        run_dir = args.resume
-        nested: dict[str, Any] = {}
-        for dotted, value in overrides.items():
-            set_dotted(nested, dotted, value)
-        config = build(merge(rundir.load_config(run_dir).model_dump(mode="json", exclude_none=True), nested))
-    else:
-        config = resolve(args.preset or (None if args.config else "nano"), args.config, overrides)
-        run_dir = args.out or (Path(config.out_dir) if config.out_dir else rundir.default_path(config.preset))
-        rundir.check_new(run_dir)
-    device = config.speed.device
-    if device == "mps":
+    if config.speed.device == "mps":
         raise UserError("multi-process training runs on CUDA (NCCL) or CPU (gloo), not MPS; use --device cuda or cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu or auto")
-    gpus = torch.cuda.device_count() if device in ("auto", "cuda") and torch.cuda.is_available() else 0
+    target = device.pick(config.speed.device)  # a GPU asked for and missing: one line
+    gpus = torch.cuda.device_count() if target.type == "cuda" else 0
     if gpus and n > gpus:
         raise UserError(f"--nproc {n} asks for more GPUs than the {gpus} visible; pass --nproc {gpus} or less")
     config, _ = open_data(config)  # the dataset's problems, and the default dataset built once, not N times
-    _check_memory(config, n, getattr(args, "force", False))
-    return Path(run_dir)
+    _check_memory(config, n, force)
 
 
 def _check_memory(config: Any, n: int, force: bool) -> None:
     """The estimator's per-GPU verdict for N ranks, as each worker will judge it."""
-    from engine import memory_cli
+    from engine import memory
 
     saved = os.environ.get("WORLD_SIZE")
-    os.environ["WORLD_SIZE"] = str(n)  # check_train reads the world size torchrun will set
+    os.environ["WORLD_SIZE"] = str(n)  # check_fits reads the world size torchrun will set
     try:
-        memory_cli.check_train(config, force)
+        memory.check_fits(config, force)
     finally:
         if saved is None:
             del os.environ["WORLD_SIZE"]
@@ -101,31 +76,31 @@ def _check_memory(config: Any, n: int, force: bool) -> None:
             os.environ["WORLD_SIZE"] = saved
 
 
-def command(args: argparse.Namespace, argv: list[str], run_dir: Path) -> list[str]:
+def command(argv: list[str], run_dir: Path, name_dir: bool) -> list[str]:
     """The worker command line: the user's own, minus --nproc, plus the run directory."""
     rest = _strip_nproc(argv)
-    if not args.resume and args.out is None:
+    if name_dir:
         rest += ["--out", str(run_dir)]  # every rank must agree on one clock-named directory
     return ["-m", "engine.cli", *rest]
 
 
-def run_from_args(args: argparse.Namespace, argv: list[str]) -> int:
+def run(n: int, config: RunConfig, run_dir: Path, resume: bool, force: bool, argv: list[str], out_given: bool) -> int:
+    """Check, then start N workers running `argv` (the user's train command) under torchrun."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    run_dir = _check(args)
-    n = args.nproc
+    _check(n, config, force)
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: N processes must not each take every core
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
-    config = LaunchConfig(
+    launch = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=str(uuid.uuid4()),
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # torchrun --standalone
         max_restarts=0, monitor_interval=0.1, shutdown_timeout=SHUTDOWN_GRACE_S,
     )  # fmt: skip
     print(f"launching {n} processes (torch.distributed.run): {run_dir}", file=sys.stderr, flush=True)
     try:
-        elastic_launch(config, sys.executable)(*command(args, argv, run_dir))
+        elastic_launch(launch, sys.executable)(*command(argv, run_dir, not resume and not out_given))
     except ChildFailedError as err:
         print(f"error: {failure_line(err.failures, run_dir)}", file=sys.stderr)
         return 1

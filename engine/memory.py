@@ -21,12 +21,12 @@ allocator margin, FSDP's gather buffers) is named in `notes` and in docs/memory.
 from __future__ import annotations
 
 import math
-import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from engine.config import RunConfig
+from engine.errors import UserError
 
 Sharding = Literal["ddp", "fsdp"]
 Target = Literal["cuda", "mps", "cpu"]
@@ -102,7 +102,7 @@ class _Shape(BaseModel):
 def _shape(config: RunConfig) -> _Shape:
     m = config.model
     V = m.vocab_size or config.data.vocab_size
-    Vp = -(-V // 64) * 64 if m.pad_vocab else V
+    Vp = m.model_copy(update={"vocab_size": V}).padded_vocab_size
     return _Shape(
         L=m.n_layer, H=m.n_head, C=m.n_embd, V=V, Vp=Vp, ctx=m.block_size,
         B=config.train.batch_size, T=config.seq_len, bias=m.bias, dropout=m.dropout,
@@ -111,15 +111,8 @@ def _shape(config: RunConfig) -> _Shape:
 
 
 def param_count(config: RunConfig) -> int:
-    """Unique parameters of engine.model.GPT (the tied embedding once)."""
-    return _param_count(_shape(config))
-
-
-def _param_count(s: _Shape) -> int:
-    C, b = s.C, int(s.bias)
-    per_block = 2 * (C + b * C) + (3 * C * C + b * 3 * C) + (C * C + b * C)
-    per_block += (4 * C * C + b * 4 * C) + (4 * C * C + b * C)
-    return s.Vp * C + s.ctx * C + s.L * per_block + (C + b * C)
+    """Unique parameters of engine.model.GPT (the tied embedding once): ModelConfig.n_params."""
+    return config.model.n_params(config.data.vocab_size)
 
 
 def _param_tensors(s: _Shape) -> int:
@@ -130,27 +123,6 @@ def _param_tensors(s: _Shape) -> int:
 
 def _largest_param(s: _Shape) -> int:
     return max(s.Vp * s.C, s.ctx * s.C, 4 * s.C * s.C)
-
-
-def resolve_target(config: RunConfig) -> Target:
-    """The device kind `train` would use for this config on this machine."""
-    d = config.speed.device
-    if d != "auto":
-        return d  # type: ignore[return-value]
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-def resolve_precision(config: RunConfig, target: Target) -> str:
-    p = config.speed.precision
-    if p != "auto":
-        return p
-    return "bf16" if target == "cuda" else "fp32"
 
 
 # ---------------------------------------------------------------- activations
@@ -226,13 +198,15 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     `speed.device = "cuda"` to plan for a GPU from anywhere.
     """
     s = _shape(config)
-    target = resolve_target(config)
-    precision = resolve_precision(config, target)
+    from engine import device  # torch loads here, not when the form imports this module
+
+    target: Target = device.kind(config.speed.device)  # type: ignore[assignment]
+    precision = device.precision(config.speed.precision, target)
     low = precision in ("bf16", "fp16")
     compiled = config.speed.compile
     accum = config.train.grad_accum
     B, T = s.B, s.T
-    N = _param_count(s)
+    N = param_count(config)
     notes: list[str] = []
 
     params, grads = 4 * N, 4 * N
@@ -245,8 +219,8 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         # through forward and backward; a block is gathered while it runs, the next prefetched,
         # and its unsharded gradient exists until reduce-scattered.
         params, grads, optim = -(-params // world_size), -(-grads // world_size), -(-optim // world_size)
-        block = 4 * (_param_count(s.model_copy(update={"L": 1})) - _param_count(s.model_copy(update={"L": 0})))
-        root = 4 * _param_count(s.model_copy(update={"L": 0}))
+        root = 4 * config.model.model_copy(update={"n_layer": 0}).n_params(s.V)
+        block = (4 * N - root) // s.L
         shard_extra = root + 3 * block
         notes.append("FSDP2: the root unit gathered throughout, plus three block-sized buffers (modelled)")
     elif world_size > 1:
@@ -356,56 +330,78 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-# ---------------------------------------------------------------- devices
+# ---------------------------------------------------------------- the pre-launch check
 
 
-def device_memory_bytes(device: str = "auto") -> int | None:
-    """Total memory of the training device (GPU memory; unified memory's working set on
-    MPS; physical RAM on CPU), or None when it cannot be known."""
-    import torch
+def check_fits(config: RunConfig, force: bool = False) -> None:
+    """Refuse, before anything is allocated, a config predicted not to fit this machine's device.
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            return None
-        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
-        return int(torch.cuda.get_device_properties(index).total_memory)
-    if device == "mps":
-        if not torch.backends.mps.is_available():
-            return None
-        try:
-            return int(torch.mps.recommended_max_memory())
-        except (AttributeError, RuntimeError):
-            return None
-    if device == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None
-
-
-def available_host_memory() -> int | None:
-    """RAM the kernel says a new allocation can get now (MemAvailable), or None off Linux.
-
-    On CPU this, not the total, is the honest budget: the machine is shared.
+    `config` comes from open_data (vocab and block size bound). Under torchrun the estimate
+    is per rank (WORLD_SIZE from the environment). The budget is engine.device.budget's.
     """
+    import os
+
+    from engine import device
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    parallel = config.speed.parallel
+    # `auto` takes DDP when it fits and FSDP otherwise (engine.distributed): either may do
+    shardings: list[Sharding] = ["ddp", "fsdp"] if parallel == "auto" and world > 1 else ["fsdp" if parallel == "fsdp" else "ddp"]
+    est = estimate(config, world, shardings[0])
+    available, label = device.budget(est.target)
+    if force or available is None:
+        return
+    for sharding in shardings:
+        est = estimate(config, world, sharding)
+        if est.fits(available):
+            return
+    biggest = sorted(est.breakdown.items(), key=lambda kv: -kv[1])[:2]
+    parts = ", ".join(f"{k} {human(v)}" for k, v in biggest)
+    fitted = suggest_fit(config, available, world, sharding)
+    fix = (
+        f"pass {fix_flags(config, fitted)} (same sequences per step)"
+        if fitted is not None
+        else "even micro-batch 1 does not fit: use --grad-checkpointing, a shorter --block-size or a smaller model"
+    )
+    raise UserError(
+        f"predicted peak memory {human(est.peak_bytes)} exceeds the {human(available)} of "
+        f"{label} (largest: {parts}); {fix}, or --force to start anyway"
+    )
+
+
+def with_dataset_vocab(config: RunConfig) -> RunConfig:
+    """With --data DIR of ours and no --vocab-size, the vocab the run would get: the sidecar's
+    (read from dataset.json alone: no token scan). Otherwise data.vocab_size (GPT-2's 50257)."""
+    import json
+    from pathlib import Path
+
+    if config.model.vocab_size is not None or config.data.path is None:
+        return config
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+        vocab = int(json.loads((Path(config.data.path) / "dataset.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return config
+    return config.model_copy(update={"model": config.model.model_copy(update={"vocab_size": vocab})})
+
+
+def advice(config: RunConfig, device_bytes: int, world_size: int = 1, sharding: Sharding = "ddp") -> str:
+    """What to change when a config does not fit: the estimator's largest micro-batch that does."""
+    fitted = suggest_fit(config, device_bytes, world_size, sharding)
+    if fitted is not None:
+        return f"suggested fix: {fix_flags(config, fitted)} (same sequences per optimizer step)"
+    return (
+        "even micro-batch 1 does not fit: try --grad-checkpointing, a shorter --block-size, "
+        "bf16, more ranks with fsdp, or a smaller model"
+    )
 
 
 # ---------------------------------------------------------------- display
 
 
-def human(n: int | float) -> str:
-    """Bytes in binary units: 512 B, 3.2 MiB, 14.81 GiB."""
+def human(n: int | float | None) -> str:
+    """Bytes in binary units: 512 B, 3.2 MiB, 14.81 GiB ("-" for unknown). The one byte format."""
+    if n is None:
+        return "-"
     n = float(n)
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
         if abs(n) >= size:
@@ -415,8 +411,6 @@ def human(n: int | float) -> str:
 
 def parse_bytes(text: str) -> int:
     """'80GiB', '80 GB', '24g', '512MiB', '1e9' -> bytes (GB = 1e9, GiB = 2**30, bare g = GiB)."""
-    from engine.errors import UserError
-
     t = text.strip().replace(" ", "").lower()
     units = {"tib": 1 << 40, "gib": GiB, "mib": MiB, "kib": 1024, "tb": 10**12, "gb": 10**9,
              "mb": 10**6, "kb": 10**3, "t": 1 << 40, "g": GiB, "m": MiB, "k": 1024, "b": 1}  # fmt: skip

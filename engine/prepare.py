@@ -12,7 +12,6 @@ and renamed into place, and every input is checked before anything is written.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
+from engine import rundir
 from engine.errors import UserError
 
 EOT = "<|endoftext|>"
@@ -63,30 +63,29 @@ class PrepareReport:
 
 
 class _Progress:
-    """A one-line progress bar on stderr (no tqdm dependency), redrawn at most 10x/s; when
-    stderr is not a terminal (logs, CI) only the final state is written."""
+    """rich's progress bar on stderr (textual brings rich); when stderr is not a terminal
+    (logs, CI) only the final state is written."""
 
     def __init__(self, label: str, total: int, enabled: bool) -> None:
-        self.label, self.total, self.enabled = label, max(total, 1), enabled and sys.stderr.isatty()
-        self.quiet_summary = enabled and not self.enabled
-        self.done, self._last = 0, 0.0
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeRemainingColumn
+
+        self.label, self.quiet_summary = label, enabled and not sys.stderr.isatty()
+        live = enabled and sys.stderr.isatty()
+        self._bar = Progress(
+            "[progress.description]{task.description}", BarColumn(), TaskProgressColumn(), TimeRemainingColumn(),
+            console=Console(stderr=True), disable=not live, transient=False,
+        )  # fmt: skip
+        self._task = self._bar.add_task(label, total=max(total, 1))
+        self._bar.start()
 
     def update(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._last > 0.1 or self.done >= self.total):
-            self._last = now
-            frac = min(self.done / self.total, 1.0)
-            bar = "#" * int(frac * 30)
-            sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:6.1%}")
-            sys.stderr.flush()
+        self._bar.advance(self._task, n)
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-        elif self.quiet_summary:
-            sys.stderr.write(f"{self.label}: done\n")
-        sys.stderr.flush()
+        self._bar.stop()
+        if self.quiet_summary:
+            print(f"{self.label}: done", file=sys.stderr, flush=True)
 
 
 def _say(message: str, enabled: bool) -> None:
@@ -222,13 +221,6 @@ def _encode_to_file(
 # --------------------------------------------------------------------------- prepare
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; choose another --out directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise UserError(f"--out {out} already holds files and nothing is overwritten; choose another --out")
-
-
 def prepare(
     paths: list[Path],
     out: Path,
@@ -259,7 +251,7 @@ def prepare_report(
     t0 = time.perf_counter()
     out = Path(out).expanduser()
     # Every check happens before anything is written.
-    _check_out(out)
+    rundir.check_new(out)
     if not paths:
         raise UserError("no input given; pass text files or directories to prepare")
     if not 0.0 < val_fraction < 1.0:
@@ -367,18 +359,11 @@ def cache_root(cache_dir: Path | None = None) -> Path:
 
 @contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
-    """An exclusive lock shared by processes (and threads: flock is per open file)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no cross-process lock, the atomic rename still holds
+    """An exclusive lock shared by processes and threads, on every OS (filelock, which torch brings)."""
+    from filelock import FileLock
+
+    with FileLock(lock_path):
         yield
-        return
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def default_dataset(cache_dir: Path | None = None, progress: bool = True) -> Path:
@@ -418,45 +403,3 @@ def _cached_build(target: Path, files: Callable[[], list[Path]], progress: bool)
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `prepare` subcommand's flags."""
-    parser.add_argument(
-        "paths", nargs="+", type=Path, metavar="PATHS", help="text files or directories (recursed)"
-    )
-    parser.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="new dataset directory (must not hold files)"
-    )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--vocab-size", type=int, default=DEFAULT_VOCAB, metavar="N",
-        help=f"train a byte-level BPE with N entries (default {DEFAULT_VOCAB})",
-    )  # fmt: skip
-    source.add_argument(
-        "--tokenizer", type=Path, default=None, metavar="FILE",
-        help="use this tokenizer.json instead of training one",
-    )  # fmt: skip
-    parser.add_argument(
-        "--val-fraction", type=float, default=0.05, metavar="F",
-        help="share of documents held out for validation (default 0.05)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--seed", type=int, default=0, metavar="S", help="seed of the train/val document split (default 0)"
-    )
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """Run `prepare` from parsed flags and print a one-paragraph summary."""
-    report = prepare_report(
-        list(args.paths), args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
-        val_fraction=args.val_fraction, seed=args.seed, progress=True,
-    )  # fmt: skip
-    info = report.info
-    print(
-        f"wrote {info.path}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens "
-        f"({info.dtype}), vocab {info.vocab_size}, eot id {info.eot_id}; "
-        f"{report.train_docs} train / {report.val_docs} val documents, {report.skipped} files skipped; "
-        f"{report.seconds:.1f} s"
-    )
-    return 0

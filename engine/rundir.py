@@ -17,6 +17,7 @@ from engine.errors import UserError
 
 CONFIG, EVENTS, CHECKPOINTS, TOKENIZER = "config.toml", "events.jsonl", "checkpoints", "tokenizer.json"
 WRITER = "writer.pid"  # host and pid of the process writing the run, while it runs
+LAUNCH_LOG = "console.log"  # the app's detached launch writes the run's console here before it starts
 
 
 def default_path(preset: str | None) -> Path:
@@ -27,12 +28,15 @@ def holds_run(path: Path) -> bool:
     return (path / CONFIG).exists() or (path / EVENTS).exists()
 
 
-def check_new(path: Path) -> None:
-    """Refuse a path that would overwrite anything, before a single byte is written."""
+def check_new(path: Path, flag: str = "--out") -> None:
+    """Refuse a path that would overwrite anything, before a single byte is written: an output
+    directory (a run's, a dataset's, a benchmark's) is a new path or an empty directory."""
     if path.exists() and not path.is_dir():
-        raise UserError(f"--out {path} is a file; choose a directory path")
+        raise UserError(f"{flag} {path} is a file; choose a new directory path")
     if holds_run(path):
-        raise UserError(f"{path} already holds a run; continue it with --resume {path} or choose another --out")
+        raise UserError(f"{path} already holds a run; continue it with --resume {path} or choose another {flag}")
+    if path.is_dir() and any(p.name != LAUNCH_LOG for p in path.iterdir()):
+        raise UserError(f"{flag} {path} is not empty; choose a new or empty directory so nothing is overwritten")
 
 
 def create(path: Path, config: RunConfig, tokenizer: str | None) -> None:

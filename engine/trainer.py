@@ -1,4 +1,4 @@
-"""The training loop, and the Control object other threads use to steer it.
+"""The training loop: one run, from set-up to its last checkpoint, steered by a Control.
 
 Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss/accum ->
 (fp16) unscale -> clip, recording the pre-clip norm -> optimizer step -> scaler update,
@@ -13,10 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import platform
 import random
-import statistics
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,52 +24,14 @@ import torch
 
 from engine import checkpoint as ckpt
 from engine import events as ev
+from engine import device as devices
 from engine import distributed, guard, rundir
+from engine.control import Control
 from engine.config import OptimConfig, RunConfig
-from engine.data import BatchLoader, BatchSampler, Dataset, open_dataset
+from engine.data import BatchLoader, BatchSampler, Dataset
 from engine.errors import UserError
 from engine.flops import flops_per_token, mfu, peak_flops
 from engine.model import GPT
-
-
-class Control:
-    """Thread-safe steering of a running Trainer: pause, resume, stop (with a save), save now."""
-
-    def __init__(self) -> None:
-        self._running = threading.Event()
-        self._running.set()
-        self._stop = threading.Event()
-        self._save = threading.Event()
-
-    def pause(self) -> None:
-        self._running.clear()
-
-    def resume(self) -> None:
-        self._running.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._running.set()  # a paused trainer must wake up to stop
-
-    def save_now(self) -> None:
-        self._save.set()
-
-    @property
-    def paused(self) -> bool:
-        return not self._running.is_set()
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop.is_set()
-
-    def wait_while_paused(self) -> None:
-        while not self._running.wait(timeout=0.1):
-            pass
-
-    def take_save_request(self) -> bool:
-        requested = self._save.is_set()
-        self._save.clear()
-        return requested
 
 
 def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
@@ -84,63 +43,6 @@ def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
         return optim.min_lr
     ratio = (step - optim.warmup_steps) / max(1, end - optim.warmup_steps)
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu or auto")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise UserError("--device mps asked for, but this machine has no MPS; use --device cpu or auto")
-    return torch.device(name)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{device.type.upper()} ({platform.processor() or platform.machine()})"
-
-
-def pick_precision(precision: str, device: torch.device) -> str:
-    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
-    if precision == "auto":
-        return ("bf16" if bf16_ok else "fp16") if device.type == "cuda" else "fp32"
-    if precision == "bf16" and not bf16_ok:
-        raise UserError("this GPU has no bf16 support; use --precision fp16 (with its GradScaler) or tf32")
-    return precision
-
-
-def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:
-    """Open the dataset and bind what it decides into the config: path, vocab, block size.
-
-    Everything that can be wrong with the data is found here, before a run directory exists.
-    """
-    if config.data.path is None:
-        from engine.prepare import default_dataset
-
-        path = default_dataset()
-    else:
-        path = Path(config.data.path)
-    headerless_vocab = config.model.vocab_size or config.data.vocab_size  # nanoGPT/llm.c files
-    ds = open_dataset(path, vocab_size=headerless_vocab, preload=config.data.preload)
-    vocab = config.model.vocab_size or ds.info.vocab_size
-    if vocab < ds.info.vocab_size:
-        raise UserError(
-            f"model vocab {vocab} is smaller than the dataset's {ds.info.vocab_size}; "
-            f"pass --vocab-size {ds.info.vocab_size} or more"
-        )
-    T = config.seq_len
-    ds.check_block(T)
-    data = config.model_dump()
-    data["data"]["path"] = str(path)
-    data["model"]["vocab_size"] = vocab
-    data["train"]["block_size"] = T
-    return RunConfig.model_validate(data), ds
 
 
 def _rng_state() -> dict[str, Any]:
@@ -244,16 +146,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
 
-    def _setup(self) -> None:
+    def setup(self) -> None:
+        """Device, model, optimizer, data, the resumed state, compile: everything before step 1."""
         cfg = self.config
-        self.device = distributed.place(pick_device(cfg.speed.device), self.dist)
-        self.precision = pick_precision(cfg.speed.precision, self.device)
+        self.device = distributed.place(devices.pick(cfg.speed.device), self.dist)
+        self.precision = devices.precision(cfg.speed.precision, self.device.type)
         if self.device.type == "cuda":
             tf32 = self.precision != "fp32"
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
             torch.cuda.reset_peak_memory_stats(self.device)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        dtype = devices.autocast_dtype(self.precision)
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=dtype))
             if dtype is not None
@@ -288,7 +191,7 @@ class Trainer:
 
         self.n_params = self.model.num_params()
         self.flops_token = flops_per_token(cfg.model, self.n_params, T)
-        self.device_label = device_name(self.device)
+        self.device_label = devices.describe(self.device)
         self.peak = peak_flops(self.device_label, self.precision) if self.device.type == "cuda" else None
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -377,7 +280,8 @@ class Trainer:
         if not (self.last_eval and self.last_eval[0] == self.step):
             self.evaluate()  # every checkpoint carries its val loss, so `best` means something
         val_loss = self.last_eval[1]
-        guard.check_weights(self)  # NaN/Inf weights are never saved as latest or best
+        if not distributed.weights_finite(self.model):  # NaN/Inf weights are never saved as latest or best
+            self._act(guard.nan_weights(self.step, self.ckpts.latest(), self.precision, self.config.optim.lr, self.run_dir))
         is_best = math.isfinite(val_loss) and (self.best_val_loss is None or val_loss < self.best_val_loss)
         previous_best = self.best_val_loss
         if is_best:
@@ -389,7 +293,7 @@ class Trainer:
             path = self.ckpts.save(state, self.step, is_best)
         except OSError as err:  # disk full, permission denied: warn and go on, or stop (on_save_error)
             self.best_val_loss = previous_best
-            guard.save_failed(self, err)
+            self._act(guard.save_failed(err, self.step, self.ckpts.path, self.config.train.on_save_error, self.run_dir))
             return
         self.emit(
             ev.Checkpoint(step=self.step, path=str(path), val_loss=val_loss, best=is_best, size_bytes=path.stat().st_size)
@@ -456,7 +360,7 @@ class Trainer:
             self.tokens += self.config.tokens_per_step * self.dist.world_size
             clock.steps += 1
             if self.guard.streak:
-                guard.after_bad_step(self)  # warn; after max_bad_steps in a row, stop on good weights
+                self._after_bad_step()
 
             last = self.step == max_steps
             if self.step % cfg.log_interval == 0 or last:
@@ -475,6 +379,36 @@ class Trainer:
                 self.save_checkpoint()
                 clock.restart()
         return "completed"
+
+    def _act(self, verdict: guard.Verdict) -> None:
+        """Carry out a guard verdict: always a warning event; a stop raises its one-line error."""
+        self.emit(ev.Warning_(message=verdict.message))
+        if verdict.stop is not None:
+            raise verdict.stop(verdict.message)
+
+    def _after_bad_step(self) -> None:
+        """The update was skipped; after max_bad_steps in a row, stop on the last good weights."""
+        self._act(guard.bad_step(self.guard, self.step))
+        if not self.guard.tripped:
+            return
+        saved = None
+        if distributed.weights_finite(self.model):  # skipped updates: normally still the good weights
+            self.save_checkpoint()
+            saved = self.ckpts.latest()
+            saved = saved if saved is not None and saved.name == f"step_{self.step:06d}.pt" else None
+        saved = saved or self.ckpts.latest()
+        self._act(guard.diverged(self.guard, self.step, saved, self.precision, self.config.optim.lr, self.run_dir))
+
+    def _loop_or_oom(self) -> str:
+        """The loop, with a CUDA out-of-memory turned into a clean stop that says what fits."""
+        try:
+            return self._loop()
+        except torch.OutOfMemoryError:
+            pass  # leave the except block first, so the traceback's frames (and their tensors) can go
+        self.optimizer.zero_grad(set_to_none=True)
+        message, table = guard.out_of_memory(self.config, self.device, self.device_label, self.step, self.ckpts.latest())
+        self.emit(ev.Warning_(message=f"{message}\nestimated memory:\n{table}"))
+        raise guard.OutOfMemory(message)
 
     def _report(self, loss: float, lr: float, grad_norm: float, step_time: float, data_time: float) -> None:
         rank_times = distributed.gather_floats(step_time, self.dist)
@@ -496,7 +430,7 @@ class Trainer:
         if not self._step_times:
             return {}
         times = self._step_times
-        settled = statistics.median(times[len(times) // 2 :])
+        settled = ev.settled_step_time(times)
         tok_s = self.config.tokens_per_step * self.dist.world_size / settled
         return {
             "first_step_time_s": times[0],
@@ -509,7 +443,7 @@ class Trainer:
     def run(self) -> str:
         """Set up, train to max_steps or a stop; returns "completed" or "stopped"."""
         try:
-            self._setup()
+            self.setup()
         except BaseException:
             self._close()  # bad input found in set-up: nothing is written to the run
             raise
@@ -531,7 +465,7 @@ class Trainer:
             )
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
-            reason = guard.run_loop(self)  # _loop(), with CUDA OOM turned into a stop that says what fits
+            reason = self._loop_or_oom()
             self.emit(
                 ev.RunFinished(step=self.step, reason=reason, best_val_loss=self.best_val_loss, summary=self.summary())
             )

@@ -153,7 +153,7 @@ def file_tree() -> Callable[[Path], dict[str, tuple[int, int]]]:
 
 def cli_fails(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> str:
     """Run the in-process CLI: it must exit 2 with one stderr line naming the problem."""
-    from engine.cli import main
+    from gpt2_tui import main
 
     code = main(argv)
     err = capsys.readouterr().err.strip()

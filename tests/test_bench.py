@@ -11,12 +11,14 @@ import statistics
 import pytest
 from conftest import random_tokens, write_gpt2tui
 
-from engine import bench, bench_plain, rundir
-from engine.bench_timeline import settle_point
-from engine.cli import main
+from engine import rundir
+from engine.measure import ladder as bench
+from engine.measure import plain as bench_plain
+from engine.measure.timeline import settle_point
+from gpt2_tui import main
 from engine.config import read_toml, resolve
 from engine.events import read_events
-from engine.trainer import Trainer, open_data
+from engine.start import start
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +139,11 @@ def test_bench_never_overwrites_an_earlier_result(tmp_path, tiny_dataset, capsys
 
 
 def test_plain_loop_trains_the_same_model_on_the_same_batches(tmp_path, tiny_dataset):
-    config, ds = open_data(resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu",
-                                                   "speed.precision": "fp32", "train.max_steps": 2,
-                                                   "optim.warmup_steps": 0}))  # fmt: skip
-    rundir.create(tmp_path / "ours", config, None)
-    Trainer(config, tmp_path / "ours", ds).run()
+    trainer = start(resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu",
+                                            "speed.precision": "fp32", "train.max_steps": 2,
+                                            "optim.warmup_steps": 0}), tmp_path / "ours")  # fmt: skip
+    config, ds = trainer.config, trainer.dataset
+    trainer.run()
     ours = [e.loss for e in read_events(tmp_path / "ours" / rundir.EVENTS)[0] if e.event == "step"]
     times, plain = bench_plain.plain_loop(config, ds, 2, clip=True)
     assert len(times) == 2 and all(t > 0 for t in times)
@@ -221,7 +223,7 @@ def test_best_sweeps_batch_and_compile_mode_and_marks_the_fastest(tmp_path, tiny
                  "--vocab-size", "64", "--batch-sizes", "2,4", "--compile-modes", "eager", "--steps", "2",
                  "--warmup", "1", "--log-interval", "1", "--out", str(out)])  # fmt: skip
     assert code == 0, capsys.readouterr().err
-    from engine.bench_best import BestResult
+    from engine.measure.best import BestResult
 
     result = BestResult.model_validate_json((out / "best.json").read_text())
     tried = [(c.batch_size, c.compile_mode, c.status) for c in result.candidates]

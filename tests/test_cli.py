@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import cli_fails
-from engine.cli import main
+from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 

@@ -7,19 +7,17 @@ import pytest
 from engine import rundir
 from engine.config import resolve
 from engine.events import read_events
-from engine.trainer import Trainer, open_data
+from engine.start import start
 
 
 def _losses(tmp_path, data, name, **flags):
     config = resolve("micro", None, {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32",
                                      "train.max_steps": 6, "train.eval_interval": 100} | flags)
-    config, ds = open_data(config)
-    rundir.create(tmp_path / name, config, None)
     errors = []
 
     def work():  # as the TUI does: build, compile and train on a worker thread
         try:
-            Trainer(config, tmp_path / name, ds).run()
+            start(config, tmp_path / name).run()
         except BaseException as err:  # pragma: no cover - reported below
             errors.append(err)
 

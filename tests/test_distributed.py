@@ -66,11 +66,10 @@ def test_val_set_is_the_same_for_any_world_size(tiny_dataset):
 
 
 def test_worker_command_drops_nproc_and_pins_the_run_dir(tmp_path):
-    args = cli._parser().parse_args(["train", "--nproc", "2", "--preset", "micro", "--lr", "1e-3"])
-    cmd = launch.command(args, ["train", "--nproc", "2", "--preset", "micro", "--lr", "1e-3"], tmp_path / "r")
+    cmd = launch.command(["train", "--nproc", "2", "--preset", "micro", "--lr", "1e-3"], tmp_path / "r", name_dir=True)
     assert cmd == ["-m", "engine.cli", "train", "--preset", "micro", "--lr", "1e-3", "--out", str(tmp_path / "r")]
-    args = cli._parser().parse_args(["train", "--nproc=4", "--out", "x"])
-    assert "--nproc=4" not in launch.command(args, ["train", "--nproc=4", "--out", "x"], tmp_path)
+    assert launch.command(["train", "--nproc=4", "--out", "x"], tmp_path, name_dir=False) == [
+        "-m", "engine.cli", "train", "--out", "x"]
 
 
 @pytest.mark.parametrize(

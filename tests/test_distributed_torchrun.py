@@ -224,7 +224,8 @@ def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.
     """One optimizer step of the real Trainer (no clipping); the gradients it produced."""
     from engine import distributed
     from engine.config import resolve
-    from engine.trainer import Trainer, open_data
+    from engine.start import open_data
+    from engine.trainer import Trainer
 
     overrides = {
         "data.path": str(data), "optim.grad_clip": 0.0, "speed.parallel": parallel, "speed.device": "cpu",
@@ -232,7 +233,7 @@ def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.
     }  # fmt: skip
     config, ds = open_data(resolve("micro", overrides=overrides))
     trainer = Trainer(config, out, ds)
-    trainer._setup()
+    trainer.setup()
     try:
         trainer.train_step(1e-3)
         return {n: distributed.local_value(p.grad).detach().clone() for n, p in trainer.model.named_parameters()}

@@ -9,16 +9,14 @@ import torch
 from engine import rundir
 from engine.config import resolve
 from engine.events import read_events
-from engine.trainer import Trainer, open_data
+from engine.start import start
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _run(tmp_path, data, **flags):
     config = resolve("micro", None, {"data.path": str(data), "speed.device": "cuda", "train.max_steps": 20} | flags)
-    config, ds = open_data(config)
-    rundir.create(tmp_path / "run", config, None)
-    trainer = Trainer(config, tmp_path / "run", ds)
+    trainer = start(config, tmp_path / "run")
     trainer.run()
     events, _ = read_events(tmp_path / "run" / rundir.EVENTS)
     return trainer, [e for e in events if e.event == "step"]

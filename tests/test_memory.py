@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import memory
-from engine.cli import main
+from engine import device, memory
+from gpt2_tui import main
 from engine.config import resolve
 from engine.memory import MemoryEstimate, estimate, suggest_fit
-from engine.memory_measure import measure_saved, measure_state
+from engine.measure.memory_measure import measure_saved, measure_state
 from engine.model import GPT
 
 # three small shapes that differ in every dimension the formulas use (heads, width,
@@ -78,8 +78,8 @@ def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, mak
     """Parameters + AdamW + gradients + activations + the transients (the loss's fp32 gradients,
     the held logits, a recomputed block): the predicted allocated peak vs the profiler's
     memory timeline of one steady-state step of the real Trainer on CPU."""
-    from engine.memory_measure import measure_peak
-    from engine.trainer import open_data
+    from engine.measure.memory_measure import measure_peak
+    from engine.start import open_data
 
     data = make_dataset("gpt2-tui", vocab_size=500)
     cfg = _config({"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 64, "model.block_size": 64,
@@ -183,11 +183,11 @@ def test_vocab_comes_from_the_data_config_when_unset():
 
 
 def test_device_memory():
-    total = memory.device_memory_bytes("cpu")
+    total = device.memory_bytes("cpu")
     assert total is not None and total > 2**28
-    assert memory.available_host_memory() <= total
+    assert device.available_host_memory() <= total
     if not torch.cuda.is_available():
-        assert memory.device_memory_bytes("cuda") is None
+        assert device.memory_bytes("cuda") is None
 
 
 @pytest.mark.parametrize("text,expected", [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("512 MiB", 512 * 2**20),
@@ -250,17 +250,17 @@ def test_train_refuses_a_config_that_cannot_fit_before_writing_anything(tmp_path
 
 def test_force_skips_the_check():
     from engine.errors import UserError
-    from engine.memory_cli import check_train
+    from engine.memory import check_fits
 
     cfg = _config("s1", train__batch_size=40_000_000)
     with pytest.raises(UserError, match="predicted peak memory"):
-        check_train(cfg, force=False)
-    check_train(cfg, force=True)
-    check_train(_config("s1"), force=False)  # a small config passes
+        check_fits(cfg, force=False)
+    check_fits(cfg, force=True)
+    check_fits(_config("s1"), force=False)  # a small config passes
 
 
 def test_memory_check_needs_a_gpu_and_says_so(capsys):
-    from engine.memory_check import main as check_main
+    from engine.measure.memory_check import main as check_main
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the GPU check below runs instead")
@@ -272,7 +272,7 @@ def test_memory_check_needs_a_gpu_and_says_so(capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_total_within_10_percent_of_max_memory_allocated(tmp_path):
     """The acceptance check on a GPU: gpt2, bf16, flash, eager, micro-batch 8, real Trainer."""
-    from engine.memory_check import _gpu_config, _synthetic_dataset, run_peak
+    from engine.measure.memory_check import _gpu_config, _synthetic_dataset, run_peak
 
     data = _synthetic_dataset(tmp_path / "data", tokens=200_000)
     cfg = _gpu_config("gpt2", 8, False, data, steps=2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 import time
@@ -15,7 +14,8 @@ from tokenizers import Tokenizer
 import engine.prepare as prep
 from engine.data import open_dataset
 from engine.errors import UserError
-from engine.prepare import add_arguments, default_dataset, prepare, run_from_args
+from engine.prepare import default_dataset, prepare
+from gpt2_tui import main
 
 DOCS = {
     "a.txt": "The quick brown fox jumps over the lazy dog.\n" * 20,
@@ -125,7 +125,7 @@ def test_existing_out_is_refused_and_untouched(corpus: Path, tmp_path: Path, fil
     before = file_tree(tmp_path)
     with pytest.raises(UserError) as err:
         prepare([corpus], out, vocab_size=300, progress=False)
-    assert "\n" not in str(err.value) and "choose another --out" in str(err.value)
+    assert "\n" not in str(err.value) and "choose a new or empty directory" in str(err.value)
     assert file_tree(tmp_path) == before
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -183,15 +183,15 @@ def test_crash_leaves_no_half_dataset(corpus: Path, tmp_path: Path, monkeypatch)
 
 
 def test_cli_arguments(corpus: Path, tmp_path: Path, capsys) -> None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args([str(corpus), "--out", str(tmp_path / "d"), "--vocab-size", "300", "--seed", "3"])
-    assert run_from_args(args) == 0
+    assert main(["prepare", str(corpus), "--out", str(tmp_path / "d"), "--vocab-size", "300", "--seed", "3"]) == 0
     out = capsys.readouterr().out
     assert str(tmp_path / "d") in out and "train" in out and "2 files skipped" in out
+    from engine.cli import build_parser
+
+    parser, _ = build_parser()
     with pytest.raises(SystemExit):
-        parser.parse_args([str(corpus), "--out", "x", "--vocab-size", "300", "--tokenizer", "t.json"])
-    defaults = parser.parse_args([str(corpus), "--out", "x"])
+        parser.parse_args(["prepare", str(corpus), "--out", "x", "--vocab-size", "300", "--tokenizer", "t.json"])
+    defaults = parser.parse_args(["prepare", str(corpus), "--out", "x"])
     assert (defaults.vocab_size, defaults.tokenizer, defaults.val_fraction, defaults.seed) == (8192, None, 0.05, 0)
 
 

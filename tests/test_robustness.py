@@ -16,22 +16,20 @@ import torch
 
 from conftest import cli_fails
 from engine import checkpoint as ckpt
-from engine import guard, rundir
-from engine.cli import main
+from engine import distributed, guard, rundir
+from gpt2_tui import main
 from engine.config import resolve
 from engine.events import CallbackSink, read_events
 from engine.model import GPT
-from engine.trainer import Trainer, open_data
+from engine.start import start
+from engine.trainer import Trainer
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 
 
 def _trainer(tmp_path: Path, data: Path, name: str = "run", sinks=(), **overrides) -> Trainer:
     flags = {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | overrides
-    config, ds = open_data(resolve("micro", None, flags))
-    run_dir = tmp_path / name
-    rundir.create(run_dir, config, ds.info.tokenizer)
-    return Trainer(config, run_dir, ds, sinks=sinks)
+    return start(resolve("micro", None, flags), tmp_path / name, sinks=sinks)
 
 
 def _events(run_dir: Path):
@@ -82,7 +80,7 @@ def test_a_few_nan_steps_are_skipped_and_the_run_goes_on(tmp_path, tiny_dataset,
     assert nan_steps == [3, 4]
     assert [w.split(":")[0] for w in _warnings(events)] == ["step 3", "step 4"]
     assert events[-1].event == "run_finished" and events[-1].step == 8
-    assert guard.weights_finite(t.model)
+    assert distributed.weights_finite(t.model)
 
 
 def test_nan_for_max_bad_steps_stops_with_the_last_good_weights(tmp_path, tiny_dataset, poison_loss):
@@ -139,13 +137,13 @@ def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_data
     monkeypatch.setattr(GPT, "forward", counting_forward)
     t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 5, "train.max_bad_steps": 1,
                                             "speed.precision": "fp16", "optim.grad_clip": 0.0})  # fmt: skip
-    original_setup = t._setup
+    original_setup = t.setup
 
     def setup():
         original_setup()
         next(t.model.parameters()).register_hook(blow_up)
 
-    t._setup = setup
+    t.setup = setup
     assert t.run() == "completed"
     events = _events(t.run_dir)
     assert _warnings(events) == [] and t.guard.total == 0
@@ -359,7 +357,7 @@ def test_token_file_with_a_bad_header_through_the_cli(tmp_path, make_dataset, wr
 def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fits(tmp_path, tiny_dataset, monkeypatch):
     """The OOM itself is raised by a patched train_step (no GPU here); the rest is the real run:
     the estimator's table, the estimator's own fit for a device that holds batch 2, no new checkpoint."""
-    from engine import memory
+    from engine import device, memory
     from engine.trainer import Trainer as T
 
     original = T.train_step
@@ -374,7 +372,7 @@ def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fi
     t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(seen.append)], **{"train.max_steps": 8,
                  "train.ckpt_interval": 2, "train.batch_size": 8})  # fmt: skip
     holds_batch_2 = memory.estimate(memory.with_batch(t.config, 2, 4)).peak_bytes
-    monkeypatch.setattr(memory, "device_memory_bytes", lambda device="auto": holds_batch_2)
+    monkeypatch.setattr(device, "memory_bytes", lambda name="auto": holds_batch_2)
     with pytest.raises(guard.OutOfMemory) as err:
         t.run()
     msg = str(err.value)

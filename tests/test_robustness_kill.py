@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import pytest
 
 from engine import checkpoint as ckpt
 from engine import rundir
-from engine.cli import main
+from gpt2_tui import main
 from engine.events import read_events
 
 ROOT = Path(__file__).resolve().parent.parent

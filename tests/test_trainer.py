@@ -11,7 +11,9 @@ from engine import rundir
 from engine.checkpoint import CheckpointDir
 from engine.config import resolve
 from engine.events import CallbackSink, read_events
-from engine.trainer import Control, Trainer, lr_at, open_data
+from engine.control import Control
+from engine.start import start
+from engine.trainer import lr_at
 
 
 def _run(tmp_path, data, name="run", control=None, sinks=(), resume=False, **overrides):
@@ -23,10 +25,7 @@ def _run(tmp_path, data, name="run", control=None, sinks=(), resume=False, **ove
             k.split(".")[1]: v for k, v in overrides.items() if k.startswith("train.")})})
     else:
         config = resolve("micro", None, flags)
-    config, ds = open_data(config)
-    if not resume:
-        rundir.create(run_dir, config, ds.info.tokenizer)
-    Trainer(config, run_dir, ds, sinks=sinks, control=control, resume=resume).run()
+    start(config, run_dir, resume=resume, sinks=sinks, control=control).run()
     events, problems = read_events(run_dir / rundir.EVENTS)
     assert problems == []
     return run_dir, events

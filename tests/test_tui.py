@@ -129,7 +129,7 @@ def test_pause_save_and_quit_while_running(tiny_dataset: Path, tmp_path: Path) -
             await until(pilot, lambda: state.step >= 3, "a few steps")
             await pilot.press("p")
             await until(pilot, lambda: state.paused, "paused event")
-            assert "PAUSED" in str(app.screen.query_one("#status").render()) or state.paused
+            await until(pilot, lambda: "PAUSED" in str(app.screen.query_one("#status").render()), "PAUSED shown")
             paused_at = state.step
             await pilot.pause(0.5)
             assert state.step == paused_at  # no step while paused
@@ -243,11 +243,11 @@ def test_several_gpus_launch_torchrun_and_the_dashboard_names_the_slowest_rank(
 
     from textual.widgets import Select
 
-    from tui import capabilities
+    from engine import device as capabilities
     from tui.screens.dashboard import status_text
 
-    two = dataclasses.replace(capabilities.detect(), gpus=2)
-    monkeypatch.setattr(capabilities, "detect", lambda: two)
+    two = dataclasses.replace(capabilities.capabilities(), gpus=2)
+    monkeypatch.setattr(capabilities, "capabilities", lambda: two)
     run_dir = tmp_path / "two-ranks"
 
     async def go(holder: list) -> None:

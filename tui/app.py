@@ -141,3 +141,20 @@ class GPT2App(App):
                 yield SystemCommand(name, help_, action)
         for _, title, factory, description in EXTRA_SCREENS:
             yield SystemCommand(title, description, lambda f=factory: self.push_screen(f()))
+
+
+def run_app(config: RunConfig | None = None) -> int:
+    """The bare `gpt2-tui`: the form (filled in from `config` if given), then the dashboard."""
+    app = GPT2App(config)
+    app.run()
+    s = app.session
+    if s is not None and s.process is not None and s.process.poll() is None:
+        print(f"the run goes on in process {s.process.pid}; re-attach with: gpt2-tui attach {s.run_dir}")
+    return app.return_code or 0
+
+
+def run_attach(run_dir: Path) -> int:
+    """`gpt2-tui attach RUN_DIR`: the dashboard on any run directory, live or finished."""
+    app = GPT2App(attach_dir=run_dir)
+    app.run()
+    return app.return_code or 0

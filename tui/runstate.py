@@ -9,7 +9,6 @@ taking over 10% of the step.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,9 +119,7 @@ class RunState:
         return self.state in ("waiting", "running", "paused")
 
     def settled_step_time(self) -> float | None:
-        """Median over the second half of the step reports: past the compile warm-up."""
-        times = self.series["step_time"].y
-        return statistics.median(times[len(times) // 2 :]) if times else None
+        return ev.settled_step_time(self.series["step_time"].y)
 
     def elapsed(self, now: float | None = None) -> float:
         if self.t0 is None:
@@ -146,38 +143,38 @@ class RunState:
                 self.started, self.finished, self.failed, self.paused = e, None, None, False
                 self.t0 = self.t0 or e.time
                 self.step = e.start_step
-                self._log(f"run started: {e.n_params / 1e6:.2f}M parameters on {e.device_name} ({e.precision})", e.time)
+                self._log(ev.describe(e), e.time)
             case ev.Step():
                 self._on_step(e)
             case ev.Eval():
                 self.val.add(e.step, self.tokens, self._rel(e.time), e.val_loss)
                 if _finite(e.val_loss) and (self.best_val_loss is None or e.val_loss < self.best_val_loss):
                     self.best_val_loss = e.val_loss
-                self._log(f"eval step {e.step}: val loss {e.val_loss:.4f}", e.time)
+                self._log(ev.describe(e), e.time)
             case ev.Checkpoint():
                 if e.best:
                     for row in self.checkpoints.values():
                         row.best = False
                 self.checkpoints[e.step] = CheckpointRow(e.step, e.path, e.val_loss, e.size_bytes, e.time, e.best)
-                self._log(f"checkpoint step {e.step}{' (best)' if e.best else ''}", e.time)
+                self._log(ev.describe(e), e.time)
             case ev.Sample():
                 self.samples.append((e.step, e.text))
                 del self.samples[:-20]
             case ev.Warning_():
-                self._log(f"warning: {e.message}", e.time, "warning")
+                self._log(ev.describe(e), e.time, "warning")
             case ev.Paused():
                 self.paused = True
-                self._log(f"paused at step {e.step}", e.time)
+                self._log(ev.describe(e), e.time)
             case ev.Resumed():
                 self.paused = False
-                self._log(f"resumed at step {e.step}", e.time)
+                self._log(ev.describe(e), e.time)
             case ev.RunFinished():
                 self.finished, self.paused = e, False
                 self.step = e.step
-                self._log(f"run {e.reason} at step {e.step}", e.time)
+                self._log(ev.describe(e).splitlines()[0], e.time)
             case ev.RunFailed():
                 self.failed = e
-                self._log(f"run failed at step {e.step}: {e.error}", e.time, "error")
+                self._log(ev.describe(e), e.time, "error")
 
     def _rel(self, t: float) -> float:
         return t - self.t0 if self.t0 is not None else 0.0

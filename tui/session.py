@@ -29,7 +29,7 @@ from engine.errors import UserError
 from tui.runstate import RunState
 from tui.tail import EventTail
 
-CONSOLE_LOG = "console.log"
+CONSOLE_LOG = rundir.LAUNCH_LOG
 
 
 @dataclass
@@ -37,7 +37,7 @@ class RunSession:
     run_dir: Path
     mode: str  # "in-process" | "detached" | "attached"
     state: RunState = field(default_factory=RunState)
-    control: Any = None  # engine.trainer.Control for in-process runs
+    control: Any = None  # engine.control.Control for in-process runs
     thread: threading.Thread | None = None
     process: subprocess.Popen | None = None
     tail: EventTail | None = None
@@ -57,7 +57,7 @@ class RunSession:
                 return False
             self.control.pause()
             return True
-        from tui.commands import PAUSE_SIGNAL
+        from engine.control import PAUSE_SIGNAL
 
         pausing = not self.state.paused
         os.kill(self.process.pid, PAUSE_SIGNAL)
@@ -67,7 +67,7 @@ class RunSession:
         if self.control is not None:
             self.control.save_now()
         else:
-            from tui.commands import SAVE_SIGNAL
+            from engine.control import SAVE_SIGNAL
 
             os.kill(self.process.pid, SAVE_SIGNAL)
 
@@ -122,7 +122,8 @@ def start_in_process(
 ) -> RunSession:
     """`threads`: torch intra-op threads set on the trainer thread (a thread's OpenMP team
     is its own; the overhead benchmark pins it so both of its modes run alike)."""
-    from engine.trainer import Control, Trainer, open_data
+    from engine.control import Control
+    from engine.start import start
 
     rundir.check_new(run_dir)
     session = RunSession(run_dir=run_dir, mode="in-process", control=Control())
@@ -133,10 +134,9 @@ def start_in_process(
                 import torch
 
                 torch.set_num_threads(threads)
-            cfg, dataset = open_data(config.model_copy(update={"out_dir": str(run_dir)}))
-            rundir.create(run_dir, cfg, dataset.info.tokenizer)
             sink = ev.CallbackSink(lambda e: on_event(session, e))
-            Trainer(cfg, run_dir, dataset, sinks=[sink], control=session.control).run()
+            cfg = config.model_copy(update={"out_dir": str(run_dir)})
+            start(cfg, run_dir, sinks=[sink], control=session.control).run()
         except UserError as err:  # bad input found at set-up: one line, nothing written
             on_event(session, ev.RunFailed(step=None, error=str(err)))
         except BaseException:  # the trainer has already emitted run_failed

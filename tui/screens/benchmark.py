@@ -1,4 +1,4 @@
-"""The Benchmark screen: runs the speed ladder (engine.bench) and draws it live.
+"""The Benchmark screen: runs the speed ladder (engine.measure.ladder) and draws it live.
 
 The ladder runs on a worker thread (each rung is the real Trainer; torch.compile is
 fine there). The UI must not slow what it measures, so nothing is posted per step: the
@@ -19,7 +19,8 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, Select, Static, Switch
 from textual_plotext import PlotextPlot
 
-from engine import bench
+from engine.measure import ladder as bench
+from engine.measure.common import default_out
 from engine.config import preset_names
 from engine.errors import UserError
 
@@ -107,7 +108,7 @@ class BenchmarkScreen(Screen):
         except UserError as err:
             self.notify(str(err), severity="error")
             return
-        out = self.out or bench._default_out(config.preset)
+        out = self.out or default_out(config.preset)
         self.config, self.out_used = config, out
         self.rungs, self.result, self.error, self._live = [], None, None, None
         self._stop.clear()

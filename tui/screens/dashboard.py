@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
 
 from engine import rundir
+from engine.memory import human
 from tui.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
@@ -33,10 +34,6 @@ def _dur(s: float | None) -> str:
         return "-"
     s = int(s)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def _bytes(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def _tokens(n: float) -> str:
@@ -188,7 +185,7 @@ class DashboardScreen(Screen):
         for row, latest in rows:
             marks = " ".join(m for m, on in (("best", row.best), ("latest", latest)) if on)
             val = "-" if row.val_loss is None else f"{row.val_loss:.4f}"
-            table.add_row(str(row.step), val, _bytes(row.size_bytes), _dur(now - row.time), marks)
+            table.add_row(str(row.step), val, human(row.size_bytes), _dur(now - row.time), marks)
 
     def _update_sample(self) -> None:
         if len(self.state.samples) != self._samples_seen:

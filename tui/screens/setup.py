@@ -17,10 +17,9 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
 
-from engine import rundir
+from engine import device, rundir
 from engine.config import RunConfig, merge, preset_names, read_toml, resolve
 from engine.errors import UserError
-from tui import capabilities as caps_mod
 from tui import fields as F
 from tui.widgets.memory import MemoryPanel
 
@@ -48,7 +47,7 @@ class SetupScreen(Screen):
         super().__init__()
         self.base_config = base or resolve("nano")
         self.base = self.base_config.model_dump(mode="json")
-        self.caps = caps_mod.detect()
+        self.caps = device.capabilities()
         self.config: RunConfig | None = None
         self.errors: dict[str, str] = {}
         self.general: list[str] = []
@@ -103,9 +102,9 @@ class SetupScreen(Screen):
         yield Footer()
 
     def _field_row(self, dotted: str) -> ComposeResult:
-        sp = F.spec(dotted)
+        sp = F.setting(dotted)
         value = F.get_value(self.base, dotted)
-        why_off = caps_mod.disabled(self.caps).get(dotted)
+        why_off = device.disabled(self.caps).get(dotted)
         with Horizontal(classes="row"):
             yield Label(sp.label, classes="name")
             if sp.kind == "bool":
@@ -148,7 +147,7 @@ class SetupScreen(Screen):
             if isinstance(w, Switch):
                 out[dotted] = w.value
             elif isinstance(w, Select):
-                out[dotted] = _TRI_TO[w.value] if F.spec(dotted).kind == "tristate" else w.value
+                out[dotted] = _TRI_TO[w.value] if F.setting(dotted).kind == "tristate" else w.value
             else:
                 out[dotted] = w.value
         path = self.query_one("#dataset", Input).value.strip()
@@ -165,7 +164,7 @@ class SetupScreen(Screen):
                 if isinstance(w, Switch):
                     w.value = bool(v)
                 elif isinstance(w, Select):
-                    w.value = _TRI_FROM[v] if F.spec(dotted).kind == "tristate" else str(v)
+                    w.value = _TRI_FROM[v] if F.setting(dotted).kind == "tristate" else str(v)
                 else:
                     w.value = F.to_text(v)
             self.query_one("#dataset", Input).value = data.get("data", {}).get("path") or ""
@@ -183,7 +182,7 @@ class SetupScreen(Screen):
         if base["model"].get("vocab_size") is None and (self.dataset_info or vals["data.path"] is None):
             base = merge(base, {"model": {"vocab_size": self._vocab_guess()}})  # for the estimate
         config, errors, general = F.validate(base, field_vals)
-        for dotted, why in caps_mod.refuse(field_vals, self.caps).items():
+        for dotted, why in device.refuse(field_vals, self.caps).items():
             errors.setdefault(dotted, why)
         if config is not None and self.dataset_info is not None and config.seq_len > 0:
             T = config.seq_len
@@ -302,7 +301,7 @@ class SetupScreen(Screen):
         self._loading = True
         try:
             w = self.query_one("#" + wid(dotted))
-            if isinstance(w, Select) and F.spec(dotted).kind == "tristate":
+            if isinstance(w, Select) and F.setting(dotted).kind == "tristate":
                 w.value = _TRI_FROM[value]
             else:
                 w.value = value

@@ -35,14 +35,17 @@ class MemoryPanel(Vertical):
         with Horizontal(classes="row"):
             yield Label("memory budget", classes="name")
             yield Input("", placeholder="device's memory", id="mem-budget", compact=True)
-            yield Static("e.g. 80GiB; blank = the training device's total", classes="help")
+            yield Static("e.g. 80GiB; blank = what train checks (GPU memory, or the RAM available now)", classes="help")
         yield Static("", id="mem-table", markup=False)
 
-    def budget(self, device: str) -> tuple[int | None, str]:
+    def budget(self, device_name: str) -> tuple[int | None, str]:
+        """The budget typed in, else what `train` checks against (engine.device.budget)."""
         text = self.query_one("#mem-budget", Input).value.strip()
         if text:
             return memory.parse_bytes(text), "budget given"
-        return memory.device_memory_bytes(device), f"{device} device memory"
+        from engine import device
+
+        return device.budget(device.kind(device_name))
 
     def show(self, config: RunConfig | None, device: str = "auto") -> None:
         table = self.query_one("#mem-table", Static)

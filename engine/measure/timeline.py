@@ -10,7 +10,6 @@ within 10% of the settled median (the median of the second half).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import statistics
@@ -19,11 +18,12 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from engine.bench import _default_out, _fresh_out, load_average, time_config
+from engine import rundir
+from engine.measure.common import BenchOptions, default_out, load_average, time_config
 from engine.checkpoint import atomic_write_bytes
 from engine.config import RunConfig, resolve
 from engine.data import Dataset
-from engine.trainer import open_data
+from engine.start import open_data
 
 SETTLED_BAND = 0.10
 
@@ -92,7 +92,7 @@ def to_markdown(t: Timeline) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_from_args(args: argparse.Namespace, command: str) -> int:
+def run(args: BenchOptions, command: str) -> int:
     steps = args.steps or 100
     overrides = {"train.max_steps": steps, "train.log_interval": args.log_interval or 1,
                  "train.eval_interval": steps + 1, "train.ckpt_interval": steps + 1}  # fmt: skip
@@ -102,8 +102,8 @@ def run_from_args(args: argparse.Namespace, command: str) -> int:
         if value is not None:
             overrides[key] = value
     config, dataset = open_data(resolve(None, args.config, overrides))  # bad input: found before writing
-    out = args.out or _default_out(Path(args.config).stem)
-    _fresh_out(out)
+    out = args.out or default_out(Path(args.config).stem)
+    rundir.check_new(out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"timing {args.config} for {steps} steps -> {out}", flush=True)
     t = timeline(config, dataset, str(args.config), out, command)

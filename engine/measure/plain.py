@@ -13,7 +13,6 @@ loop always runs first; each figure is the median over the timed steps of all ro
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -22,12 +21,15 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from engine.bench import _default_out, _fresh_out, load_average, time_config
+from engine import rundir
+from engine.measure.common import BenchOptions, default_out, load_average, time_config
 from engine.checkpoint import atomic_write_bytes
 from engine.config import RunConfig, resolve
 from engine.data import BatchSampler, Dataset
 from engine.model import GPT
-from engine.trainer import device_name, open_data, pick_device
+from engine.device import describe as device_name
+from engine.device import pick as pick_device
+from engine.start import open_data
 
 
 def plain_loop(
@@ -145,7 +147,7 @@ def to_markdown(r: PlainResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_from_args(args: argparse.Namespace, command: str) -> int:
+def run(args: BenchOptions, command: str) -> int:
     preset = args.preset or "nano"
     overrides = {"speed.device": args.device, "speed.precision": "fp32", "speed.compile": False,
                  "train.grad_accum": 1}  # fmt: skip
@@ -154,8 +156,8 @@ def run_from_args(args: argparse.Namespace, command: str) -> int:
         if value is not None:
             overrides[key] = value
     config, dataset = open_data(resolve(preset, None, overrides))
-    out = args.out or _default_out(f"plain-{preset}")
-    _fresh_out(out)
+    out = args.out or default_out(f"plain-{preset}")
+    rundir.check_new(out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"our loop vs the plain loop: preset {preset} -> {out}", flush=True)
     result = compare(config, dataset, out, args.steps or 30, args.warmup, args.rounds, command, preset)

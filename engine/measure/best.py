@@ -10,7 +10,6 @@ listed as such. `eager` in --compile-modes means no torch.compile.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import statistics
@@ -20,11 +19,13 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from engine.bench import _default_out, _fresh_out, _mib, load_average, time_config
+from engine import rundir
+from engine.measure.common import BenchOptions, default_out, load_average, time_config
 from engine.checkpoint import atomic_write_bytes
+from engine.memory import human
 from engine.config import resolve
 from engine.errors import UserError
-from engine.trainer import open_data
+from engine.start import open_data
 
 COMPILE_MODES = ["eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
@@ -82,7 +83,7 @@ def sweep(preset: str, base: dict[str, Any], batches: list[int], modes: list[str
                 over["speed.compile_mode"] = mode
             planned.append((b, mode, resolve(preset, None, over)))
     config0, dataset = open_data(planned[0][2])
-    _fresh_out(out)
+    rundir.check_new(out)
     result = BestResult(
         preset=preset, date=datetime.date.today().isoformat(), load=load_average(), block_size=config0.seq_len,
         vocab_size=config0.model.vocab_size or 0, log_interval=config0.train.log_interval, steps=steps,
@@ -133,7 +134,7 @@ def to_markdown(r: BestResult) -> str:
         mark = " **best**" if c is best else ""
         lines.append(
             f"| {c.batch_size} | {c.compile_mode} | {1000 * (c.median_step_s or 0):.1f} | {c.tokens_per_s:,.0f}{mark} "
-            f"| {mfu} | {_mib(c.peak_mem_bytes)} | {c.startup_s:.1f} | ran |"
+            f"| {mfu} | {human(c.peak_mem_bytes)} | {c.startup_s:.1f} | ran |"
         )
     return "\n".join(lines) + "\n"
 
@@ -143,7 +144,7 @@ def save(r: BestResult, out: Path) -> None:
     atomic_write_bytes(out / "best.md", to_markdown(r).encode())
 
 
-def run_from_args(args: argparse.Namespace, command: str) -> int:
+def run(args: BenchOptions, command: str) -> int:
     preset = args.preset or "gpt2"
     batches = _list(args.batch_sizes or "8,16,32", int, "batch-sizes")
     if min(batches) < 1:
@@ -164,7 +165,7 @@ def run_from_args(args: argparse.Namespace, command: str) -> int:
     for key, value in (("data.path", args.data), ("train.block_size", args.block_size)):
         if value is not None:
             base[key] = value
-    out = args.out or _default_out(f"best-{preset}")
+    out = args.out or default_out(f"best-{preset}")
     print(f"best configuration sweep: preset {preset}, batches {batches}, modes {modes} -> {out}", flush=True)
     result = sweep(preset, base, batches, modes, steps, warmup, out, command)
     print()

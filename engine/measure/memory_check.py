@@ -1,7 +1,7 @@
 """Check the memory estimator against what really happens; print the tables for docs/memory.md.
 
-    python -m engine.memory_check            # on a CUDA GPU: the GPU tables (several minutes)
-    python -m engine.memory_check --cpu      # anywhere: the saved-activation table
+    python -m engine.measure.memory_check            # on a CUDA GPU: the GPU tables (several minutes)
+    python -m engine.measure.memory_check --cpu      # anywhere: the saved-activation table
 
 GPU: trains gpt2 and gpt2-medium for a few steps at several micro-batches (bf16, flash,
 torch.compile off and on) with the real Trainer and compares torch.cuda.max_memory_allocated
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine import memory
+from engine import device, memory
 from engine.config import RunConfig, resolve
 from engine.errors import UserError
 
@@ -51,7 +51,7 @@ def _header(device: str) -> str:
         pass
     return (
         f"device: {device}; date: {dt.date.today().isoformat()}; torch {torch.__version__}; "
-        f"command: `python -m engine.memory_check {' '.join(sys.argv[1:])}`".rstrip()
+        f"command: `python -m engine.measure.memory_check {' '.join(sys.argv[1:])}`".rstrip()
         + (f"; load: {load}" if load else "")
     )
 
@@ -64,7 +64,7 @@ def _pct(pred: int, real: int) -> str:
 
 
 def cpu_table() -> str:
-    from engine.memory_measure import measure_saved
+    from engine.measure.memory_measure import measure_saved
 
     rows = ["| shape | attention | precision | checkpointing | predicted | saved (measured) | error |",
             "|---|---|---|---|---:|---:|---:|"]  # fmt: skip
@@ -85,8 +85,8 @@ def cpu_table() -> str:
 
 def cpu_peak_table() -> str:
     """Predicted allocated peak vs the live-tensor peak of one real Trainer step on CPU."""
-    from engine.memory_measure import measure_peak
-    from engine.trainer import open_data
+    from engine.measure.memory_measure import measure_peak
+    from engine.start import open_data
 
     rows = ["| precision | attention | checkpointing | grad accum | predicted peak (phase) | measured peak | error |",
             "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
@@ -135,26 +135,17 @@ def _gpu_config(preset: str, batch: int, compile_: bool, data: Path, steps: int)
 def run_peak(config: RunConfig, workdir: Path) -> tuple[int | None, int | None, str]:
     """Train `config` for its max_steps with the real Trainer (evals and checkpoints skipped);
     (max_memory_allocated, max_memory_reserved, "ok" | "OOM" | error)."""
-    from engine import rundir
-    from engine.trainer import Trainer, open_data
+    from engine.measure.common import BenchTrainer
+    from engine.start import start
 
-    class _NoSaves(Trainer):
-        def evaluate(self) -> float:
-            return float("nan")
-
-        def save_checkpoint(self) -> None:
-            pass
-
-    config, dataset = open_data(config)
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    rundir.create(run_dir / "run", config, None)
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     outcome = "ok"
     try:
-        _NoSaves(config, run_dir / "run", dataset).run()
+        start(config, run_dir / "run", force=True, trainer_class=BenchTrainer).run()
     except Exception as err:  # noqa: BLE001 - a failed run is a result here
         outcome = "OOM" if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err) else f"error: {err}"
     allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
@@ -176,7 +167,7 @@ def largest_fitting_batch(config: RunConfig, device_bytes: int, limit: int = 409
 def gpu_tables(presets: list[str], batches: list[int], compile_modes: list[bool], steps: int) -> str:
     if not torch.cuda.is_available():
         raise UserError("no CUDA GPU here: run this on a GPU box, or pass --cpu for the saved-activation table")
-    total = memory.device_memory_bytes("cuda")
+    total = device.memory_bytes("cuda")
     assert total is not None
     out = [_header(torch.cuda.get_device_name()), "", f"GPU memory: {memory.human(total)}", "",
            "| preset | compile | micro-batch | predicted allocated | max_memory_allocated | error "
@@ -210,7 +201,7 @@ def gpu_tables(presets: list[str], batches: list[int], compile_modes: list[bool]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.memory_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m engine.measure.memory_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="the CPU saved-activation table (no GPU needed)")
     p.add_argument("--presets", default="gpt2,gpt2-medium")
     p.add_argument("--batch-sizes", default="4,8,16", help="micro-batches for the accuracy table")

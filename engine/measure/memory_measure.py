@@ -141,7 +141,7 @@ def measure_peak(config: RunConfig, dataset, run_dir) -> PeakBytes:  # dataset: 
     from engine.trainer import Trainer
 
     trainer = Trainer(config, run_dir, dataset)
-    trainer._setup()
+    trainer.setup()
     try:
         trainer.train_step(config.optim.lr)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])

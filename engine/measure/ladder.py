@@ -1,8 +1,8 @@
 """The speed ladder: what each optimization buys, measured on this machine by the real Trainer.
 
     gpt2-tui bench --preset gpt2 [--steps N] [--out DIR]      the cumulative ladder
-    gpt2-tui bench --config run.toml [--steps N]              one config over time (engine.bench_timeline)
-    gpt2-tui bench --preset nano --plain                      our loop vs a plain PyTorch loop (engine.bench_plain)
+    gpt2-tui bench --config run.toml [--steps N]              one config over time (timeline.py)
+    gpt2-tui bench --preset nano --plain                      our loop vs an independent plain loop (plain.py)
 
 Each rung adds one optimization to the rung before and trains a few steps with the
 engine's own Trainer (no copy of the loop): step times come from its Step events, which
@@ -13,14 +13,10 @@ left out of bench runs: they happen outside the step clock anyway and only cost 
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import gc
 import json
-import os
 import statistics
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -31,10 +27,14 @@ from pydantic import BaseModel, Field
 from engine import events as ev
 from engine import rundir
 from engine.checkpoint import atomic_write_bytes
-from engine.config import RunConfig, resolve
+from engine.memory import human
+from engine.config import resolve
 from engine.data import Dataset
 from engine.errors import UserError
-from engine.trainer import Control, Trainer, open_data, pick_device
+from engine.control import Control
+from engine.device import pick as pick_device
+from engine.measure.common import BenchOptions, default_out, load_average, time_config
+from engine.start import open_data
 
 GPT2_VOCAB = 50257
 
@@ -137,96 +137,6 @@ class LadderResult(BaseModel):
     rungs: list[RungResult] = []
 
 
-def load_average() -> str:
-    """The 1/5/15-minute load, as `uptime` shows it (the machine may be shared)."""
-    try:
-        one, five, fifteen = os.getloadavg()
-    except OSError:
-        return "unknown"
-    return f"{one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
-
-
-# ---------------------------------------------------------------- running one configuration
-
-
-class BenchTrainer(Trainer):
-    """The real Trainer, minus evals and checkpoints (outside the step clock; they only cost time)."""
-
-    def evaluate(self) -> float:
-        return float("nan")
-
-    def save_checkpoint(self) -> None:
-        pass
-
-
-class Timing(BaseModel):
-    """What one bench run measured, from its events."""
-
-    step_times_s: list[float]  # per-step time of each logged interval, in order
-    data_times_s: list[float]
-    mem_bytes: int | None
-    startup_s: float
-    n_params: int
-    device: str
-    device_name: str
-    precision: str
-    flops_per_token: int
-    peak_flops: float | None
-    reason: str
-
-    def settled(self, warmup_intervals: int) -> list[float]:
-        return self.step_times_s[warmup_intervals:] or self.step_times_s[-1:]
-
-
-def time_config(
-    config: RunConfig,
-    dataset: Dataset,
-    run_dir: Path,
-    control: Control | None = None,
-    on_step: Callable[[ev.Step], None] | None = None,
-) -> Timing:
-    """Train `config` (bound by open_data) in run_dir with the real Trainer; collect its step times."""
-    steps: list[ev.Step] = []
-    started: list[ev.RunStarted] = []
-    finished: list[ev.RunFinished] = []
-    t0 = time.perf_counter()
-    first_step_at: list[float] = []
-
-    def collect(event: Any) -> None:
-        if isinstance(event, ev.Step):
-            if not first_step_at:
-                first_step_at.append(time.perf_counter())
-            steps.append(event)
-            if on_step is not None:
-                on_step(event)
-        elif isinstance(event, ev.RunStarted):
-            started.append(event)
-        elif isinstance(event, ev.RunFinished):
-            finished.append(event)
-
-    rundir.create(run_dir, config, None)
-    if config.speed.compile:
-        torch._dynamo.reset()  # each compiled rung compiles from scratch, as a fresh process would
-    trainer = BenchTrainer(config, run_dir, dataset, sinks=[ev.CallbackSink(collect)], control=control)
-    try:
-        reason = trainer.run()
-    finally:
-        del trainer
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    if not started or not steps:
-        raise RuntimeError("the run stopped before its first step")
-    s = started[0]
-    mems = [e.mem_bytes for e in steps if e.mem_bytes is not None]
-    return Timing(
-        step_times_s=[e.step_time_s for e in steps], data_times_s=[e.data_time_s for e in steps],
-        mem_bytes=max(mems) if mems else None, startup_s=first_step_at[0] - t0, n_params=s.n_params,
-        device=s.device, device_name=s.device_name, precision=s.precision,
-        flops_per_token=s.flops_per_token, peak_flops=s.peak_flops, reason=reason,
-    )  # fmt: skip
-
-
 # ---------------------------------------------------------------- the ladder
 
 
@@ -323,13 +233,6 @@ def plan(bench: BenchConfig, device: torch.device, vocab: int) -> list[PlannedRu
     return rungs
 
 
-def _fresh_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; choose a directory path")
-    if out.is_dir() and any(out.iterdir()):
-        raise UserError(f"--out {out} is not empty; choose a new directory so no result is overwritten")
-
-
 def run_ladder(
     bench: BenchConfig,
     out: Path,
@@ -352,7 +255,7 @@ def run_ladder(
     for _, overrides, _, _ in the_plan:
         if overrides is not None:
             resolve(bench.preset, None, base | overrides)
-    _fresh_out(out)
+    rundir.check_new(out)
 
     result = LadderResult(
         preset=bench.preset, load=load_average(), batch_size=probe.train.batch_size,
@@ -440,10 +343,6 @@ def _run_rung(
 # ---------------------------------------------------------------- output
 
 
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
-
-
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
@@ -459,7 +358,7 @@ def table_rows(result: LadderResult) -> list[list[str]]:
         mfu = "unknown" if r.mfu is None else f"{100 * r.mfu:.1f}%"
         rows.append([
             r.label, r.precision or "-", f"{1000 * r.median_step_s:.1f}", f"{r.tokens_per_s:,.0f}", mfu,
-            _mib(r.peak_mem_bytes), _x(r.speedup_vs_baseline), _x(r.speedup_vs_prev),
+            human(r.peak_mem_bytes), _x(r.speedup_vs_baseline), _x(r.speedup_vs_prev),
             f"{r.first_step_s:.2f}", f"{r.startup_s:.2f}", "; ".join(f"not applied: {n}" for n in r.notes),
         ])  # fmt: skip
     return rows
@@ -503,67 +402,8 @@ def save(result: LadderResult, out: Path) -> None:
     atomic_write_bytes(out / "ladder.md", to_markdown(result).encode())
 
 
-# ---------------------------------------------------------------- CLI
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `bench` subcommand's flags."""
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--preset", default=None, help="model preset for the ladder (default nano)")
-    mode.add_argument("--config", type=Path, help="time this run config over time instead (compile warm-up)")
-    p.add_argument("--plain", action="store_true",
-                   help="compare our training loop with the plainest PyTorch loop (same model, data, AdamW, fp32)")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per rung (default 20; --config: 100)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps before the timed ones (compile happens here)")
-    p.add_argument("--out", type=Path, help="new directory for the tables (default runs/bench-NAME-TIMESTAMP)")
-    p.add_argument("--data", default=None, help="dataset directory (default: the stdlib corpus)")
-    p.add_argument("--device", choices=["auto", "cuda", "mps", "cpu"], default="auto")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help=f"model vocab (ladder default {GPT2_VOCAB}, GPT-2's, so the padding rung is real; "
-                   "--plain and --config: the dataset's)")
-    p.add_argument("--batch-size", type=int, default=None, help="micro-batch (default: the preset's)")
-    p.add_argument("--block-size", type=int, default=None, help="tokens per sequence (default: the context)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
-    p.add_argument("--log-interval", type=int, default=None,
-                   help="steps per timed interval, each one host sync (default 1; --best: 10)")
-    p.add_argument("--best", action="store_true",
-                   help="every optimization on; sweep micro-batch x compile mode for the fastest (GPU)")
-    p.add_argument("--batch-sizes", default=None, help="--best: comma-separated micro-batches (default 8,16,32)")
-    p.add_argument("--compile-modes", default=None,
-                   help="--best: comma-separated torch.compile modes, 'eager' = none "
-                   "(default default,max-autotune-no-cudagraphs)")
-    p.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:], metavar="RUNG",
-                   help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}")
-    p.add_argument("--rounds", type=int, default=3, help="--plain: alternating rounds of each loop")  # fmt: skip
-
-
-def _positive(args: argparse.Namespace, *names: str) -> None:
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
-
-
-def _default_out(name: str) -> Path:
-    return Path("runs") / f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def run_from_args(args: argparse.Namespace, command: str = "") -> int:
-    _positive(args, "steps", "warmup", "batch_size", "block_size", "grad_accum", "log_interval", "rounds",
-              "vocab_size")  # fmt: skip
-    command = command or "gpt2-tui bench"
-    if args.config is not None:
-        from engine import bench_timeline
-
-        return bench_timeline.run_from_args(args, command)
-    if args.best:
-        from engine import bench_best
-
-        return bench_best.run_from_args(args, command)
-    if args.plain:
-        from engine import bench_plain
-
-        return bench_plain.run_from_args(args, command)
+def run(args: BenchOptions, command: str) -> int:
+    """`gpt2-tui bench [--preset P]`: the ladder, printed and written to a new directory."""
     preset = args.preset or "nano"
     bench = BenchConfig(
         preset=preset, data=args.data, device=args.device,
@@ -571,7 +411,7 @@ def run_from_args(args: argparse.Namespace, command: str = "") -> int:
         grad_accum=args.grad_accum, steps=args.steps or 20, warmup=args.warmup,
         log_interval=args.log_interval or 1, skip=args.skip,
     )  # fmt: skip
-    out = args.out or _default_out(preset)
+    out = args.out or default_out(preset)
 
     def progress(r: RungResult) -> None:
         if r.status == "ran":

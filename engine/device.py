@@ -1,0 +1,188 @@
+"""Every device and precision decision, in one place: the trainer, the estimator, the
+launcher and the form ask here, so they can never disagree.
+
+- `auto` device: cuda > mps > cpu.
+- `auto` precision: bf16 on a CUDA GPU that has it, fp16 (with a GradScaler) on an older
+  CUDA GPU, fp32 elsewhere. Planning for CUDA from a machine without one assumes bf16.
+- The memory budget a run is checked against: GPU memory on CUDA, the recommended working
+  set on MPS, the RAM available now on CPU (the machine is shared).
+- What this machine can run (compile, fused AdamW, pinned memory, bf16), with the reason
+  when it cannot: the form disables those switches and says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from engine.errors import UserError
+
+Kind = Literal["cuda", "mps", "cpu"]
+
+
+def _mps() -> bool:
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+def kind(name: str) -> Kind:
+    """The device kind a `speed.device` value means on this machine (auto: cuda > mps > cpu)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if _mps() else "cpu"
+    return name.split(":")[0]  # type: ignore[return-value]
+
+
+def pick(name: str) -> torch.device:
+    """The torch device to train on; a device this machine lacks is one clear line."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu or auto")
+    if name == "mps" and not _mps():
+        raise UserError("--device mps asked for, but this machine has no MPS; use --device cpu or auto")
+    return torch.device(kind(name))
+
+
+def has_bf16(device_kind: str) -> bool:
+    """CPUs autocast to bf16; a CUDA GPU needs Ampere or newer. Planning for CUDA from a machine
+    without one assumes a current GPU (bf16)."""
+    if device_kind == "cuda" and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return True
+
+
+def precision(name: str, device_kind: str) -> str:
+    """The precision a `speed.precision` value means on this device kind."""
+    bf16 = has_bf16(device_kind)
+    if name == "auto":
+        return ("bf16" if bf16 else "fp16") if device_kind == "cuda" else "fp32"
+    if name == "bf16" and not bf16:
+        raise UserError("this GPU has no bf16 support; use --precision fp16 (with its GradScaler) or tf32")
+    return name
+
+
+def autocast_dtype(precision_name: str) -> torch.dtype | None:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision_name)
+
+
+def describe(device: torch.device) -> str:
+    """The name shown for a device: the GPU's model, or the CPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type.upper()} ({platform.processor() or platform.machine()})"
+
+
+def memory_bytes(name: str = "auto") -> int | None:
+    """Total memory of a device (GPU memory; MPS's working set; physical RAM on CPU), or None."""
+    k = kind(name)
+    if k == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        index = int(name.split(":")[1]) if ":" in name else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    if k == "mps":
+        try:
+            return int(torch.mps.recommended_max_memory()) if _mps() else None
+        except (AttributeError, RuntimeError):
+            return None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def available_host_memory() -> int | None:
+    """RAM a new allocation can get now (MemAvailable), or None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def budget(device_kind: str) -> tuple[int | None, str]:
+    """(bytes a run may use on this machine's device of that kind, what that figure is)."""
+    if device_kind == "cpu":
+        return available_host_memory(), "RAM available"
+    if device_kind == "mps":
+        return memory_bytes("mps"), "MPS working set"
+    return memory_bytes("cuda"), "GPU memory"
+
+
+# ---------------------------------------------------------------- what this machine can run
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    cuda: bool
+    mps: bool
+    bf16: bool  # on the auto-picked device
+    device: str  # what "auto" picks
+    device_name: str
+    compile_reason: str | None  # None: torch.compile can run here
+    gpus: int = 0  # CUDA devices visible: > 1 offers a multi-GPU (torchrun) launch
+
+
+@functools.cache
+def capabilities() -> Capabilities:
+    cuda = torch.cuda.is_available()
+    k = kind("auto")
+    name = torch.cuda.get_device_name(0) if cuda else k.upper()
+    gpus = torch.cuda.device_count() if cuda else 0
+    return Capabilities(cuda, _mps(), has_bf16(k), k, name, compile_reason(cuda), gpus)
+
+
+def compile_reason(cuda: bool) -> str | None:
+    """Why torch.compile cannot run here (None: it can)."""
+    try:
+        from torch._dynamo.eval_frame import is_dynamo_supported
+
+        if not is_dynamo_supported():
+            return "torch.compile is not supported on this Python"
+    except ImportError:
+        return "this torch has no torch.compile"
+    if cuda:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "torch.compile on CUDA needs Triton, which is not installed"
+        return None
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return "torch.compile on CPU needs a C++ compiler (g++), none found"
+    return None
+
+
+def disabled(caps: Capabilities) -> dict[str, str]:
+    """Switches the hardware can't use -> why (shown beside the disabled switch)."""
+    out = {}
+    if not caps.cuda:
+        out["optim.fused"] = "CUDA only: no CUDA GPU here"
+        out["data.pin_memory"] = "CUDA only: no CUDA GPU here"
+    if caps.compile_reason:
+        out["speed.compile"] = caps.compile_reason
+        out["speed.compile_mode"] = caps.compile_reason
+    return out
+
+
+def refuse(values: dict[str, Any], caps: Capabilities) -> dict[str, str]:
+    """Chosen values this machine can't run -> the reason, per field."""
+    out = {}
+    device = values.get("speed.device", "auto")
+    if device == "cuda" and not caps.cuda:
+        out["speed.device"] = "no CUDA GPU here; choose auto or cpu"
+    if device == "mps" and not caps.mps:
+        out["speed.device"] = "this machine has no MPS; choose auto or cpu"
+    on_cuda = device == "cuda" or (device == "auto" and caps.cuda)
+    if values.get("speed.precision") == "bf16" and on_cuda and not caps.bf16:
+        out["speed.precision"] = "this GPU has no bf16; choose fp16 (with its GradScaler) or tf32"
+    if values.get("speed.compile") and caps.compile_reason:
+        out["speed.compile"] = caps.compile_reason
+    if values.get("optim.fused") is True and not on_cuda:
+        out["optim.fused"] = "fused AdamW is CUDA-only; leave it on auto"
+    return out

@@ -1,0 +1,154 @@
+"""What the measuring tools share: timing one config with the real Trainer, where results go.
+
+Every tool trains with the engine's own Trainer (no copy of the loop): step times come
+from its Step events, which are device-synchronized.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from engine import events as ev
+from engine.config import RunConfig
+from engine.data import Dataset
+from engine.errors import UserError
+from engine.control import Control
+from engine.start import start
+from engine.trainer import Trainer
+
+
+class BenchOptions(BaseModel):
+    """What `gpt2-tui bench` was asked for (the CLI's flags, typed and checked)."""
+
+    preset: str | None = None
+    config: Path | None = None
+    plain: bool = False
+    best: bool = False
+    steps: int | None = Field(None, ge=1)
+    warmup: int = Field(5, ge=1)
+    out: Path | None = None
+    data: str | None = None
+    device: str = "auto"
+    vocab_size: int | None = Field(None, ge=2)
+    batch_size: int | None = Field(None, ge=1)
+    block_size: int | None = Field(None, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    log_interval: int | None = Field(None, ge=1)
+    batch_sizes: str | None = None
+    compile_modes: str | None = None
+    skip: list[str] = []
+    rounds: int = Field(3, ge=1)
+
+    @classmethod
+    def from_flags(cls, values: dict[str, Any]) -> BenchOptions:
+        from pydantic import ValidationError
+
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            e = err.errors()[0]
+            flag = "--" + str(e["loc"][0]).replace("_", "-")
+            bound = (e.get("ctx") or {}).get("ge")
+            why = f"must be at least {bound}" if bound is not None else e["msg"].lower()
+            raise UserError(f"{flag} {why} (got {e['input']!r})") from None
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load, as `uptime` shows it (the machine may be shared)."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+class BenchTrainer(Trainer):
+    """The real Trainer, minus evals and checkpoints (outside the step clock; they only cost time)."""
+
+    def evaluate(self) -> float:
+        return float("nan")
+
+    def save_checkpoint(self) -> None:
+        pass
+
+
+class Timing(BaseModel):
+    """What one bench run measured, from its events."""
+
+    step_times_s: list[float]  # per-step time of each logged interval, in order
+    data_times_s: list[float]
+    mem_bytes: int | None
+    startup_s: float
+    n_params: int
+    device: str
+    device_name: str
+    precision: str
+    flops_per_token: int
+    peak_flops: float | None
+    reason: str
+
+    def settled(self, warmup_intervals: int) -> list[float]:
+        return self.step_times_s[warmup_intervals:] or self.step_times_s[-1:]
+
+
+def time_config(
+    config: RunConfig,
+    dataset: Dataset,
+    run_dir: Path,
+    control: Control | None = None,
+    on_step: Callable[[ev.Step], None] | None = None,
+) -> Timing:
+    """Train `config` (bound by open_data) in run_dir with the real Trainer; collect its step times."""
+    steps: list[ev.Step] = []
+    started: list[ev.RunStarted] = []
+    finished: list[ev.RunFinished] = []
+    t0 = time.perf_counter()
+    first_step_at: list[float] = []
+
+    def collect(event: Any) -> None:
+        if isinstance(event, ev.Step):
+            if not first_step_at:
+                first_step_at.append(time.perf_counter())
+            steps.append(event)
+            if on_step is not None:
+                on_step(event)
+        elif isinstance(event, ev.RunStarted):
+            started.append(event)
+        elif isinstance(event, ev.RunFinished):
+            finished.append(event)
+
+    if config.speed.compile:
+        torch._dynamo.reset()  # each compiled rung compiles from scratch, as a fresh process would
+    trainer = start(
+        config, run_dir, sinks=[ev.CallbackSink(collect)], control=control, force=True, dataset=dataset,
+        trainer_class=BenchTrainer,
+    )  # fmt: skip
+    try:
+        reason = trainer.run()
+    finally:
+        del trainer
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if not started or not steps:
+        raise RuntimeError("the run stopped before its first step")
+    s = started[0]
+    mems = [e.mem_bytes for e in steps if e.mem_bytes is not None]
+    return Timing(
+        step_times_s=[e.step_time_s for e in steps], data_times_s=[e.data_time_s for e in steps],
+        mem_bytes=max(mems) if mems else None, startup_s=first_step_at[0] - t0, n_params=s.n_params,
+        device=s.device, device_name=s.device_name, precision=s.precision,
+        flops_per_token=s.flops_per_token, peak_flops=s.peak_flops, reason=reason,
+    )  # fmt: skip
+
+
+def default_out(name: str) -> Path:
+    return Path("runs") / f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,0 +1,102 @@
+"""The one front door: a config in, a Trainer ready to run out.
+
+    config = new_config(preset, file, flags)  or  resumed_config(run_dir, flags)
+    trainer = start(config, run_dir, resume=...)   # data opened, memory checked, run dir made
+    trainer.run()                                   # events -> events.jsonl + your sinks
+
+The CLI, the TUI, the launcher, the measuring tools and the tests all start runs here, so
+every run is checked the same way before a byte is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine import distributed, events, memory, rundir
+from engine.config import RunConfig, build, merge, resolve, set_dotted
+from engine.control import Control
+from engine.data import Dataset, open_dataset
+from engine.errors import UserError
+from engine.trainer import Trainer
+
+
+def new_config(
+    preset: str | None, file: Path | None, overrides: dict[str, Any], out: Path | None = None
+) -> tuple[RunConfig, Path]:
+    """A new run's config (preset < file < flags; default preset nano) and its directory,
+    refused if that directory is in use."""
+    config = resolve(preset or (None if file else "nano"), file, overrides)
+    run_dir = out or (Path(config.out_dir) if config.out_dir else rundir.default_path(config.preset))
+    rundir.check_new(run_dir)
+    return config.model_copy(update={"out_dir": str(run_dir)}), run_dir
+
+
+def resumed_config(run_dir: Path, overrides: dict[str, Any]) -> RunConfig:
+    """The run's own config with the flags given at resume on top."""
+    base = rundir.load_config(run_dir).model_dump(mode="json", exclude_none=True)
+    nested: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        set_dotted(nested, dotted, value)
+    return build(merge(base, nested))
+
+
+def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:
+    """Open the dataset and bind what it decides into the config: path, vocab, block size.
+
+    Everything that can be wrong with the data is found here, before a run directory exists.
+    """
+    if config.data.path is None:
+        from engine.prepare import default_dataset
+
+        path = default_dataset()
+    else:
+        path = Path(config.data.path)
+    headerless_vocab = config.model.vocab_size or config.data.vocab_size  # nanoGPT/llm.c files
+    ds = open_dataset(path, vocab_size=headerless_vocab, preload=config.data.preload)
+    vocab = config.model.vocab_size or ds.info.vocab_size
+    if vocab < ds.info.vocab_size:
+        raise UserError(
+            f"model vocab {vocab} is smaller than the dataset's {ds.info.vocab_size}; "
+            f"pass --vocab-size {ds.info.vocab_size} or more"
+        )
+    T = config.seq_len
+    ds.check_block(T)
+    data = config.model_dump()
+    data["data"]["path"] = str(path)
+    data["model"]["vocab_size"] = vocab
+    data["train"]["block_size"] = T
+    return RunConfig.model_validate(data), ds
+
+
+
+def start(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    sinks: Sequence[events.Sink] = (),
+    control: Control | None = None,
+    force: bool = False,
+    dataset: Dataset | None = None,
+    trainer_class: type[Trainer] = Trainer,
+) -> Trainer:
+    """Open the data, check the memory budget, create the run directory; return the Trainer.
+
+    Under torchrun every rank calls this: rank 0 names the directory and builds what is
+    shared (the default dataset, the run directory) before the others read it. A `dataset`
+    already opened by open_data (with `config` bound by it) is reused; the measuring tools
+    pass a `trainer_class` that skips evals and checkpoints.
+    """
+    ctx = distributed.init(config.speed.device)  # under torchrun: join the process group
+    if ctx.enabled and not resume:  # rank 0's clock names the run directory
+        run_dir = Path(distributed.broadcast_object(str(run_dir)))
+        config = config.model_copy(update={"out_dir": str(run_dir)})
+    with distributed.main_first():
+        if dataset is None:
+            config, dataset = open_data(config)
+        memory.check_fits(config, force)  # refuse what will not fit, before allocating
+        if not resume and ctx.is_main:
+            rundir.create(run_dir, config, dataset.info.tokenizer)
+    return trainer_class(config, run_dir, dataset, sinks=sinks, control=control, resume=resume)

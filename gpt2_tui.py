@@ -1,0 +1,57 @@
+"""The `gpt2-tui` command: the app, `attach`, and every headless command of engine.cli.
+
+    gpt2-tui [--config run.toml]     the app: setup form -> live dashboard
+    gpt2-tui attach RUN_DIR          the dashboard on any run, live or finished
+    gpt2-tui train|estimate|prepare|sample|bench|bench-data ...    headless (engine.cli)
+
+It sits above both packages: engine/ never imports the UI, and Textual loads only when a
+screen is about to open (bad input is refused before that, in one line, exit status 2).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from engine import cli
+
+
+def _app(config_path: Path | None) -> int:
+    from engine.config import preset_names, read_toml, resolve
+
+    config = None
+    if config_path is not None:
+        data = read_toml(config_path)
+        preset = data.get("preset") if data.get("preset") in preset_names() else None
+        config = resolve(preset, config_path)
+    from tui.app import run_app
+
+    return run_app(config)
+
+
+def _attach(run_dir: Path) -> int:
+    from engine import rundir
+
+    rundir.load_config(run_dir)  # not a run: one line, before the screen opens
+    from tui.app import run_attach
+
+    return run_attach(run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, sub = cli.build_parser()
+    parser.add_argument("--config", type=Path, dest="app_config", metavar="FILE",
+                        help="open the app with this run config TOML filled in")  # fmt: skip
+    a = sub.add_parser("attach", help="open the dashboard on a run directory (live or finished)")
+    a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (live or finished)")
+    args, rest = cli.parse(parser, argv)
+    if args.command == "attach":
+        return cli.guarded(lambda: _attach(args.run_dir))
+    if args.command is None:
+        return cli.guarded(lambda: _app(args.app_config))
+    return cli.guarded(lambda: cli.run_command(args, argv, rest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
