@@ -11,7 +11,6 @@ import contextlib
 import os
 import pickle
 import re
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -21,6 +20,7 @@ import torch
 from engine.errors import UserError
 
 REQUIRED = ("model", "optimizer", "step", "config")
+RESUME = ("rng", "data")  # what --resume needs beyond the weights
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 TMP_SUFFIX = ".tmp"
 
@@ -136,14 +136,46 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
             f"{path} is not a gpt2-tui checkpoint (refused by the safe loader: {first[:160]}); "
             "load only checkpoints written by gpt2-tui"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - any parse failure of a damaged file is one line
         raise UserError(
             f"checkpoint {path} is truncated or corrupt ({type(err).__name__}); "
-            "resume from an earlier checkpoint in the same directory"
+            f"resume from an earlier one: --resume RUN --from STEP, or see {path.parent}"
         ) from None
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
-        raise UserError(f"{path} is not a gpt2-tui checkpoint (missing model/optimizer/step/config)")
+    problem = _malformed(state)
+    if problem:
+        raise UserError(f"{path} is not a gpt2-tui checkpoint ({problem}); use another checkpoint of the run")
     return state
+
+
+def _malformed(state: Any) -> str | None:
+    """What is wrong with a loaded checkpoint's structure, or None."""
+    if not isinstance(state, dict):
+        return "not a dict"
+    missing = [k for k in REQUIRED if k not in state]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    model = state["model"]
+    if not isinstance(model, dict) or not model or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()
+    ):
+        return "model is not a dict of tensors"
+    if not isinstance(state["optimizer"], dict):
+        return "optimizer is not a dict"
+    if not isinstance(state["step"], int) or isinstance(state["step"], bool) or state["step"] < 0:
+        return "step is not a count"
+    if not isinstance(state["config"], dict):
+        return "config is not a dict"
+    return None
+
+
+def check_resumable(state: dict[str, Any], path: Path) -> None:
+    """--resume needs the RNG and data position too (sample needs only the weights)."""
+    missing = [k for k in RESUME if k not in state]
+    if missing or not isinstance(state.get("rng"), dict) or not isinstance(state.get("data"), str):
+        raise UserError(
+            f"{path} lacks the RNG or data position a resume needs ({', '.join(missing) or 'wrong type'}); "
+            "resume from another checkpoint of the run"
+        )
 
 
 def find(run_or_file: Path) -> Path:

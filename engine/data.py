@@ -265,6 +265,11 @@ def _open_ours(root: Path) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
     tokenizer = None
     if car.tokenizer is not None:
         tok_path = (root / car.tokenizer).resolve()
+        if not tok_path.is_relative_to(root.resolve()):
+            raise _error(
+                f"{sidecar_path} names tokenizer {car.tokenizer}, outside the dataset directory; "
+                "put the tokenizer.json inside it and name it relative to it"
+            )
         if not tok_path.is_file():
             raise _error(
                 f"{sidecar_path} names tokenizer {car.tokenizer}, which is missing; "

@@ -115,6 +115,15 @@ def budget(device_kind: str) -> tuple[int | None, str]:
     return memory_bytes("cuda"), "GPU memory"
 
 
+def check(device_name: str, precision_name: str, compile_: bool) -> None:
+    """Refuse, before anything is written, a device, precision or compile this machine cannot run."""
+    k = pick(device_name).type
+    precision(precision_name, k)
+    why = compile_reason(k == "cuda") if compile_ else None
+    if why:
+        raise UserError(f"--compile cannot run here: {why}; install it, or train without it (--no-compile)")
+
+
 # ---------------------------------------------------------------- what this machine can run
 
 

@@ -6,7 +6,6 @@ A run directory describes itself: `attach`, `--resume` and `sample` need nothing
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ def create(path: Path, config: RunConfig, tokenizer: str | None) -> None:
     (path / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     write_config(path, config)
     if tokenizer:
-        shutil.copyfile(tokenizer, path / TOKENIZER)
+        atomic_write_bytes(path / TOKENIZER, Path(tokenizer).read_bytes())  # never a torn copy
 
 
 def write_config(path: Path, config: RunConfig) -> None:

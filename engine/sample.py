@@ -16,8 +16,11 @@ from engine.model import GPT
 
 def load_model(run_or_file: Path, device: str = "cpu") -> tuple[GPT, RunConfig, Path]:
     """The model of a checkpoint, its config, and the checkpoint's path."""
+    from engine.device import pick
+
+    target = pick(device)  # a device this machine lacks is said as such, not as a corrupt file
     path = ckpt.find(run_or_file)
-    state = ckpt.load(path, map_location=device)
+    state = ckpt.load(path, map_location=target)
     config = build(state["config"])
     model = GPT(config.model)
     try:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import distributed, events, memory, rundir
+from engine import device, distributed, events, memory, rundir
 from engine.config import RunConfig, build, merge, resolve, set_dotted
 from engine.control import Control
 from engine.data import Dataset, open_dataset
@@ -89,6 +89,7 @@ def start(
     already opened by open_data (with `config` bound by it) is reused; the measuring tools
     pass a `trainer_class` that skips evals and checkpoints.
     """
+    device.check(config.speed.device, config.speed.precision, config.speed.compile)  # before a byte is written
     ctx = distributed.init(config.speed.device)  # under torchrun: join the process group
     if ctx.enabled and not resume:  # rank 0's clock names the run directory
         run_dir = Path(distributed.broadcast_object(str(run_dir)))

@@ -226,6 +226,7 @@ class Trainer:
         if path is None:  # stopped before its first checkpoint: the config is all there is; start over
             return
         state = ckpt.load(path)
+        ckpt.check_resumable(state, path)
         _check_shapes(self.model, state["model"], path)
         distributed.load_full_state(self.model, self.optimizer, state)
         if self.scaler and state.get("scaler"):
@@ -234,8 +235,13 @@ class Trainer:
         self.best_val_loss = state.get("best_val_loss")
         if state.get("val_loss") is not None:
             self.last_eval = (self.step, state["val_loss"])
-        _set_rng_state(state["rng"])
-        self.loader.set_state(json.loads(state["data"]))
+        try:
+            _set_rng_state(state["rng"])
+            self.loader.set_state(json.loads(state["data"]))
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+            raise UserError(
+                f"{path} holds a damaged RNG or data position ({type(err).__name__}); resume from another checkpoint"
+            ) from None
 
     # ------------------------------------------------------------------ the loop
 

@@ -309,9 +309,8 @@ def test_malicious_checkpoint_is_refused_and_never_executed(tmp_path, tiny_datas
 
 
 def test_broken_tokenizer_json_in_a_run(tmp_path, make_dataset, capsys):
-    tok = tmp_path / "tok.json"
-    tok.write_text("{}")  # replaced below; the dataset must name an existing tokenizer
-    data = make_dataset("gpt2-tui", tokenizer=str(tok))
+    data = make_dataset("gpt2-tui", tokenizer="tok.json")  # inside the dataset, as prepare writes it
+    (data / "tok.json").write_text("{}")  # replaced below; the dataset must name an existing tokenizer
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(data), "--out", str(run), "--max-steps", "1"]) == 0
     (run / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": ')
