@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 
 SAVE_SIGNAL = getattr(signal, "SIGUSR1", None)  # POSIX only
 PAUSE_SIGNAL = getattr(signal, "SIGUSR2", None)
@@ -44,9 +45,11 @@ class Control:
     def stop_requested(self) -> bool:
         return self._stop.is_set()
 
-    def wait_while_paused(self) -> None:
+    def wait_while_paused(self, on_save: Callable[[], None]) -> None:
+        """Block while paused; a save asked for meanwhile happens now, not after the resume."""
         while not self._running.wait(timeout=0.1):
-            pass
+            if self.take_save_request():
+                on_save()
 
     def take_save_request(self) -> bool:
         requested = self._save.is_set()

@@ -350,7 +350,7 @@ class Trainer:
             distributed.agree(ctl, self.dist)  # a stop/save reaches all ranks at the same step
             if ctl.paused:
                 self.emit(ev.Paused(step=self.step))
-                ctl.wait_while_paused()
+                ctl.wait_while_paused(self.save_checkpoint)
                 self.emit(ev.Resumed(step=self.step))
                 clock.restart()
             if ctl.stop_requested:

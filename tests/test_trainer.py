@@ -100,20 +100,22 @@ def test_stop_resume_equals_straight_run(tmp_path, tiny_dataset):
 
 def test_control_pause_save_and_stop_from_another_thread(tmp_path, tiny_dataset):
     control = Control()
-    seen = []
+    seen, paused_at_save = [], []
 
     def watch(e):
         seen.append(e)
         if e.event == "step" and e.step == 3:
             control.pause()
-            threading.Timer(0.3, lambda: (control.save_now(), control.resume())).start()
-        if e.event == "checkpoint" and e.step == 3:
-            threading.Timer(0.1, control.stop).start()
+            threading.Timer(0.3, control.save_now).start()
+            threading.Timer(5.0, control.resume).start()  # a trainer that only saves after a resume gets one
+        if e.event == "checkpoint" and e.step == 3:  # then resume and stop
+            paused_at_save.append(control.paused)
+            threading.Timer(0.1, lambda: (control.resume(), threading.Timer(0.1, control.stop).start())).start()
 
     run_dir, events = _run(tmp_path, tiny_dataset, control=control, sinks=[CallbackSink(watch)],
                            **{"train.max_steps": 10**6, "train.ckpt_interval": 10**6})
     ckpt_steps = [e.step for e in events if e.event == "checkpoint"]
-    assert ckpt_steps[0] == 3  # save-now while paused at step 3
+    assert ckpt_steps[0] == 3 and paused_at_save == [True]  # save-now saves at once, while paused
     assert events[-1].event == "run_finished" and events[-1].reason == "stopped"
     assert ckpt_steps[-1] == events[-1].step  # stop saves at the step it stops at
     latest = CheckpointDir(run_dir / "checkpoints").latest()
