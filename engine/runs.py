@@ -1,0 +1,268 @@
+"""Every run under a root at a glance: for `gpt2-tui runs [DIR]` and the app's Runs screen.
+
+A run directory describes itself (config.toml, events.jsonl, writer.pid), so a summary is
+read from it alone. The log is scanned with plain `json.loads` and only the events a
+summary needs are kept: a long run's log holds a line per step, and listing must stay
+quick. Torn or garbage lines are skipped, as `attach` does; a directory that holds no run
+is left out. Summaries are cached by (size, mtime) of the log; the writer's liveness is
+checked fresh each time, since a dead writer changes no file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from engine import rundir
+
+RunStateName = Literal["running", "finished", "stopped", "failed", "writer gone"]
+DEFAULT_ROOT = Path("runs")
+
+
+class RunSummary(BaseModel):
+    name: str
+    path: Path
+    preset: str | None = None
+    n_params: int | None = None  # from the last run_started event
+    vocab: int | None = None  # the real vocab the model was built for
+    state: RunStateName
+    step: int = 0
+    max_steps: int | None = None
+    best_val_loss: float | None = None
+    settled_tokens_per_s: float | None = None  # of the last segment, past the warm-up
+    started: datetime
+    device_name: str | None = None
+    error: str | None = None  # run_failed's message
+
+
+@dataclass
+class _Scan:
+    """What the log says, independent of the writer's liveness."""
+
+    first_time: float | None = None
+    started: dict[str, Any] | None = None  # the last run_started
+    end: dict[str, Any] | None = None  # run_finished / run_failed of the last segment
+    step: int = 0
+    best_val: float | None = None
+    step_times: list[float] = field(default_factory=list)  # last segment
+    tokens_per_step: float | None = None  # tokens/s x s/step of the last report (all ranks)
+
+
+def _scan(events: Path) -> _Scan:
+    s = _Scan()
+    try:
+        f = open(events, "rb")
+    except OSError:
+        return s
+    with f:
+        for raw in f:
+            try:
+                e = json.loads(raw)
+                kind = e["event"]
+            except (ValueError, TypeError, KeyError):
+                continue  # torn by a kill, or not ours
+            try:
+                _feed(s, kind, e)
+            except (TypeError, ValueError, KeyError, AttributeError):
+                continue  # a line of the right kind with wrong fields
+    return s
+
+
+def _feed(s: _Scan, kind: str, e: dict[str, Any]) -> None:
+    if kind == "run_started":
+        if s.first_time is None:
+            s.first_time = float(e["time"])
+        s.started, s.end, s.step_times = e, None, []
+        s.step = max(s.step, int(e.get("start_step") or 0))
+    elif kind == "step":
+        s.step = int(e["step"])
+        st, tps = float(e["step_time_s"]), float(e["tokens_per_s"])
+        if st > 0 and math.isfinite(st):
+            s.step_times.append(st)
+            s.tokens_per_step = tps * st
+    elif kind == "eval":
+        v = float(e["val_loss"])
+        if math.isfinite(v) and (s.best_val is None or v < s.best_val):
+            s.best_val = v
+    elif kind == "run_finished":
+        s.end = e
+        s.step = int(e["step"])
+        b = e.get("best_val_loss")
+        if b is not None and math.isfinite(b) and (s.best_val is None or b < s.best_val):
+            s.best_val = float(b)
+    elif kind == "run_failed":
+        s.end = e
+        if e.get("step") is not None:
+            s.step = int(e["step"])
+
+
+_cache: dict[Path, tuple[tuple[int, int], _Scan]] = {}
+
+
+def _scan_cached(events: Path) -> _Scan:
+    try:
+        st = events.stat()
+        key = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        return _Scan()
+    hit = _cache.get(events)
+    if hit and hit[0] == key:
+        return hit[1]
+    s = _scan(events)
+    _cache[events] = (key, s)
+    return s
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        with open(path / rundir.CONFIG, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _settled_tokens_per_s(s: _Scan) -> float | None:
+    """The run's own settled figure when the segment finished; else the same rule as the
+    trainer's summary (median over the second half of the step reports) on what is logged."""
+    if s.end and s.end.get("event") == "run_finished":
+        v = (s.end.get("summary") or {}).get("tokens_per_s")
+        if isinstance(v, (int, float)) and v > 0:
+            return float(v)
+    if not s.step_times or not s.tokens_per_step:
+        return None
+    return s.tokens_per_step / statistics.median(s.step_times[len(s.step_times) // 2 :])
+
+
+def _state(path: Path, s: _Scan) -> RunStateName:
+    alive = rundir.writer_alive(path)
+    if s.end is not None:
+        if s.end.get("event") == "run_failed":
+            return "failed"
+        return "stopped" if s.end.get("reason") == "stopped" else "finished"
+    if alive is True:
+        return "running"
+    if alive is None and (path / rundir.WRITER).exists():
+        return "running"  # another host's writer: we cannot see it, so trust the record
+    return "writer gone"  # a dead writer, or none and no ending: nothing will finish it
+
+
+def _dig(d: dict[str, Any] | None, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def summarize(path: Path) -> RunSummary | None:
+    """The summary of one run directory, or None when it holds no run."""
+    path = Path(path)
+    if not path.is_dir() or not rundir.holds_run(path):
+        return None
+    s = _scan_cached(path / rundir.EVENTS)
+    cfg = _read_config(path)
+    started_cfg = _dig(s.started, "config") or {}
+    if s.first_time is not None:
+        t0 = s.first_time
+    else:
+        try:
+            t0 = min(p.stat().st_mtime for p in (path / rundir.CONFIG, path / rundir.EVENTS) if p.exists())
+        except (OSError, ValueError):
+            return None
+    max_steps = _dig(started_cfg, "train", "max_steps") or _dig(cfg, "train", "max_steps")
+    vocab = _dig(started_cfg, "model", "vocab_size") or _dig(cfg, "model", "vocab_size")
+    n_params = _dig(s.started, "n_params")
+    return RunSummary(
+        name=path.name, path=path,
+        preset=started_cfg.get("preset") or cfg.get("preset"),
+        n_params=n_params if isinstance(n_params, int) else None,
+        vocab=vocab if isinstance(vocab, int) else None,
+        state=_state(path, s), step=s.step,
+        max_steps=max_steps if isinstance(max_steps, int) else None,
+        best_val_loss=s.best_val, settled_tokens_per_s=_settled_tokens_per_s(s),
+        started=datetime.fromtimestamp(t0).astimezone(),
+        device_name=_dig(s.started, "device_name"),
+        error=_dig(s.end, "error") if s.end and s.end.get("event") == "run_failed" else None,
+    )  # fmt: skip
+
+
+def list_runs(root: Path = DEFAULT_ROOT) -> list[RunSummary]:
+    """Summaries of the runs directly under `root` (or `root` itself when it is a run),
+    newest first. A missing root lists nothing."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    if rundir.holds_run(root):
+        one = summarize(root)
+        return [one] if one else []
+    try:
+        dirs = [p for p in root.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+    out = [r for r in (summarize(p) for p in dirs) if r is not None]
+    out.sort(key=lambda r: (r.started, r.name), reverse=True)
+    return out
+
+
+# ------------------------------------------------------------------------------ text
+
+
+def fmt_params(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.0f}K"
+
+
+def model_text(r: RunSummary) -> str:
+    """Preset, size and vocab together: a parameter count means little without its vocab."""
+    vocab = f" v{r.vocab}" if r.vocab else ""
+    return f"{r.preset or '-'} {fmt_params(r.n_params)}{vocab}"
+
+
+def step_text(r: RunSummary) -> str:
+    return f"{r.step}/{r.max_steps if r.max_steps is not None else '?'}"
+
+
+def loss_text(r: RunSummary) -> str:
+    return "-" if r.best_val_loss is None else f"{r.best_val_loss:.4f}"
+
+
+def speed_text(r: RunSummary) -> str:
+    return "-" if r.settled_tokens_per_s is None else f"{r.settled_tokens_per_s:,.0f}"
+
+
+def started_text(r: RunSummary) -> str:
+    return r.started.strftime("%Y-%m-%d %H:%M")
+
+
+COLUMNS = ("name", "model", "state", "step", "best val", "tok/s", "started", "device")
+
+
+def row(r: RunSummary) -> tuple[str, ...]:
+    """One run as the cells of COLUMNS (the CLI table and the Runs screen share them)."""
+    return (r.name, model_text(r), r.state, step_text(r), loss_text(r), speed_text(r), started_text(r), r.device_name or "-")
+
+
+def format_table(summaries: list[RunSummary]) -> str:
+    """A plain text table with a header, one line per run in the order given."""
+    if not summaries:
+        return "no runs found"
+    rows = [COLUMNS, *(row(r) for r in summaries)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    right = {3, 4, 5}  # numbers line up on the right
+    lines = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+__all__ = ["COLUMNS", "DEFAULT_ROOT", "RunSummary", "format_table", "list_runs", "row", "summarize"]
