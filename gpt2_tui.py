@@ -2,6 +2,7 @@
 
     gpt2-tui [--config run.toml]     the app: setup form -> live dashboard
     gpt2-tui attach RUN_DIR          the dashboard on any run, live or finished
+    gpt2-tui runs [DIR]              every run under DIR (default runs/), newest first
     gpt2-tui train|estimate|prepare|sample|bench|bench-data ...    headless (engine.cli)
 
 It sits above both packages: engine/ never imports the UI, and Textual loads only when a
@@ -38,6 +39,20 @@ def _attach(run_dir: Path) -> int:
     return run_attach(run_dir)
 
 
+def _runs(root: Path | None) -> int:
+    from engine.errors import UserError
+    from engine.runs import DEFAULT_ROOT, format_table, list_runs
+
+    if root is None and not DEFAULT_ROOT.is_dir():
+        print(f"no runs yet: {DEFAULT_ROOT}/ does not exist here (start one with gpt2-tui, or give DIR)")
+        return 0
+    root = DEFAULT_ROOT if root is None else root
+    if not root.is_dir():
+        raise UserError(f"{root} is not a directory; give the directory that holds your runs (default runs/)")
+    print(format_table(list_runs(root)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, sub = cli.build_parser()
@@ -45,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="open the app with this run config TOML filled in")  # fmt: skip
     a = sub.add_parser("attach", help="open the dashboard on a run directory (live or finished)")
     a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (live or finished)")
+    r = sub.add_parser("runs", help="list the run directories under DIR, newest first")
+    r.add_argument("root", type=Path, nargs="?", default=None, metavar="DIR",
+                   help="the directory that holds the runs (default runs/)")  # fmt: skip
     args, rest = cli.parse(parser, argv)
+    if args.command == "runs":
+        return cli.guarded(lambda: _runs(args.root))
     if args.command == "attach":
         return cli.guarded(lambda: _attach(args.run_dir))
     if args.command is None:

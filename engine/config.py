@@ -56,6 +56,11 @@ class ModelConfig(_Strict):
     grad_checkpointing: bool = Field(
         False, description="recompute each block in backward: less activation memory, ~30% more compute"
     )
+    loss: Literal["plain", "chunked"] = Field(
+        "plain",
+        description="chunked = the lm_head matmul and cross-entropy computed in row chunks, never holding "
+        "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md)",
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:

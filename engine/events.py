@@ -16,6 +16,8 @@ from typing import Annotated, Any, Callable, Literal, Protocol, TextIO, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from engine.gpu_monitor import GpuSample
+
 
 class _Event(BaseModel):
     # NaN/Inf losses are written as NaN/Infinity (which json and pydantic read back), not as
@@ -107,8 +109,15 @@ class Resumed(_Event):
     step: int
 
 
+class Gpu(_Event):
+    """One round of GPU readings (engine.gpu_monitor, about 1 Hz): for the dashboard's GPU tab."""
+
+    event: Literal["gpu"] = "gpu"
+    gpus: list[GpuSample]  # one per visible GPU
+
+
 Event = Annotated[
-    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed],
+    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu],
     Field(discriminator="event"),
 ]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)
@@ -241,6 +250,8 @@ def describe(e: _Event, max_steps: int | None = None) -> str:
             return f"paused at step {e.step}"
         case Resumed():
             return f"resumed at step {e.step}"
+        case Gpu():
+            return ""  # a reading a second: the GPU tab draws them, the log and console do not
     return ""
 
 

@@ -8,8 +8,13 @@ engine (engine/model.py + engine/trainer.py) really allocates them:
   `torch.autograd.graph.saved_tensors_hooks` (tests/test_memory.py holds the formula to
   within 10% over a grid of shapes; `engine.memory_measure` does the measuring);
 - the tensors that are not saved but are alive at the peak: the logits the trainer holds
-  while it runs backward, the fp32 copy and gradients of the cross-entropy (B*T*V*4 bytes
-  each: often the largest single tensors for GPT-2), a block's backward working set;
+  while it runs backward, autocast's fp32 copy and the gradients of the cross-entropy
+  (B*T*Vp*4 bytes each, over the padded vocab: often the largest single tensors for GPT-2),
+  a block's backward working set;
+- `model.loss = "chunked"` (engine/losses.py): none of the B*T*Vp tensors; instead one
+  chunk's logits and temporaries (a few chunk_rows x Vp), the hidden rows' and the
+  weight's gradients (N x C, Vp x C fp32) computed in forward and saved for backward, and
+  under autocast the lm_head weight's low-precision copy while the loss runs;
 - the peak over forward, backward and the optimizer step, plus the CUDA context and a
   caching-allocator margin that `torch.cuda.max_memory_allocated` does not see.
 
@@ -97,6 +102,7 @@ class _Shape(BaseModel):
     dropout: float
     attention: str
     ckpt: bool
+    chunked: bool  # model.loss == "chunked"
 
 
 def _shape(config: RunConfig) -> _Shape:
@@ -106,7 +112,7 @@ def _shape(config: RunConfig) -> _Shape:
     return _Shape(
         L=m.n_layer, H=m.n_head, C=m.n_embd, V=V, Vp=Vp, ctx=m.block_size,
         B=config.train.batch_size, T=config.seq_len, bias=m.bias, dropout=m.dropout,
-        attention=m.attention, ckpt=m.grad_checkpointing,
+        attention=m.attention, ckpt=m.grad_checkpointing, chunked=m.loss == "chunked",
     )  # fmt: skip
 
 
@@ -154,13 +160,34 @@ def layer_activations(s: _Shape, low: bool, target: Target) -> int:
 
 
 def head_activations(s: _Shape, low: bool) -> int:
-    """Saved outside the blocks: token and position ids, ln_f input and stats, lm_head input,
-    the fp32 log-softmax over the real vocab (B*T*V*4) and the targets."""
+    """Saved outside the blocks: token and position ids, ln_f input and stats, and the loss's:
+    plain: lm_head input, the fp32 log-softmax over the padded vocab (B*T*Vp*4), targets;
+    chunked: the gradients computed in forward, grad_hidden (B*T*C fp32, ln_f's dtype) and
+    grad_weight (Vp*C fp32)."""
     B, T, C = s.B, s.T, s.C
     a = 2 if low else 4
-    ids = 8 * B * T + 8 * T + 8 * B * T + 4  # idx, positions, targets, the loss's total weight
+    ids = 8 * B * T + 8 * T  # idx, positions
     emb = B * T * C if s.dropout > 0 else 0
-    return ids + emb + 4 * B * T * C + 8 * B * T + a * B * T * C + 4 * B * T * s.V
+    ln_f = 4 * B * T * C + 8 * B * T
+    if s.chunked:
+        return ids + emb + ln_f + chunked_saved(s)
+    return ids + emb + ln_f + 8 * B * T + 4 + a * B * T * C + 4 * B * T * s.Vp  # + targets, total weight
+
+
+def chunked_saved(s: _Shape) -> int:
+    """What the chunked loss saves for backward: grad_hidden (N x C fp32) + grad_weight (Vp x C fp32)."""
+    return 4 * s.B * s.T * s.C + 4 * s.Vp * s.C
+
+
+def chunked_transient(s: _Shape, low: bool) -> int:
+    """The chunked loss's working set in forward, beyond what it saves: one chunk's logits in
+    fp32 plus logsumexp's temporary of the same size (under autocast, the low-precision
+    matmul output and its fp32 copy, then the low-precision gradient chunk: about as much),
+    and autocast's low-precision copy of the lm_head weight (Vp x C)."""
+    from engine.losses import chunk_rows_for
+
+    rows = chunk_rows_for(s.B * s.T, s.Vp)
+    return 8 * rows * s.Vp + (2 * s.Vp * s.C if low else 0)
 
 
 def saved_activations(s: _Shape, low: bool, target: Target, compiled: bool = False) -> tuple[int, int]:
@@ -184,7 +211,8 @@ def weight_copies(s: _Shape, low: bool) -> int:
     if not low:
         return 0
     blocks = 0 if s.ckpt else s.L * 12 * s.C * s.C
-    return 2 * (blocks + s.Vp * s.C)
+    head = 0 if s.chunked else s.Vp * s.C  # the chunked loss casts the weight inside, saves no copy
+    return 2 * (blocks + head)
 
 
 # ---------------------------------------------------------------- the estimate
@@ -232,13 +260,19 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     acts, layer_acts = saved_activations(s, low, target, compiled)
     copies = weight_copies(s, low)
     a = 2 if low else 4
-    logits_held = a * B * T * s.Vp  # lm_head output: the trainer's `_, loss = ...` keeps it through backward
-    ce_fwd = 4 * B * T * s.V if low else 0  # the .float() copy fed to log_softmax
-    ce_bwd = 8 * B * T * s.V  # nll_loss's grad + log_softmax's grad, both fp32 B*T*V
-    if compiled:  # inductor fuses the cross-entropy: no fp32 copy, one fp32 gradient
-        ce_fwd, ce_bwd = 0, 4 * B * T * s.V
+    if s.chunked:  # engine.losses.chunked_linear_cross_entropy: no B*T*Vp tensor at all
+        logits_held, ce_fwd, ce_bwd = 0, chunked_transient(s, low), 0
+        notes.append(f"chunked loss: {chunk_rows_for_shape(s)} rows a chunk, no B x T x V logits")
+    else:
+        logits_held = a * B * T * s.Vp  # lm_head output: the trainer's `_, loss = ...` keeps it through backward
+        ce_fwd = 4 * B * T * s.Vp if low else 0  # autocast's fp32 copy fed to log_softmax
+        ce_bwd = 8 * B * T * s.Vp  # nll_loss's grad + log_softmax's grad, both fp32 B*T*Vp
+    if compiled:
+        if not s.chunked:  # inductor fuses the cross-entropy: no fp32 copy, one fp32 gradient
+            ce_fwd, ce_bwd = 0, 4 * B * T * s.Vp
         notes.append(
-            f"torch.compile modelled: per-layer activations x{COMPILE_ACTIVATION_FACTOR}, fused cross-entropy"
+            f"torch.compile modelled: per-layer activations x{COMPILE_ACTIVATION_FACTOR}"
+            + ("" if s.chunked else ", fused cross-entropy")
         )
     block_full = layer_activations(s, low, target) + (2 * 12 * s.C * s.C if low else 0)
     block_bwd = (8 * a + 8) * B * T * s.C  # gradients of the widest activations while a block runs backward
@@ -265,7 +299,7 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         "backward (loss)": parts(grads_fwd, True, ce_bwd),
         "backward (blocks)": parts(
             grads_fwd, True, (4 * s.Vp * s.C if not grads_fwd else 0) + (block_full if s.ckpt else 0) + block_bwd,
-            head_alive=head - 4 * B * T * s.V + logits_held,
+            head_alive=head - (chunked_saved(s) if s.chunked else 4 * B * T * s.Vp) + logits_held,
         ),
         "optimizer step": parts(grads, False, opt_tmp),
     }
@@ -285,6 +319,12 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         activation_bytes=acts, layer_activation_bytes=layer_acts, allocated_peak_bytes=allocated,
         peak_bytes=allocated + context + margin, notes=notes,
     )  # fmt: skip
+
+
+def chunk_rows_for_shape(s: _Shape) -> int:
+    from engine.losses import chunk_rows_for
+
+    return chunk_rows_for(s.B * s.T, s.Vp)
 
 
 def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -> int:

@@ -1,8 +1,14 @@
 """GPT-2 as published (pre-LN, GELU-tanh, tied embeddings, scaled residual init).
 
 Switches from ModelConfig: attention kernel (`flash` = SDPA, `manual` = explicit masked
-softmax), vocab padding to a multiple of 64 (padded ids never enter the loss nor get
-sampled), bias, dropout, and per-block gradient checkpointing.
+softmax), vocab padding to a multiple of 64, bias, dropout, per-block gradient
+checkpointing, and the loss (`plain` = cross-entropy on the full logits, `chunked` = lm_head
+and loss fused over row chunks; engine/losses.py).
+
+Padded ids: the training loss runs on the padded logits as they come (no slice, no copy).
+Padded ids are never targets, so they only sit in the softmax normalizer, where training
+drives their logits down. The logits returned for inference (no targets) are sliced to the
+real vocab, so padded ids are never sampled nor predicted (tests/test_model.py).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from engine.config import ModelConfig
+from engine.losses import chunked_linear_cross_entropy, cross_entropy
 
 
 class CausalSelfAttention(nn.Module):
@@ -101,8 +108,10 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits over the real vocab (padding sliced off) and, with targets, the mean CE loss."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Without targets: the last position's logits over the real vocab (padding sliced
+        off, so never sampled). With targets: (the padded logits, or None under the chunked
+        loss; the mean CE loss, computed over the padded vocab)."""
         T = idx.size(1)
         assert T <= self.cfg.block_size, f"sequence of {T} exceeds context {self.cfg.block_size}"
         pos = torch.arange(T, device=idx.device)
@@ -115,9 +124,11 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is None:  # generation: only the last position is needed
             return self.lm_head(x[:, [-1], :])[..., : self.vocab_size], None
-        logits = self.lm_head(x)[..., : self.vocab_size]
-        loss = F.cross_entropy(logits.reshape(-1, self.vocab_size).float(), targets.reshape(-1))
-        return logits, loss
+        if self.cfg.loss == "chunked":  # never holds the B x T x V logits
+            loss = chunked_linear_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1))
+            return None, loss
+        logits = self.lm_head(x)  # (B, T, Vp): CE straight on it; autocast runs CE in fp32
+        return logits, cross_entropy(logits, targets)
 
     @torch.no_grad()
     def generate(

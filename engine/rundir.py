@@ -10,7 +10,6 @@ import socket
 import time
 from pathlib import Path
 
-from engine.checkpoint import atomic_write_bytes
 from engine.config import RunConfig, build, read_toml
 from engine.errors import UserError
 
@@ -36,6 +35,14 @@ def check_new(path: Path, flag: str = "--out") -> None:
         raise UserError(f"{path} already holds a run; continue it with --resume {path} or choose another {flag}")
     if path.is_dir() and any(p.name != LAUNCH_LOG for p in path.iterdir()):
         raise UserError(f"{flag} {path} is not empty; choose a new or empty directory so nothing is overwritten")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    # imported here: engine.checkpoint imports torch, and reading a run (`gpt2-tui runs`,
+    # attach) must not pay for that
+    from engine.checkpoint import atomic_write_bytes as write
+
+    write(path, data)
 
 
 def create(path: Path, config: RunConfig, tokenizer: str | None) -> None:

@@ -41,7 +41,7 @@ def test_ladder_runs_every_rung_this_device_can_and_says_why_not_for_the_rest(la
     by = {r.name: r for r in result.rungs}
     assert by["tf32"].status == "skipped" and "CUDA" in by["tf32"].reason
     assert by["compile"].status == "skipped" and "--skip" in by["compile"].reason
-    ran = ["baseline", "preload", "vectorized", "amp", "flash", "pad_vocab", "fused"]
+    ran = ["baseline", "preload", "vectorized", "amp", "flash", "pad_vocab", "fused", "chunked_loss"]
     assert [r.name for r in result.rungs if r.status == "ran"] == ran
     assert by["amp"].precision == "bf16"  # bf16 autocast runs on CPU
     assert by["fused"].notes == ["pinned memory needs CUDA"]  # fused AdamW and prefetch did apply
@@ -63,6 +63,9 @@ def test_each_rung_trained_with_the_switches_below_it_plus_its_own(ladder):
     top = configs["fused"]
     assert top["model"]["attention"] == "flash" and top["model"]["pad_vocab"] and top["optim"]["fused"]
     assert top["data"]["prefetch"] and top["speed"]["precision"] == "bf16" and not top["speed"]["compile"]
+    assert base["model"]["loss"] == top["model"]["loss"] == "plain"
+    chunked = configs["chunked_loss"]
+    assert chunked["model"]["loss"] == "chunked" and chunked["optim"]["fused"] and chunked["model"]["pad_vocab"]
 
 
 def test_figures_follow_from_the_recorded_step_times(ladder):
@@ -103,7 +106,7 @@ def test_bench_command_prints_the_ladder(tmp_path, tiny_dataset, capsys):
     assert "+ padded vocab" in printed and "vocab 64 is already a multiple of 64" in printed
     data = json.loads((out / "ladder.json").read_text())
     assert data["command"].startswith("gpt2-tui bench --preset micro")
-    assert [r["status"] for r in data["rungs"]].count("ran") == 5
+    assert [r["status"] for r in data["rungs"]].count("ran") == 6  # baseline, preload, vectorized, flash, fused, chunked_loss
 
 
 @pytest.mark.parametrize(
@@ -138,16 +141,30 @@ def test_bench_never_overwrites_an_earlier_result(tmp_path, tiny_dataset, capsys
     assert file_tree(out) == before
 
 
-def test_plain_loop_trains_the_same_model_on_the_same_batches(tmp_path, tiny_dataset):
+def test_reference_loop_trains_our_shape_on_our_data(tmp_path, tiny_dataset):
+    """The independent reference gets our model's shape (same parameter count, padded vocab
+    included) and our token file: its first loss matches ours to within init noise
+    (both near ln(Vp): independent inits, different batches)."""
+    import math
+
+    from engine.measure import reference
+
     trainer = start(resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu",
                                             "speed.precision": "fp32", "train.max_steps": 2,
                                             "optim.warmup_steps": 0}), tmp_path / "ours")  # fmt: skip
     config, ds = trainer.config, trainer.dataset
     trainer.run()
     ours = [e.loss for e in read_events(tmp_path / "ours" / rundir.EVENTS)[0] if e.event == "step"]
-    times, plain = bench_plain.plain_loop(config, ds, 2, clip=True)
+    shape = bench_plain.reference_shape(config)
+    assert shape.vocab_size == config.model.padded_vocab_size and shape.block_size == config.seq_len
+    if config.seq_len == config.model.block_size:
+        assert sum(p.numel() for p in reference.GPT(shape).parameters()) == trainer.n_params
+    tokens = bench_plain.reference_tokens(ds)
+    assert len(tokens) == min(len(ds.train), bench_plain.REFERENCE_TOKENS)
+    losses: list[float] = []
+    times = bench_plain.reference_loop(config, ds, 2, losses)
     assert len(times) == 2 and all(t > 0 for t in times)
-    assert plain[0] == pytest.approx(ours[0], rel=1e-6)  # same init, same first batch
+    assert abs(losses[0] - math.log(shape.vocab_size)) < 0.1 and abs(losses[0] - ours[0]) < 0.1
 
 
 def test_plain_comparison_writes_its_table(tmp_path, tiny_dataset, capsys):
@@ -158,7 +175,9 @@ def test_plain_comparison_writes_its_table(tmp_path, tiny_dataset, capsys):
     result = bench_plain.PlainResult.model_validate_json((out / "plain.json").read_text())
     assert set(result.ms) == set(bench_plain.VARIANTS) and all(v > 0 for v in result.ms.values())
     assert all(len(v) == 2 for v in result.per_round_ms.values())
-    assert "| plain loop" in (out / "plain.md").read_text()
+    md = (out / "plain.md").read_text()
+    assert "| independent reference loop" in md and "| gpt2-tui Trainer" in md and "x reference" in md
+    assert result.per_round_ms.keys() == {"ours", "reference"}
 
 
 def test_settle_point_finds_where_the_warm_up_ends():
@@ -186,7 +205,8 @@ def test_benchmark_screen_opens_from_the_app_and_draws_the_ladder(tmp_path, tiny
     from tui.screens.benchmark import BenchmarkScreen
 
     cfg = bench.BenchConfig(preset="micro", data=str(tiny_dataset), device="cpu", vocab_size=100, steps=1,
-                            warmup=1, skip=["preload", "vectorized", "amp", "compile", "flash"])  # fmt: skip
+                            warmup=1, skip=["preload", "vectorized", "amp", "compile", "flash",
+                                                     "chunked_loss"])  # fmt: skip
 
     async def go() -> None:
         app = GPT2App(resolve("micro", overrides={"data.path": str(tiny_dataset)}))

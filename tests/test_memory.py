@@ -68,16 +68,29 @@ def test_activation_formula_holds_at_real_preset_widths(preset, attention):
     assert est.components["autocast weight copies"] == saved.weight_copies
 
 
-PEAK_GRID = [("fp32", "flash", False, 1), ("bf16", "flash", True, 2), ("fp32", "manual", False, 2),
-             ("fp32", "flash", True, 1)]  # fmt: skip
+@pytest.mark.parametrize("shape,precision", list(itertools.product(["s1", "s2"], ["fp32", "bf16"])), ids=str)
+def test_chunked_loss_activations_match_what_autograd_saves(shape, precision):
+    """model.loss = chunked: the saved gradients replace the log-softmax; no lm_head weight copy."""
+    cfg = _config(shape, model__loss="chunked", speed__precision=precision)
+    est, saved = estimate(cfg), measure_saved(cfg)
+    assert abs(est.activation_bytes / saved.activations - 1) <= 0.10, (est.activation_bytes, saved.activations)
+    assert est.components["autocast weight copies"] == saved.weight_copies
+    plain = estimate(_config(shape, speed__precision=precision))
+    assert est.activation_bytes < plain.activation_bytes
 
 
-@pytest.mark.parametrize("precision,attention,ckpt,accum", PEAK_GRID, ids=lambda v: str(v))
+PEAK_GRID = [("fp32", "flash", False, 1, "plain"), ("bf16", "flash", True, 2, "plain"),
+             ("fp32", "manual", False, 2, "plain"), ("fp32", "flash", True, 1, "plain"),
+             ("fp32", "flash", False, 1, "chunked"), ("bf16", "flash", False, 2, "chunked")]  # fmt: skip
+
+
+@pytest.mark.parametrize("precision,attention,ckpt,accum,loss", PEAK_GRID, ids=lambda v: str(v))
 def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, make_dataset, precision,
-                                                                    attention, ckpt, accum):  # fmt: skip
+                                                                    attention, ckpt, accum, loss):  # fmt: skip
     """Parameters + AdamW + gradients + activations + the transients (the loss's fp32 gradients,
-    the held logits, a recomputed block): the predicted allocated peak vs the profiler's
-    memory timeline of one steady-state step of the real Trainer on CPU."""
+    the held logits, a recomputed block; with the chunked loss its chunk working set and saved
+    gradients instead): the predicted allocated peak vs the profiler's memory timeline of one
+    steady-state step of the real Trainer on CPU."""
     from engine.measure.memory_measure import measure_peak
     from engine.start import open_data
 
@@ -85,7 +98,7 @@ def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, mak
     cfg = _config({"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 64, "model.block_size": 64,
                    "train.batch_size": 8, "data.path": str(data), "data.prefetch": False},
                   speed__precision=precision, model__attention=attention, model__grad_checkpointing=ckpt,
-                  train__grad_accum=accum)  # fmt: skip
+                  train__grad_accum=accum, model__loss=loss)  # fmt: skip
     cfg, dataset = open_data(cfg)
     measured = measure_peak(cfg, dataset, tmp_path / "run")
     est = estimate(cfg)

@@ -6,6 +6,7 @@ Extra screens (e.g. the speed-ladder benchmark) register with one line in EXTRA_
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -22,12 +23,21 @@ from engine.errors import UserError
 from tui.screens.benchmark import open_benchmark
 from tui.session import RunSession, attach, start_detached, start_in_process
 
+
+def open_runs() -> Screen:
+    from tui.screens.runs import RunsScreen
+
+    return RunsScreen()
+
+
 # (key, title, factory, description): each becomes a binding and a command-palette entry.
 EXTRA_SCREENS: list[tuple[str, str, Callable[[], Screen], str]] = [
+    ("f7", "Runs", open_runs, "every run under runs/: attach to one, resume or compare"),
     ("f8", "Speed ladder", open_benchmark, "run the speed ladder: what each optimization buys on this machine"),
 ]
 
-QUIT_WAIT_S = 10.0  # an in-process run gets this long to stop at a step boundary on quit
+STOP_POLL_S = 0.2  # how often a quit that waits for the run's checkpoint looks at the thread
+QUIT_NOW_STATUS = 3  # the exit status when the user chose to quit without the run's checkpoint
 
 
 class EventsReady(Message):
@@ -72,6 +82,8 @@ class GPT2App(App):
         self.initial_config = config
         self.attach_dir = attach_dir
         self.session: RunSession | None = None
+        self.sessions: list[RunSession] = []  # every run opened here (a quit must stop the in-process ones)
+        self.stopping = False  # quit asked: waiting for the in-process run's checkpoint
         self.inbox = Inbox(self)
         for key, title, factory, _ in EXTRA_SCREENS:
             self.bind(key, f"open_extra('{title}')", description=title)
@@ -104,7 +116,26 @@ class GPT2App(App):
         from tui.screens.dashboard import DashboardScreen
 
         self.session = session
+        if session not in self.sessions:
+            self.sessions.append(session)
         self.push_screen(DashboardScreen(session))
+
+    def on_runs_screen_open(self, message: Any) -> None:
+        """The Runs screen chose a run: attach opens its dashboard (this app's own session
+        when it is one of ours)."""
+        path = Path(message.path)
+        if message.action != "attach":
+            how = f"gpt2-tui train --resume {path}" if message.action == "resume" else "one dashboard per run for now"
+            self.notify(f"{message.action} from here is not there yet: {how}", severity="warning")
+            return
+        own = next((s for s in self.sessions if s.run_dir.resolve() == path.resolve()), None)
+        try:
+            session = own or attach(path)
+        except UserError as err:
+            self.notify(str(err), severity="error")
+            return
+        self.pop_screen()
+        self.open_dashboard(session)
 
     def on_events_ready(self, message: EventsReady) -> None:
         for event in self.inbox.drain():
@@ -115,15 +146,34 @@ class GPT2App(App):
             if t == title:
                 self.push_screen(factory())
 
-    async def action_quit(self) -> None:
-        """Never hangs: an in-process run is asked to stop and given QUIT_WAIT_S; its thread
-        is a daemon, and checkpoint writes are atomic, so leaving after that is safe."""
-        if self.session is not None and self.session.thread is not None and self.session.thread.is_alive():
-            self.notify("stopping the run at the next step boundary...")
-            import asyncio
+    def running_in_process(self) -> list[RunSession]:
+        return [s for s in self.sessions if s.thread is not None and s.thread.is_alive()]
 
-            await asyncio.get_running_loop().run_in_executor(None, self.session.shutdown, QUIT_WAIT_S)
-        self.exit()
+    def action_quit(self) -> None:
+        """Never kills a step or a save midway: a run on this app's thread is asked to stop
+        (it saves a checkpoint at the step boundary) and the app waits for it, however long,
+        with the UI live (STOPPING). Only a second ctrl+q quits at once, losing the steps
+        since the last checkpoint. A run in its own process is left running."""
+        live = self.running_in_process()
+        if not live:
+            self.exit()
+            return
+        if self.stopping:
+            self.exit(return_code=QUIT_NOW_STATUS)  # run_app ends the process without waiting
+            return
+        self.stopping = True
+        for s in live:
+            s.request_stop()
+        self.notify(
+            "STOPPING: the run saves a checkpoint, then the app quits.\n"
+            "ctrl+q again quits now and loses the steps since the last checkpoint.",
+            title="quit", timeout=30,
+        )  # fmt: skip
+        self.set_interval(STOP_POLL_S, self._quit_when_stopped)
+
+    def _quit_when_stopped(self) -> None:
+        if not self.running_in_process():
+            self.exit()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -147,6 +197,16 @@ def run_app(config: RunConfig | None = None) -> int:
     """The bare `gpt2-tui`: the form (filled in from `config` if given), then the dashboard."""
     app = GPT2App(config)
     app.run()
+    if app.running_in_process():  # ctrl+q twice: the user chose not to wait for the checkpoint
+        import os
+
+        for s in app.running_in_process():
+            print(f"quit without waiting: {s.run_dir} lost its steps since the last checkpoint; "
+                  f"continue it with: gpt2-tui train --resume {s.run_dir}")  # fmt: skip
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # never let the interpreter tear down under the training thread (a C++ abort)
+        os._exit(QUIT_NOW_STATUS)
     s = app.session
     if s is not None and s.process is not None and s.process.poll() is None:
         print(f"the run goes on in process {s.process.pid}; re-attach with: gpt2-tui attach {s.run_dir}")

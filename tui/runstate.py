@@ -20,6 +20,7 @@ XAxis = Literal["step", "tokens", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
 EMA_BETA = 0.9
 SPIKE_FACTOR = 1.5  # loss above this multiple of its EMA is a spike
+GPU_ROUNDS = 3600  # an hour of GPU readings at 1 Hz
 PINNED_STEPS = 10  # this many consecutive step reports at the clip = pinned
 DATA_SHARE = 0.10  # data wait above this share of the step time is an alert
 
@@ -88,6 +89,8 @@ class RunState:
         self.best_val_loss: float | None = None
         self.checkpoints: dict[int, CheckpointRow] = {}
         self.samples: list[tuple[int, str]] = []
+        self.gpu_rounds: list[list[Any]] = []  # GpuSample rounds from `gpu` events, the last GPU_ROUNDS
+        self.gpu_count = 0  # rounds ever fed (the GPU tab takes the ones it has not seen)
         self.log: list[LogLine] = []  # the last 500
         self.log_count = 0  # lines ever logged
         self._ema: float | None = None
@@ -136,6 +139,11 @@ class RunState:
     # ----------------------------------------------------------------- feeding
 
     def feed(self, e: Any) -> None:
+        if isinstance(e, ev.Gpu):  # not a change of the run's charts: no version bump, no redraw
+            self.gpu_rounds.append(e.gpus)
+            self.gpu_count += 1
+            del self.gpu_rounds[:-GPU_ROUNDS]
+            return
         self.version += 1
         self.last_event_time = getattr(e, "time", None)
         match e:
@@ -175,6 +183,11 @@ class RunState:
             case ev.RunFailed():
                 self.failed = e
                 self._log(ev.describe(e), e.time, "error")
+
+    def gpu_since(self, seen: int) -> list[list[Any]]:
+        """The GPU rounds fed after the first `seen` (as many as are still kept)."""
+        new = min(self.gpu_count - seen, len(self.gpu_rounds))
+        return self.gpu_rounds[len(self.gpu_rounds) - new :] if new > 0 else []
 
     def _rel(self, t: float) -> float:
         return t - self.t0 if self.t0 is not None else 0.0

@@ -41,6 +41,7 @@ class RunSession:
     thread: threading.Thread | None = None
     process: subprocess.Popen | None = None
     tail: EventTail | None = None
+    stopping: bool = False  # a stop was asked for from here: the run saves, then ends
     _config_file: Path | None = None
 
     @property
@@ -102,6 +103,7 @@ class RunSession:
 
     def request_stop(self) -> None:
         """Graceful: the trainer saves a checkpoint at the next step boundary and ends."""
+        self.stopping = True
         if self.control is not None:
             self.control.stop()
         elif self.process is not None and self.process.poll() is None:

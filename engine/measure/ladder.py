@@ -54,7 +54,7 @@ LADDER: list[RungSpec] = [
         changes={
             "speed.precision": "fp32", "speed.compile": False, "model.attention": "manual",
             "data.preload": False, "data.vectorized": False, "model.pad_vocab": False,
-            "optim.fused": False, "data.pin_memory": False, "data.prefetch": False,
+            "optim.fused": False, "data.pin_memory": False, "data.prefetch": False, "model.loss": "plain",
         },
         why="fp32, eager, manual attention, memmap opened per batch, per-row batch loop, "
         "unpadded vocab, unfused AdamW",
@@ -78,6 +78,9 @@ LADDER: list[RungSpec] = [
         changes={"optim.fused": True, "data.pin_memory": True, "data.prefetch": True},
         why="fused AdamW kernel, pinned host memory + async copies, batch built on a thread",
     ),
+    RungSpec(name="chunked_loss", label="+ chunked loss", changes={"model.loss": "chunked"},
+             why="lm_head + cross-entropy over row chunks: never the whole B x T x V logits "
+             "(a memory rung: the saving is in its peak memory column; docs/memory.md)"),
 ]
 RUNG_NAMES = [r.name for r in LADDER]
 

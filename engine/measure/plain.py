@@ -1,14 +1,17 @@
-"""Our training loop against the plainest PyTorch loop of the same model and data.
+"""Our training loop against an independent reference loop, on the same data and shape.
 
     gpt2-tui bench --plain --preset nano [--steps 30] [--rounds 3]
 
-The plain loop is what anyone would write first: the same GPT, the same batches (same
-sampler, same seed), torch.optim.AdamW, fp32, eager; per step: batch -> forward ->
-zero_grad -> backward -> step. A second plain variant adds clip_grad_norm_, which our
-loop does too (the Trainer clips and reports the pre-clip norm), so any gap can be put
-where it belongs. The loops run in alternating rounds (ours, plain, plain+clip, ours, ...)
-so drift on a shared machine hits them alike, the order rotating each round so that no
-loop always runs first; each figure is the median over the timed steps of all rounds.
+The reference is `engine.measure.reference`: the plain GPT-2 script anyone would write, with
+its own model, batches and loop (AdamW, clip at 1.0), sharing nothing with our GPT or
+Trainer, so a cost in our model or loop shows up here (a comparison with ourselves proves
+only that we did not get slower). Both train the same token file at the same shape
+(layers, heads, width, sequence, micro-batch, the padded vocab our model uses), fp32 eager.
+
+The loops run in alternating paired rounds (ours, reference, reference, ours, ...: the order
+flips each round) so drift on a shared machine hits them alike and neither always runs
+first; each figure is the median over the timed steps of all rounds, and "x reference"
+is our median step time over the reference's (<= 1.0 means we are as fast or faster).
 """
 
 from __future__ import annotations
@@ -18,52 +21,50 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from pydantic import BaseModel
 
 from engine import rundir
 from engine.measure.common import BenchOptions, default_out, load_average, time_config
+from engine.measure.reference import ReferenceShape, reference_step_times
 from engine.checkpoint import atomic_write_bytes
 from engine.config import RunConfig, resolve
-from engine.data import BatchSampler, Dataset
-from engine.model import GPT
+from engine.data import Dataset
 from engine.device import describe as device_name
 from engine.device import pick as pick_device
 from engine.start import open_data
 
+# The reference reads one int64 copy of its tokens: a window of the first shard is plenty
+# for random batches, and keeps a multi-GB train.bin from being copied whole.
+REFERENCE_TOKENS = 4_000_000
 
-def plain_loop(
-    config: RunConfig, dataset: Dataset, steps: int, clip: bool = False
-) -> tuple[list[float], list[float]]:
-    """(seconds per step, device-synchronized; loss per step) of the plainest loop.
 
-    `config` comes from open_data; only its model, batch geometry, seed and AdamW
-    hyper-parameters are used (constant lr, weight decay on every parameter).
-    """
+def reference_shape(config: RunConfig) -> ReferenceShape:
+    """Our config's shape for the reference: same layers, width, heads, sequence, batch,
+    accumulation, bias, and the vocab our lm_head really has (padded when we pad)."""
+    m = config.model
+    return ReferenceShape(
+        n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, block_size=config.seq_len,
+        vocab_size=m.padded_vocab_size, batch_size=config.train.batch_size,
+        grad_accum=config.train.grad_accum, bias=m.bias,
+    )  # fmt: skip
+
+
+def reference_tokens(dataset: Dataset) -> np.ndarray:
+    """The train tokens the reference samples from: the first shard, at most REFERENCE_TOKENS."""
+    return np.asarray(dataset.train.shards[0].tokens()[:REFERENCE_TOKENS])
+
+
+def reference_loop(
+    config: RunConfig, dataset: Dataset, steps: int, losses: list[float] | None = None
+) -> list[float]:
+    """Seconds per step of the independent reference loop at `config`'s shape (fp32, eager)."""
     device = pick_device(config.speed.device)
-    torch.manual_seed(config.train.seed)
-    model = GPT(config.model).to(device)
-    o = config.optim
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
-    )
-    sampler = BatchSampler(dataset.train, config.train.batch_size, config.seq_len, seed=config.train.seed)
-    times, losses = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        x, y = sampler.next()
-        x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
-        optimizer.step()
-        losses.append(loss.item())  # what a plain loop prints; also the device sync
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return times, losses
+    return reference_step_times(
+        reference_tokens(dataset), reference_shape(config), steps, device=str(device), precision="fp32",
+        compile=False, seed=config.train.seed, lr=config.optim.lr, losses=losses,
+    )  # fmt: skip
 
 
 class PlainResult(BaseModel):
@@ -87,8 +88,7 @@ class PlainResult(BaseModel):
 
 VARIANTS = {
     "ours": "gpt2-tui Trainer (the preset's config, fp32, eager, log every step)",
-    "plain": "plain loop: forward, zero_grad, backward, AdamW step, loss.item()",
-    "plain_clip": "plain loop + clip_grad_norm_ (the work our loop also does)",
+    "reference": "independent reference loop (engine/measure/reference.py: its own GPT-2, AdamW, clip 1.0)",
 }
 
 
@@ -111,12 +111,12 @@ def compare(config: RunConfig, dataset: Dataset, out: Path, steps: int, warmup: 
     cpu: dict[str, float] = {k: 0.0 for k in VARIANTS}
     names = list(VARIANTS)
     for n in range(rounds):
-        for name in names[n % len(names) :] + names[: n % len(names)]:  # rotate: no loop always goes first
+        for name in names if n % 2 == 0 else names[::-1]:  # paired: the order flips each round
             c0 = time.process_time()
             if name == "ours":
                 times = time_config(ours, dataset, out / f"round{n}-ours").step_times_s
             else:
-                times, _ = plain_loop(config, dataset, total, clip=name == "plain_clip")
+                times = reference_loop(config, dataset, total)
             cpu[name] += time.process_time() - c0
             timed = times[warmup:]
             settled[name] += timed
@@ -136,13 +136,13 @@ def to_markdown(r: PlainResult) -> str:
         f"load average before {r.load_before}, after {r.load_after}  ",
         f"Command: `{r.command}`",
         "",
-        "| loop | median ms/step | per-round medians (ms) | vs plain | CPU ms/step (all steps + build) |",
+        "| loop | median ms/step | per-round medians (ms) | x reference | CPU ms/step (all steps + build) |",
         "|---|---:|---|---:|---:|",
     ]
     for name, what in VARIANTS.items():
         rounds = ", ".join(f"{m:.1f}" for m in r.per_round_ms.get(name, []))
         lines.append(
-            f"| {what} | {r.ms[name]:.1f} | {rounds} | {r.ms['plain'] / r.ms[name]:.3f}x | {r.cpu_ms[name]:.1f} |"
+            f"| {what} | {r.ms[name]:.1f} | {rounds} | {r.ms[name] / r.ms['reference']:.3f}x | {r.cpu_ms[name]:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -159,7 +159,7 @@ def run(args: BenchOptions, command: str) -> int:
     out = args.out or default_out(f"plain-{preset}")
     rundir.check_new(out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"our loop vs the plain loop: preset {preset} -> {out}", flush=True)
+    print(f"our loop vs the independent reference loop: preset {preset} -> {out}", flush=True)
     result = compare(config, dataset, out, args.steps or 30, args.warmup, args.rounds, command, preset)
     text = to_markdown(result)
     atomic_write_bytes(out / "plain.md", text.encode())

@@ -23,6 +23,7 @@ from engine.memory import human
 from tui.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
+from tui.widgets.gpu_panel import GpuPanel
 
 MIN_INTERVAL = 0.5  # s between redraws: at most 2 Hz
 MAX_INTERVAL = 10.0
@@ -65,6 +66,8 @@ def status_text(state: RunState, session: RunSession, now: float | None = None) 
     label = state.state.upper()
     if session.mode == "attached" and state.live and rundir.writer_alive(session.run_dir) is False:
         label = "WRITER GONE (died without finishing; --resume it)"
+    elif state.live and session.stopping:
+        label = "STOPPING (finishing the step, then eval + checkpoint)"
     line1 = (
         f"{label}  step {state.step}/{total or '?'}  ETA {_dur(state.eta())}  "
         f"elapsed {_dur(state.elapsed(now))}  tokens {_tokens(state.tokens)}  best val {best}"
@@ -93,6 +96,7 @@ class DashboardScreen(Screen):
         self.interval = MIN_INTERVAL
         self._log_seen = 0
         self._samples_seen = 0
+        self._gpu_seen = 0
         self._ckpt_key: Any = None
         self._status_key: Any = None
 
@@ -120,8 +124,21 @@ class DashboardScreen(Screen):
             with TabPane("Sample", id="tab-sample"):
                 with VerticalScroll():
                     yield Static("(a short generation appears at each eval when the dataset has a tokenizer)", id="sample", markup=False)
+            with TabPane("GPU", id="tab-gpu"):
+                with VerticalScroll():
+                    yield GpuPanel(unavailable=self._gpu_unavailable(), id="gpu")
         yield RichLog(id="log", max_lines=500, wrap=True, markup=False)
         yield Footer()
+
+    def _gpu_unavailable(self) -> str | None:
+        """None when readings can come (this machine has NVML, or the run recorded some);
+        else the one line the GPU tab shows instead."""
+        if self.state.gpu_count:
+            return None
+        from engine.gpu_monitor import available
+
+        ok, why = available()
+        return None if ok else why
 
     def on_mount(self) -> None:
         self.title = f"gpt2-tui - {self.session.run_dir}"
@@ -171,7 +188,21 @@ class DashboardScreen(Screen):
             self._update_checkpoints()
         elif tabs.active == "tab-sample":
             self._update_sample()
+        self._update_gpu()
         self._update_log()
+
+    def _update_gpu(self) -> None:
+        """Hand new GPU readings to the panel (it stores them; it draws on its own timer,
+        only when visible)."""
+        rounds = self.state.gpu_since(self._gpu_seen)
+        self._gpu_seen = self.state.gpu_count
+        if not rounds:
+            return
+        panel = self.query_one("#gpu", GpuPanel)
+        if panel.unavailable is not None:
+            panel.set_unavailable(None)  # an attached run recorded on a GPU box
+        for samples in rounds:
+            panel.add_samples(samples)
 
     def _update_checkpoints(self) -> None:
         rows = self.state.checkpoint_rows()
@@ -215,7 +246,10 @@ class DashboardScreen(Screen):
     def action_save(self) -> None:
         if self._steerable("save"):
             self.session.save_now()
-            self.notify("a checkpoint will be saved at the next step boundary")
+            if self.state.paused:
+                self.notify("saving a checkpoint now (the run stays paused)")
+            else:
+                self.notify("a checkpoint will be saved at the end of this step")
 
     def _steerable(self, what: str) -> bool:
         if not self.state.live or not self.session.alive():

@@ -16,8 +16,10 @@ Setup:      F5 launch (its own process: survives the terminal)   F6 launch in th
 Dashboard:  p pause/resume   s save a checkpoint now   q stop the run (asks first)
             l log-y on/off   x x-axis: step / tokens / time   ? this help
             Tab / shift+Tab move between panels; ctrl+p the command palette
-Anywhere:   ctrl+q quit (a run in this app is stopped first; one in its own process goes
-            on: `gpt2-tui attach RUN_DIR` re-opens its dashboard)"""
+Anywhere:   ctrl+q quit: a run in this app stops and saves a checkpoint first (ctrl+q
+            again: quit now, losing the steps since the last checkpoint); a run in its own
+            process goes on: `gpt2-tui attach RUN_DIR` re-opens its dashboard
+            F7 the runs list (attach)   F8 the speed ladder"""
 
 
 class ConfirmScreen(ModalScreen[bool]):

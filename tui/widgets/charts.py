@@ -38,14 +38,39 @@ def thin(xs: list[float], ys: list[float], n: int) -> tuple[list[float], list[fl
     return [xs[i] for i in idx], [ys[i] for i in idx]
 
 
-def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
-    """Tick positions (log10 units) and their labels in data units."""
-    a, b = math.floor(lo), math.ceil(hi)
-    if b - a < 1:
-        b = a + 1
-    step = max(1, (b - a) // 4)
-    ticks = list(range(a, b + 1, step))
-    return [float(t) for t in ticks], [f"{10.0**t:g}" for t in ticks]
+def _fmt_tick(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _log_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], list[str]]:
+    """Tick positions (log10 units) inside [lo, hi] and their labels in data units, all of
+    one width: the 1-2-5 values of each decade when three fall inside, else the 1..9 ones,
+    else n evenly spaced values (a narrow range holds few round values)."""
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.05, hi + 0.05
+    ticks: list[float] = []
+    for mantissas in ((1, 2, 5), range(1, 10)):
+        nice = [d + math.log10(m) for d in range(math.floor(lo) - 1, math.ceil(hi) + 1) for m in mantissas]
+        ticks = [t for t in nice if lo - 1e-9 <= t <= hi + 1e-9]
+        if len(ticks) >= 3:
+            break
+    if len(ticks) > n:
+        k = math.ceil(len(ticks) / n)
+        ticks = ticks[::k]
+    if len(ticks) < 2:
+        ticks = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+    labels = [_fmt_tick(10.0**t) for t in ticks]
+    width = max(len(x) for x in labels)
+    return ticks, [x.rjust(width) for x in labels]
+
+
+def log_range(ys: list[float]) -> tuple[float, float]:
+    """The y range a log chart shows: the data's, widened a little so no point sits on the frame."""
+    lo, hi = min(ys), max(ys)
+    if hi - lo < 1e-9:
+        return lo - 0.05, hi + 0.05
+    pad = 0.02 * (hi - lo)
+    return lo - pad, hi + pad
 
 
 class MetricChart(PlotextPlot):
@@ -112,7 +137,9 @@ class MetricChart(PlotextPlot):
             plt.hline(h, color="red")
             all_y.append(h)
         if logy and all_y:
-            ticks, labels = _log_ticks(min(all_y), max(all_y))
+            lo, hi = log_range(all_y)
+            plt.ylim(lo, hi)  # plotext's own range may reach past the ticks: keep them all inside
+            ticks, labels = _log_ticks(lo, hi)
             plt.yticks(ticks, labels)
         plt.title(f"{self.title_text}  {latest}".rstrip())
         plt.xlabel({"step": "step", "tokens": "tokens", "time": "seconds"}[axis])

@@ -1,0 +1,75 @@
+"""Log-y on the dashboard's charts (issue 13, item 3): after toggling it, on and off and on
+again, every chart keeps numeric y labels, at least three of them, inside the data's range.
+plotext's own log scale broke on re-render; the charts plot log10 values with their own ticks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from textual.app import App, ComposeResult
+
+from engine import events as ev
+from tui.runstate import RunState
+from tui.widgets.charts import Line, MetricChart, _log_ticks
+
+SIZE = (100, 60)
+
+
+def recorded_state() -> RunState:
+    """A loss falling from ~10 to ~3 (under one decade), a warmup lr 6e-5..6e-4, and a slow
+    first step then 0.1 s steps: the three shapes the issue found broken."""
+    s = RunState()
+    cfg = {"train": {"max_steps": 100, "batch_size": 1, "grad_accum": 1}, "optim": {"grad_clip": 1.0}}
+    s.feed(ev.RunStarted(config=cfg, n_params=1, device="cpu", device_name="CPU", precision="fp32", flops_per_token=1))
+    for i in range(1, 60):
+        s.feed(ev.Step(step=i, loss=9.0 * math.exp(-i / 40) + 1, lr=6e-4 * min(1.0, i / 10), grad_norm=0.5,
+                       step_time_s=1.0 if i < 3 else 0.1, tokens_per_s=1000.0, mfu=None, mem_bytes=None,
+                       tokens=100 * i))  # fmt: skip
+    return s
+
+
+class Charts(App):
+    def compose(self) -> ComposeResult:
+        yield MetricChart("loss", [Line("loss", "raw", "gray")], id="chart-loss")
+        yield MetricChart("lr", [Line("lr", "lr", "green")], id="chart-lr")
+        yield MetricChart("s/step", [Line("step_time", "s/step", "yellow")], unit=" s", id="chart-steptime")
+
+
+def y_labels(chart: MetricChart) -> list[str]:
+    """The y tick labels of a rendered chart: the text left of each tick mark."""
+    return [line.split("┤")[0].strip() for line in str(chart.render()).splitlines() if "┤" in line]
+
+
+def test_log_y_keeps_numeric_labels_after_toggling() -> None:
+    state = recorded_state()
+    ranges = {"chart-loss": (state.series["loss"].y), "chart-lr": state.series["lr"].y,
+              "chart-steptime": state.series["step_time"].y}  # fmt: skip
+
+    async def go() -> None:
+        app = Charts()
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            for logy in (False, True, False, True):
+                for chart in app.query(MetricChart):
+                    assert chart.maybe_redraw(state, "step", logy)
+                await pilot.pause()
+            for chart in app.query(MetricChart):
+                labels = y_labels(chart)
+                assert len(labels) >= 3, (chart.id, labels)
+                values = [float(x) for x in labels]  # numeric, no run-together digits
+                ys = ranges[chart.id]
+                assert all(min(ys) / 1.1 <= v <= max(ys) * 1.1 for v in values), (chart.id, labels)
+                assert values == sorted(values, reverse=True), (chart.id, labels)  # top to bottom
+
+    asyncio.run(go())
+
+
+def test_log_ticks_inside_any_range() -> None:
+    for lo, hi in ((0.6, 1.0), (-4.2, -3.2), (-1.0, 0.0), (0.7, 0.72), (3.0, 3.0), (-9.0, 2.0)):
+        ticks, labels = _log_ticks(lo, hi)
+        assert 2 <= len(ticks) <= 9
+        assert all(lo - 0.051 <= t <= hi + 0.051 for t in ticks), (lo, hi, ticks)
+        assert len({len(x) for x in labels}) == 1  # one width: labels never run together
+        assert all(math.isclose(float(x), 10**t, rel_tol=0.01) for x, t in zip(labels, ticks)), (labels, ticks)
