@@ -139,7 +139,7 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     except Exception as err:  # noqa: BLE001 - any parse failure of a damaged file is one line
         raise UserError(
             f"checkpoint {path} is truncated or corrupt ({type(err).__name__}); "
-            f"resume from an earlier one: --resume RUN --from STEP, or see {path.parent}"
+            f"move it out of {path.parent} and --resume takes the newest checkpoint left there"
         ) from None
     problem = _malformed(state)
     if problem:
