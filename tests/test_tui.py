@@ -20,18 +20,11 @@ from tui.screens.dashboard import DashboardScreen
 from tui.screens.setup import SetupScreen, wid
 from tui.widgets.charts import MetricChart
 from tui.widgets.memory import MemoryPanel
+from pilot_wait import WAIT_S, until  # noqa: F401
 
 SIZE = (120, 40)
-WAIT_S = 180.0  # generous bound for a loaded 2-core machine; the poll ends as soon as it holds
 
 
-async def until(pilot, predicate, what: str, timeout: float = WAIT_S) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await pilot.pause(0.1)
 
 
 def micro(dataset: Path, **over) -> object:

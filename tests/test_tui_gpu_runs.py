@@ -19,18 +19,11 @@ from engine import rundir
 from engine.gpu_monitor import GpuSample, GpuSampler
 from tui.screens.runs import RunsScreen
 from tui.widgets.gpu_panel import GpuChart, GpuPanel
+from pilot_wait import WAIT_S, until  # noqa: F401
 
 SIZE = (120, 40)
-WAIT_S = 60.0
 
 
-async def until(pilot, predicate, what: str, timeout: float = WAIT_S) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await pilot.pause(0.05)
 
 
 def recorded(rounds: int = 6, gpus: int = 2) -> list[list[GpuSample]]:

@@ -17,18 +17,11 @@ from tui.app import GPT2App
 from tui.runstate import RunState
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.gpu_panel import GpuPanel
+from pilot_wait import WAIT_S, until  # noqa: F401
 
 SIZE = (120, 40)
-WAIT_S = 60.0
 
 
-async def until(pilot, predicate, what: str, timeout: float = WAIT_S) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await pilot.pause(0.05)
 
 
 def rounds(n: int = 4) -> list[list[GpuSample]]:

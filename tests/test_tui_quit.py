@@ -21,19 +21,12 @@ from engine.config import resolve
 from engine.trainer import Trainer
 from tui.app import GPT2App
 from tui.screens.dashboard import DashboardScreen
+from pilot_wait import WAIT_S, until  # noqa: F401
 
 SIZE = (120, 40)
-WAIT_S = 180.0
 SLOW_SAVE_S = 3.0  # the stop's checkpoint takes this long (a busy machine, a big model)
 
 
-async def until(pilot, predicate, what: str, timeout: float = WAIT_S) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await pilot.pause(0.1)
 
 
 def _events(run_dir: Path) -> list[dict]:
