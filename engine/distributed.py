@@ -174,7 +174,7 @@ def shard(model: torch.nn.Module, device: torch.device, ctx: Context) -> torch.n
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    # our forward returns sliced logits (a view); the trainer never edits them in place
+    # our forward may return views of its logits (sliced at inference); nothing edits them in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mesh = init_device_mesh(device.type, (ctx.world_size,))
     for block in model.transformer.h:  # type: ignore[union-attr]
