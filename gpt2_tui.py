@@ -3,6 +3,7 @@
     gpt2-tui [--config run.toml]     the app: setup form -> live dashboard
     gpt2-tui attach RUN_DIR          the dashboard on any run, live or finished
     gpt2-tui runs [DIR]              every run under DIR (default runs/), newest first
+    gpt2-tui compare --tui RUN...    the Compare screen (without --tui: the table, or --json)
     gpt2-tui train|estimate|prepare|sample|bench|bench-data ...    headless (engine.cli)
 
 It sits above both packages: engine/ never imports the UI, and Textual loads only when a
@@ -53,6 +54,19 @@ def _runs(root: Path | None) -> int:
     return 0
 
 
+def _compare(run_dirs: list[Path], as_json: bool) -> int:
+    from engine.compare import read_run
+    from engine.errors import UserError
+
+    if as_json:
+        raise UserError("--json prints for scripts, --tui opens the screen: choose one")
+    for d in run_dirs:
+        read_run(d)  # not a run: one line, before the screen opens
+    from tui.screens.compare import run_compare
+
+    return run_compare(run_dirs)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, sub = cli.build_parser()
@@ -63,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("runs", help="list the run directories under DIR, newest first")
     r.add_argument("root", type=Path, nargs="?", default=None, metavar="DIR",
                    help="the directory that holds the runs (default runs/)")  # fmt: skip
+    sub.choices["compare"].add_argument("--tui", action="store_true",
+                                        help="open the Compare screen (curves overlaid, segment table)")  # fmt: skip
     args, rest = cli.parse(parser, argv)
+    if args.command == "compare" and args.tui:
+        return cli.guarded(lambda: _compare(args.run_dirs, args.json))
     if args.command == "runs":
         return cli.guarded(lambda: _runs(args.root))
     if args.command == "attach":

@@ -8,9 +8,11 @@ sampler's state. Files are only ever loaded with `torch.load(weights_only=True)`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -114,6 +116,36 @@ class CheckpointDir:
             stale.unlink(missing_ok=True)
         return target
 
+    def resolve(self, which: str) -> Path:
+        """The checkpoint `--from` names: `best`, a step number, or a file path."""
+        if which == "best":
+            path = self.path / "best.pt"
+        elif which.isdigit():
+            path = self.path / f"step_{int(which):06d}.pt"
+        else:
+            path = Path(which)
+        if not path.is_file():
+            kept = [str(s) for s, _ in self.step_files()] + (["best"] if (self.path / "best.pt").is_file() else [])
+            raise UserError(
+                f"--from {which}: no such checkpoint in {self.path} (kept: {', '.join(kept) or 'none'}); "
+                "pass best, one of those steps, or a checkpoint file"
+            )
+        return path
+
+    def set_aside_after(self, step: int) -> Path | None:
+        """Resuming from an earlier checkpoint: move the later step files into a folder of their
+        own, so retention keeps the new branch and nothing of the old one is lost."""
+        later = [p for s, p in self.step_files() if s > step]
+        if not later:
+            return None
+        aside = self.path / f"after_step_{step:06d}_{int(time.time())}"
+        aside.mkdir()
+        for p in later:
+            os.replace(p, aside / p.name)
+        if (self.path / f"step_{step:06d}.pt").is_file():
+            atomic_write_bytes(self.path / "latest", f"step_{step:06d}.pt\n".encode())
+        return aside
+
     def latest(self) -> Path | None:
         pointer = self.path / "latest"
         if pointer.is_file():
@@ -168,13 +200,68 @@ def _malformed(state: Any) -> str | None:
     return None
 
 
-def check_resumable(state: dict[str, Any], path: Path) -> None:
-    """--resume needs the RNG and data position too (sample needs only the weights)."""
+def _optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer | None) -> str | None:
+    """What keeps `saved` from loading into an optimizer (the form torch's state_dict has;
+    with `optimizer`, also its groups and the shapes of its parameters), or None."""
+    if not isinstance(saved.get("state"), dict) or not isinstance(saved.get("param_groups"), list):
+        return "optimizer state is not {state, param_groups}"
+    groups = saved["param_groups"]
+    if not groups or not all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) and all(type(i) is int for i in g["params"])
+        for g in groups
+    ):
+        return "optimizer param_groups are empty or malformed"
+    ids = [i for g in groups for i in g["params"]]
+    if len(set(ids)) != len(ids):
+        return "optimizer param_groups repeat a parameter"
+    for key, entry in saved["state"].items():
+        if key not in ids or not isinstance(entry, dict) or not all(
+            isinstance(k, str) and isinstance(v, (torch.Tensor, int, float)) for k, v in entry.items()
+        ):
+            return "optimizer state entries are malformed"
+    if optimizer is None:
+        return None
+    own = optimizer.param_groups
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in own]:
+        return "optimizer param_groups do not match the model's"
+    params = {i: p for g, mine in zip(groups, own) for i, p in zip(g["params"], mine["params"])}
+    for key, entry in saved["state"].items():
+        for name, v in entry.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != params[key].shape:
+                return f"optimizer {name} has another shape than its parameter"
+    return None
+
+
+def _resume_problem(state: dict[str, Any], optimizer: torch.optim.Optimizer | None) -> str | None:
+    """What a resume cannot use in a checkpoint that loaded: RNG states, data position, optimizer."""
     missing = [k for k in RESUME if k not in state]
-    if missing or not isinstance(state.get("rng"), dict) or not isinstance(state.get("data"), str):
+    if missing:
+        return f"missing {', '.join(missing)}"
+    rng = state["rng"]
+    if not isinstance(rng, dict) or not all(k in rng for k in ("python", "numpy", "torch", "cuda")):
+        return "rng is not the RNG states"
+    torch_rng = rng["torch"]
+    if not isinstance(torch_rng, torch.Tensor) or torch_rng.dtype != torch.uint8 or torch_rng.numel() != torch.get_rng_state().numel():
+        return "rng.torch is not a CPU generator state"
+    if not isinstance(rng["numpy"], str) or not isinstance(rng["python"], (tuple, list)) or not isinstance(rng["cuda"], list):
+        return "rng states have the wrong types"
+    try:
+        position = json.loads(state["data"]) if isinstance(state["data"], str) else None
+    except ValueError:
+        position = None
+    if not isinstance(position, dict):
+        return "data is not a sampler position"
+    return _optimizer_problem(state["optimizer"], optimizer)
+
+
+def check_resumable(state: dict[str, Any], path: Path, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """--resume needs the RNG, data position and a loadable optimizer too (sample needs only the
+    weights). Pass the run's `optimizer` to check its groups and shapes as well."""
+    problem = _resume_problem(state, optimizer)
+    if problem:
         raise UserError(
-            f"{path} lacks the RNG or data position a resume needs ({', '.join(missing) or 'wrong type'}); "
-            "resume from another checkpoint of the run"
+            f"{path} cannot be resumed from ({problem}); move it aside and --resume takes the newest "
+            "checkpoint left, or start a new run"
         )
 
 

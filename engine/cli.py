@@ -9,16 +9,24 @@ stderr and exit status 2; nothing is written.
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
-import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, NoReturn
 
-from engine import settings
-from engine.errors import UserError
+# MKL's dynamic threading picks a thread count per call from the machine's load, which changes
+# the order of float sums: on a busy machine 2 of 14 identical CPU runs drifted in the last bits
+# (0 of 8 with it off). Off by default, so same seed + config = same curve; set before torch
+# loads (both entry points import this module first); a value the user set is kept.
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+
+import argparse  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, NoReturn  # noqa: E402
+
+from engine import settings  # noqa: E402
+from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_STEPS, MAX_VOCAB, SEED_LIMIT  # noqa: E402
+from engine.errors import UserError  # noqa: E402
 
 
 class Parser(argparse.ArgumentParser):
@@ -27,6 +35,38 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}; see `{self.prog} --help`", file=sys.stderr)
         sys.exit(2)
+
+
+class Bounded:
+    """An argparse type: a whole number in [lo, hi], else argparse's one-line error. Every integer
+    flag that is not a config setting (those are bounded by engine.config) uses one."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+        self.__name__ = "int"  # what argparse names in "invalid int value"
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not self.lo <= value <= self.hi:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; pass {self.lo} to {self.hi}")
+        return value
+
+
+SEED = Bounded(0, SEED_LIMIT - 1)
+RUNS = Bounded(1, 1000)  # rounds, processes
+# `bench-data`'s flags (engine.measure.batching has the defaults): checked before it runs
+BENCH_DATA_FLAGS = (
+    ("--batch-size", Bounded(1, MAX_BATCH), "sequences per batch (default 64)"),
+    ("--block-size", Bounded(1, MAX_CONTEXT), "tokens per sequence (default 512)"),
+    ("--iters", Bounded(1, 10**7), "timed iterations per variant (default 200)"),
+    ("--warmup", Bounded(0, 10**7), "untimed iterations first (default 10)"),
+    ("--seed", SEED, "sampler seed (default 0)"),
+    ("--vocab-size", Bounded(2, MAX_VOCAB), "vocab of nanoGPT/llm.c files, which carry none (default 50257)"),
+)
+BENCH_DATA_ARGS = ("--data", *(f for f, _, _ in BENCH_DATA_FLAGS))
 
 
 def add_setting_flags(p: argparse.ArgumentParser) -> None:
@@ -61,9 +101,11 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     t.add_argument("--config", type=Path, metavar="FILE", help="run config TOML (same schema as a run's config.toml)")
     t.add_argument("--out", type=Path, metavar="DIR", help="new (or empty) run directory (default runs/PRESET-TIMESTAMP)")
     t.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    t.add_argument("--from", dest="resume_from", metavar="best|STEP|FILE",
+                   help="with --resume: continue from this checkpoint instead (later ones are moved aside, not deleted)")
     t.add_argument("--headless", action="store_true", help="no TUI: events go to the console (always so for train)")
     t.add_argument("--force", action="store_true", help="start even when the memory estimate says it does not fit")
-    t.add_argument("--nproc", type=int, metavar="N", help="train on N processes of this machine (torchrun; gloo on CPU)")
+    t.add_argument("--nproc", type=Bounded(1, 4096), metavar="N", help="train on N processes of this machine (torchrun; gloo on CPU)")
     add_setting_flags(t)
 
     e = sub.add_parser("estimate", help="predict peak memory, part by part, and whether it fits")
@@ -71,7 +113,7 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     e.add_argument("--preset", help="model preset name or TOML file (default gpt2)")
     e.add_argument("--config", type=Path, metavar="FILE", help="run config TOML")
     e.add_argument("--device-memory", metavar="SIZE", help="plan for a device with this much memory (80GiB, 24GB)")
-    e.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks sharing the run")
+    e.add_argument("--world-size", type=Bounded(1, 2**20), default=1, metavar="N", help="ranks sharing the run")
     e.add_argument("--sharding", choices=["ddp", "fsdp"], default="ddp", help="how ranks split the model state")
     e.add_argument("--json", action="store_true", help="print the MemoryEstimate as JSON instead of the table")
     add_setting_flags(e)
@@ -80,24 +122,27 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     p.add_argument("paths", nargs="+", type=Path, metavar="PATHS", help="text files or directories (recursed)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="new (or empty) dataset directory")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, metavar="N",
+    source.add_argument("--vocab-size", type=Bounded(257, MAX_VOCAB), default=DEFAULT_VOCAB, metavar="N",
                         help=f"train a byte-level BPE with N entries (default {DEFAULT_VOCAB})")  # fmt: skip
     source.add_argument("--tokenizer", type=Path, metavar="FILE", help="use this tokenizer.json instead")
     p.add_argument("--val-fraction", type=float, default=0.05, metavar="F", help="share of documents held out")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the train/val document split")
+    p.add_argument("--seed", type=SEED, default=0, metavar="S", help="seed of the train/val document split")
 
     s = sub.add_parser("sample", help="generate text from a run or checkpoint")
     s.add_argument("path", type=Path, metavar="RUN_DIR_OR_CHECKPOINT")
     s.add_argument("--prompt", default="", help="text to continue")
-    s.add_argument("--max-new-tokens", type=int, default=200, metavar="N")
+    s.add_argument("--max-new-tokens", type=Bounded(1, MAX_CONTEXT), default=200, metavar="N")
     s.add_argument("--temperature", type=float, default=0.8, metavar="X")
-    s.add_argument("--top-k", type=int, default=50, metavar="K")
-    s.add_argument("--seed", type=int, default=None, metavar="S")
+    s.add_argument("--top-k", type=Bounded(1, MAX_VOCAB), default=50, metavar="K")
+    s.add_argument("--seed", type=SEED, default=None, metavar="S")
     s.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
     s.add_argument("--tokenizer", type=Path, metavar="FILE", help="tokenizer.json, when the run has none")
 
-    # its flags belong to engine.measure.batching, which parses them (and its own --help)
-    sub.add_parser("bench-data", add_help=False, help="time batch building: vectorized vs loop, RAM vs memmap")
+    # checked here (one line on bad input), then handed to engine.measure.batching as given
+    d = sub.add_parser("bench-data", help="time batch building: vectorized vs loop, RAM vs memmap")
+    d.add_argument("--data", metavar="DIR", default=argparse.SUPPRESS, help="dataset directory (default: the stdlib corpus)")
+    for flag, kind, help_ in BENCH_DATA_FLAGS:
+        d.add_argument(flag, type=kind, metavar="N", default=argparse.SUPPRESS, help=help_)
 
     b = sub.add_parser("bench", help="the speed ladder: what each optimization buys here")
     mode = b.add_mutually_exclusive_group()
@@ -105,21 +150,25 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     mode.add_argument("--config", type=Path, metavar="FILE", help="time this run config over time (compile warm-up)")
     b.add_argument("--plain", action="store_true", help="our Trainer vs an independent plain PyTorch GPT-2 loop")
     b.add_argument("--best", action="store_true", help="every optimization on; sweep micro-batch x compile mode")
-    b.add_argument("--steps", type=int, metavar="N", help="timed steps per rung (default 20; --config: 100)")
-    b.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed steps first (compile happens here)")
+    b.add_argument("--steps", type=Bounded(1, MAX_STEPS), metavar="N", help="timed steps per rung (default 20; --config: 100)")
+    b.add_argument("--warmup", type=Bounded(1, MAX_STEPS), default=5, metavar="N", help="untimed steps first (compile happens here)")
     b.add_argument("--out", type=Path, metavar="DIR", help="new directory for the tables (default runs/bench-NAME-TIME)")
     b.add_argument("--data", metavar="DIR", help="dataset directory (default: the stdlib corpus)")
     b.add_argument("--device", choices=["auto", "cuda", "mps", "cpu"], default="auto")
-    b.add_argument("--vocab-size", type=int, metavar="N", help="model vocab (ladder default 50257, GPT-2's)")
-    b.add_argument("--batch-size", type=int, metavar="N", help="micro-batch (default: the preset's)")
-    b.add_argument("--block-size", type=int, metavar="N", help="tokens per sequence (default: the context)")
-    b.add_argument("--grad-accum", type=int, default=1, metavar="N", help="micro-batches per step")
-    b.add_argument("--log-interval", type=int, metavar="N", help="steps per timed interval (default 1; --best: 10)")
+    b.add_argument("--vocab-size", type=Bounded(2, MAX_VOCAB), metavar="N", help="model vocab (ladder default 50257, GPT-2's)")
+    b.add_argument("--batch-size", type=Bounded(1, MAX_BATCH), metavar="N", help="micro-batch (default: the preset's)")
+    b.add_argument("--block-size", type=Bounded(1, MAX_CONTEXT), metavar="N", help="tokens per sequence (default: the context)")
+    b.add_argument("--grad-accum", type=Bounded(1, MAX_BATCH), default=1, metavar="N", help="micro-batches per step")
+    b.add_argument("--log-interval", type=Bounded(1, MAX_STEPS), metavar="N", help="steps per timed interval (default 1; --best: 10)")
     b.add_argument("--batch-sizes", metavar="LIST", help="--best: comma-separated micro-batches (default 8,16,32)")
     b.add_argument("--compile-modes", metavar="LIST", help="--best: comma-separated compile modes, 'eager' = none")
     b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:], metavar="RUNG",
                    help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}")  # fmt: skip
-    b.add_argument("--rounds", type=int, default=3, metavar="N", help="--plain: alternating rounds of each loop")
+    b.add_argument("--rounds", type=RUNS, default=3, metavar="N", help="--plain: alternating rounds of each loop")
+
+    c = sub.add_parser("compare", help="runs and their segments side by side: settled speed, switches, best val loss")
+    c.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN", help="run directories (live or finished)")
+    c.add_argument("--json", action="store_true", help="print the runs and segments as JSON instead of the table")
     return parser, sub
 
 
@@ -137,12 +186,19 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         if args.preset or args.config or args.out:
             raise UserError("--resume takes its config and directory from the run; drop --preset/--config/--out")
         config, run_dir = resumed_config(args.resume, overrides), args.resume
+        if args.resume_from:  # named, so checked here, before anything runs
+            from engine.checkpoint import CheckpointDir
+
+            CheckpointDir(run_dir / "checkpoints").resolve(args.resume_from)
     else:
+        if args.resume_from:
+            raise UserError("--from picks the checkpoint a --resume continues from; add --resume RUN_DIR")
         config, run_dir = new_config(args.preset, args.config, overrides, args.out)
     if launch.requested(args.nproc):  # --nproc N: check everything, then relaunch under torch.distributed.run
         return launch.run(args.nproc, config, run_dir, bool(args.resume), args.force, argv, out_given=bool(args.out))
     control = Control()
-    trainer = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force)
+    trainer = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force,
+                    resume_from=args.resume_from)
     restore = _steer_by_signals(control, distributed.current().enabled)
     try:
         trainer.run()
@@ -257,9 +313,15 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
     if args.command == "bench-data":
         from engine.measure import batching
 
-        return batching.main(rest)
+        given = {flag: getattr(args, flag[2:].replace("-", "_"), None) for flag in BENCH_DATA_ARGS}
+        return batching.main([a for flag, v in given.items() if v is not None for a in (flag, str(v))])
     if args.command == "bench":
         return cmd_bench(args, "gpt2-tui " + " ".join(argv))
+    if args.command == "compare":
+        from engine import compare
+
+        print(compare.run(args.run_dirs, as_json=args.json))
+        return 0
     raise UserError("no command given; see `gpt2-tui --help`")
 
 
@@ -280,7 +342,7 @@ def guarded(body: Callable[[], int]) -> int:
 
 def parse(parser: Parser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "bench-data":
+    if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args, rest
 

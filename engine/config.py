@@ -28,6 +28,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# Upper bounds of the integer settings: far above any real run, far below int64 (what torch
+# and numpy index with), so a huge number is refused in one line instead of overflowing later.
+MAX_LAYERS = 1024
+MAX_WIDTH = 2**17  # embedding width, heads
+MAX_CONTEXT = 2**20  # tokens per sequence
+MAX_VOCAB = 2**32  # uint32 token files
+MAX_BATCH = 2**16  # sequences per micro-batch, micro-batches per step
+MAX_STEPS = 10**12  # any step count or interval
+MAX_COUNT = 10**6  # evals' batches, kept checkpoints, bad steps in a row
+MAX_SAMPLE_TOKENS = 2**16
+SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's range)
+
+
 def _flag(name: str | None) -> dict[str, Any]:
     """A CLI flag name other than the field's own (`--field-name`); None = no flag."""
     return {"flag": name}
@@ -36,14 +49,14 @@ def _flag(name: str | None) -> dict[str, Any]:
 class ModelConfig(_Strict):
     """GPT-2 shape and the model-side switches (attention kernel, padding, checkpointing)."""
 
-    n_layer: int = Field(12, ge=1, description="transformer blocks")
-    n_head: int = Field(12, ge=1, description="attention heads")
-    n_embd: int = Field(768, ge=1, description="embedding width")
+    n_layer: int = Field(12, ge=1, le=MAX_LAYERS, description="transformer blocks")
+    n_head: int = Field(12, ge=1, le=MAX_WIDTH, description="attention heads")
+    n_embd: int = Field(768, ge=1, le=MAX_WIDTH, description="embedding width")
     block_size: int = Field(
-        1024, ge=1, description="the model's context length (positions)", json_schema_extra=_flag("--context")
+        1024, ge=1, le=MAX_CONTEXT, description="the model's context length (positions)", json_schema_extra=_flag("--context")
     )
     vocab_size: int | None = Field(
-        None, ge=2, description="real vocabulary (default: the dataset's; nanoGPT/llm.c files: 50257)"
+        None, ge=2, le=MAX_VOCAB, description="real vocabulary (default: the dataset's; nanoGPT/llm.c files: 50257)"
     )
     pad_vocab: bool = Field(
         True, description="pad the vocab to a multiple of 64, 50257 -> 50304 (reported 3-25% faster; docs/benchmarks.md)"
@@ -93,7 +106,7 @@ class DataConfig(_Strict):
         json_schema_extra=_flag("--data"),
     )
     vocab_size: int = Field(
-        50257, ge=2, description="vocab of nanoGPT/llm.c files, which carry none", json_schema_extra=_flag(None)
+        50257, ge=2, le=MAX_VOCAB, description="vocab of nanoGPT/llm.c files, which carry none", json_schema_extra=_flag(None)
     )
     preload: bool = Field(
         True, description="read the token files into RAM instead of np.memmap (reported 2-3x faster random reads)"
@@ -110,9 +123,9 @@ class OptimConfig(_Strict):
 
     lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate")
     min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the cosine")
-    warmup_steps: int = Field(100, ge=0, description="linear warmup steps")
+    warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear warmup steps")
     decay_steps: int | None = Field(
-        None, ge=1, description="step where the cosine reaches min-lr (default: max-steps)"
+        None, ge=1, le=MAX_STEPS, description="step where the cosine reaches min-lr (default: max-steps)"
     )
     weight_decay: float = Field(
         0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay (matrices and embeddings only)"
@@ -124,7 +137,7 @@ class OptimConfig(_Strict):
         1.0, ge=0, allow_inf_nan=False, description="clip the global grad norm to this (0 = off)"
     )
     fused: bool | None = Field(
-        None, description="fused AdamW kernel (default: on for CUDA)", json_schema_extra=_flag("--fused-adamw")
+        None, description="fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)", json_schema_extra=_flag("--fused-adamw")
     )
 
     @model_validator(mode="after")
@@ -157,25 +170,25 @@ class SpeedConfig(_Strict):
 class TrainConfig(_Strict):
     """Batch geometry, run length and bookkeeping intervals."""
 
-    batch_size: int = Field(16, ge=1, description="micro-batch: sequences per forward pass")
-    block_size: int | None = Field(None, ge=1, description="tokens per sequence (default: the model's context)")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    max_steps: int = Field(1000, ge=1, description="optimizer steps to train to")
-    eval_interval: int = Field(100, ge=1, description="steps between val-loss evals")
-    eval_batches: int = Field(20, ge=1, description="val batches per eval")
-    log_interval: int = Field(1, ge=1, description="steps between step reports (each reads the device: a host sync)")
-    ckpt_interval: int = Field(500, ge=1, description="steps between checkpoints")
-    keep_last: int = Field(3, ge=1, description="checkpoints kept besides best.pt")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="micro-batch: sequences per forward pass")
+    block_size: int | None = Field(None, ge=1, le=MAX_CONTEXT, description="tokens per sequence (default: the model's context)")
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step")
+    max_steps: int = Field(1000, ge=1, le=MAX_STEPS, description="optimizer steps to train to")
+    eval_interval: int = Field(100, ge=1, le=MAX_STEPS, description="steps between val-loss evals")
+    eval_batches: int = Field(20, ge=1, le=MAX_COUNT, description="val batches per eval")
+    log_interval: int = Field(1, ge=1, le=MAX_STEPS, description="steps between step reports (each reads the device: a host sync)")
+    ckpt_interval: int = Field(500, ge=1, le=MAX_STEPS, description="steps between checkpoints")
+    keep_last: int = Field(3, ge=1, le=MAX_COUNT, description="checkpoints kept besides best.pt")
     seed: int = Field(
-        1337, ge=0, lt=2**32, description="random seed (same seed + config on CPU = same loss curve)"
+        1337, ge=0, lt=SEED_LIMIT, description="random seed (same seed + config on CPU = same loss curve)"
     )
-    sample_tokens: int = Field(48, ge=0, description="tokens generated at each eval for the dashboard (0 = none)")
+    sample_tokens: int = Field(48, ge=0, le=MAX_SAMPLE_TOKENS, description="tokens generated at each eval for the dashboard (0 = none)")
     on_save_error: Literal["continue", "stop"] = Field(
         "continue", description="a checkpoint write fails (disk full, no permission): warn and retry "
         "at the next interval, or stop the run"
     )
     max_bad_steps: int = Field(
-        5, ge=1, description="consecutive NaN/Inf steps (each skipped) before the run stops with a checkpoint "
+        5, ge=1, le=MAX_COUNT, description="consecutive NaN/Inf steps (each skipped) before the run stops with a checkpoint "
         "of the last good state"
     )
 
@@ -198,6 +211,17 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"block size {T} is above the model's context {self.model.block_size}; "
                 f"pass --block-size {self.model.block_size} or less"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_before_the_end(self) -> RunConfig:
+        """A warmup as long as the run never reaches the peak lr: refused, not kept silently."""
+        w, n = self.optim.warmup_steps, self.train.max_steps
+        if w >= n:
+            raise ValueError(
+                f"warmup steps {w} is not below max steps {n}: the lr would never reach its peak; "
+                f"pass --warmup-steps {max(0, n // 10)} or less, or pass --max-steps {w + 1} or more"
             )
         return self
 
@@ -255,6 +279,8 @@ def read_toml(path: Path, what: str = "config") -> dict[str, Any]:
         raise UserError(f"cannot read {what} file {path}: {err}") from None
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"{what} file {path} is not valid TOML: {err}; fix the file") from None
+    except RecursionError:  # tomllib recurses per nested array/table: thousands deep exhaust the stack
+        raise UserError(f"{what} file {path} nests arrays or tables too deeply to read; fix the file") from None
 
 
 def preset_names() -> list[str]:

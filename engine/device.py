@@ -16,6 +16,9 @@ import functools
 import os
 import platform
 import shutil
+import subprocess
+import sys
+import sysconfig
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -121,7 +124,7 @@ def check(device_name: str, precision_name: str, compile_: bool) -> None:
     precision(precision_name, k)
     why = compile_reason(k == "cuda") if compile_ else None
     if why:
-        raise UserError(f"--compile cannot run here: {why}; install it, or train without it (--no-compile)")
+        raise UserError(f"--compile cannot run here: {why}; install it, or run without compiling (--no-compile)")
 
 
 # ---------------------------------------------------------------- what this machine can run
@@ -148,7 +151,9 @@ def capabilities() -> Capabilities:
 
 
 def compile_reason(cuda: bool) -> str | None:
-    """Why torch.compile cannot run here (None: it can)."""
+    """Why torch.compile cannot run here (None: it can): what is missing, in words. Checked the
+    way Inductor looks: $CXX (else g++) on CPU with Python's C headers; Triton and $CC (else
+    clang/gcc/cc) on CUDA. Without this, a missing compiler is a page of traceback at step 1."""
     try:
         from torch._dynamo.eval_frame import is_dynamo_supported
 
@@ -161,9 +166,29 @@ def compile_reason(cuda: bool) -> str | None:
             import triton  # noqa: F401
         except ImportError:
             return "torch.compile on CUDA needs Triton, which is not installed"
-        return None
-    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        return "torch.compile on CPU needs a C++ compiler (g++), none found"
+        found = next((c for c in ("clang", "gcc", "cc") if shutil.which(c)), "cc")
+        return _compiler_problem("CC", os.environ.get("CC") or found, "Triton's C compiler")
+    default = "clang++" if sys.platform == "darwin" else "g++"
+    problem = _compiler_problem("CXX", os.environ.get("CXX") or default, "a C++ compiler")
+    if problem:
+        return problem
+    include = sysconfig.get_paths().get("include") or ""
+    if not os.path.isfile(os.path.join(include, "Python.h")):
+        return f"torch.compile on CPU needs Python's C headers (Python.h, e.g. the python3-dev package), not found in {include}"
+    return None
+
+
+@functools.cache
+def _compiler_problem(env: str, name: str, what: str) -> str | None:
+    """None when the compiler `name` runs (`NAME --version`), else what is wrong with it."""
+    source = f"{name} (from ${env})" if os.environ.get(env) else name
+    exe = shutil.which(name)
+    if exe is None:
+        return f"torch.compile needs {what}: {source} was not found"
+    try:
+        subprocess.run([exe, "--version"], capture_output=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return f"torch.compile needs {what}: {source} does not run"
     return None
 
 

@@ -272,6 +272,16 @@ def mean_over_ranks(value: torch.Tensor, ctx: Context) -> torch.Tensor:
     return v / ctx.world_size
 
 
+def max_over_ranks(value: torch.Tensor, ctx: Context) -> torch.Tensor:
+    """The largest of a scalar over ranks, on the device (no host read): one rank's skip flag
+    makes every rank skip, so the replicas stay identical."""
+    if not ctx.enabled:
+        return value
+    v = value.detach().clone()
+    dist.all_reduce(v, op=dist.ReduceOp.MAX)
+    return v
+
+
 def gather_floats(value: float, ctx: Context) -> list[float] | None:
     """Every rank's value, by rank (over gloo, on the host); None alone."""
     if not ctx.enabled:

@@ -116,8 +116,22 @@ class Gpu(_Event):
     gpus: list[GpuSample]  # one per visible GPU
 
 
+SegmentReason = Literal["start", "resume", "toggle", "oom"]
+
+
+class Segment(_Event):
+    """From `step` on, the run trains with these speed switches (engine.segments): emitted
+    right after run_started, and on a live toggle or an OOM fallback."""
+
+    event: Literal["segment"] = "segment"
+    step: int
+    switches: dict[str, Any]  # dotted name -> value, engine.segments.SWITCHES
+    changed: dict[str, list[Any]]  # dotted name -> [old, new], against the previous segment
+    reason: SegmentReason
+
+
 Event = Annotated[
-    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu],
+    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu, Segment],
     Field(discriminator="event"),
 ]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)
@@ -208,6 +222,21 @@ def settled_step_time(times: list[float]) -> float | None:
     return statistics.median(times[len(times) // 2 :]) if times else None
 
 
+def short(name: str) -> str:
+    """'speed.compile' -> 'compile': the sections are noise in a table or a log line."""
+    return name.rsplit(".", 1)[-1]
+
+
+def value_text(v: Any) -> str:
+    """A switch's value as people say it: on/off, auto for None."""
+    return {True: "on", False: "off", None: "auto"}[v] if isinstance(v, (bool, type(None))) else str(v)
+
+
+def change_text(diff: dict[str, list[Any]]) -> str:
+    """'compile off -> on, prefetch on -> off' (empty when nothing changed)."""
+    return ", ".join(f"{short(n)} {value_text(a)} -> {value_text(b)}" for n, (a, b) in diff.items())
+
+
 def describe(e: _Event, max_steps: int | None = None) -> str:
     """One human-readable line per event: the console's, the dashboard log's, `attach`'s."""
     from engine.memory import human
@@ -250,6 +279,10 @@ def describe(e: _Event, max_steps: int | None = None) -> str:
             return f"paused at step {e.step}"
         case Resumed():
             return f"resumed at step {e.step}"
+        case Segment():
+            if e.reason == "start":
+                return ""  # run_started already said it all
+            return f"segment from step {e.step}: {change_text(e.changed) or 'switches unchanged'} ({e.reason})"
         case Gpu():
             return ""  # a reading a second: the GPU tab draws them, the log and console do not
     return ""

@@ -31,32 +31,71 @@ class OutOfMemory(UserError):
     """The device ran out of memory in a step: the stop names a micro-batch that fits."""
 
 
-class StepGuard:
-    """Counts consecutive bad steps: a NaN/Inf loss, or a NaN/Inf grad norm without a GradScaler.
+SPIKE_RATIO, SPIKE_MARGIN = 2.0, 4.0  # a finite loss above max(2 x its EMA, EMA + 4 nats) is a spike
+EMA_DECAY = 0.9
 
-    With fp16 the GradScaler skips overflowing steps itself and lowers its scale, as designed;
-    such a step counts as bad only when the loss itself is not finite. Checking costs one
-    host sync of two scalars per step: the price of never letting a NaN step reach the weights.
+
+@dataclass(frozen=True)
+class Reading:
+    """The guard's counters as read to the host (at log, eval and checkpoint steps only)."""
+
+    loss: float  # this step's loss and pre-clip grad norm
+    norm: float
+    streak: int  # bad steps in a row, ending at this step
+    total: int  # bad steps since the run (this session) started
+
+
+class StepGuard:
+    """Decides on the device, with no host sync, whether a step's update is skipped.
+
+    A step is bad when its loss or (without a GradScaler) its grad norm is NaN/Inf, or when
+    its loss spikes far above its recent level: the sign that the previous update blew the
+    weights up although every number stayed finite. `judge` returns the decision as a
+    0/1 device tensor that the fused AdamW step honours as `found_inf` (the GradScaler's own
+    mechanism), and keeps the streak, count and loss EMA on the device too. The host reads
+    them in one transfer (`read`) at log, eval and checkpoint steps; only an unfused
+    optimizer needs the flag on the host every step (`Trainer.train_step`).
     """
 
-    def __init__(self, max_bad_steps: int):
+    def __init__(self, max_bad_steps: int, device: torch.device):
         self.max_bad_steps = max_bad_steps
-        self.streak = 0
-        self.total = 0
-        self.last: tuple[float, float] = (0.0, 0.0)
+        zeros = lambda: torch.zeros((), device=device)  # noqa: E731
+        self.flag, self._streak, self._total = zeros(), zeros(), zeros()
+        self._ema = torch.full((), math.inf, device=device)  # inf: no level yet, so no spike
+        self._loss, self._norm = zeros(), zeros()
+        self.last = Reading(0.0, 0.0, 0, 0)
 
-    def observe(self, loss: torch.Tensor, norm: torch.Tensor, scaled: bool) -> bool:
-        """True when this step is bad and its update must be skipped."""
-        loss_v, norm_v = torch.stack([loss.detach().float(), norm.detach().float()]).tolist()
-        bad = not math.isfinite(loss_v) or (not scaled and not math.isfinite(norm_v))
-        self.streak = self.streak + 1 if bad else 0
-        self.total += bad
-        self.last = (loss_v, norm_v)
-        return bad
+    def judge(self, loss: torch.Tensor, norm: torch.Tensor, scaled: bool) -> torch.Tensor:
+        """The 0/1 skip flag for this step (1 = skip), computed on the device."""
+        loss, norm = loss.detach().float(), norm.detach().float()
+        finite = torch.isfinite(loss) & (torch.isfinite(norm) | scaled)
+        spike = loss > torch.maximum(self._ema * SPIKE_RATIO, self._ema + SPIKE_MARGIN)
+        bad = ~finite | spike
+        self.flag = bad.float()
+        self._streak = (self._streak + 1) * self.flag
+        self._total = self._total + self.flag
+        level = torch.where(torch.isfinite(self._ema), EMA_DECAY * self._ema + (1 - EMA_DECAY) * loss, loss)
+        self._ema = torch.where(bad, self._ema, level)  # the level follows good steps only
+        self._loss, self._norm = loss, norm
+        return self.flag
+
+    def read(self) -> Reading:
+        """One host read of this step's loss, norm and the bad-step counters."""
+        loss, norm, streak, total = torch.stack([self._loss, self._norm, self._streak, self._total]).tolist()
+        self.last = Reading(loss, norm, int(streak), int(total))
+        return self.last
+
+    @property
+    def streak(self) -> int:
+        return self.last.streak
+
+    @property
+    def total(self) -> int:
+        return self.last.total
 
     @property
     def tripped(self) -> bool:
-        return self.streak >= self.max_bad_steps
+        return self.last.streak >= self.max_bad_steps
 
 
 @dataclass(frozen=True)
@@ -67,37 +106,70 @@ class Verdict:
     stop: type[UserError] | None = None
 
 
+def lower_lr(lr: float) -> float:
+    """The LR a stop message suggests: a third of the run's, and never above the default."""
+    from engine.config import OptimConfig
+
+    return min(lr / 3, OptimConfig().lr)
+
+
 def likely_causes(precision: str, lr: float) -> str:
-    causes = [f"LR too high (--lr {lr:g}; try --lr {lr / 3:.2g})", "bad data (check the token files / --data)"]
+    causes = [f"LR too high (--lr {lr:g}; try --lr {lower_lr(lr):.2g})", "bad data (check the token files / --data)"]
     fp16 = "fp16 overflow (try --precision bf16 or fp32)"
     causes.insert(0, fp16) if precision == "fp16" else causes.append(fp16)
     return ", ".join(causes)
 
 
-def bad_step(g: StepGuard, step: int) -> Verdict:
-    """A skipped step: warn; after max_bad_steps in a row, the trainer stops on good weights."""
-    loss, norm = g.last
+def bad_steps(g: StepGuard, step: int, skipped: int) -> Verdict:
+    """Skipped updates since the last report: warn; after max_bad_steps in a row the trainer stops."""
+    r = g.last
+    finite = math.isfinite(r.loss) and math.isfinite(r.norm)
+    what = "a loss spike far above its recent level" if finite else "not finite"
+    which = "the update was skipped" if skipped == 1 else f"{skipped} updates since the last report were skipped"
     return Verdict(
-        f"step {step}: loss {loss}, grad norm {norm}: not finite; the update was skipped "
-        f"({g.streak}/{g.max_bad_steps} in a row before the run stops)"
+        f"step {step}: loss {r.loss:.6g}, grad norm {r.norm:.6g}: {what}; {which} "
+        f"({r.streak} in a row; the run stops at {g.max_bad_steps})"
     )
 
 
-def diverged(g: StepGuard, step: int, saved: Path | None, precision: str, lr: float, run_dir: Path) -> Verdict:
-    where = saved or "no checkpoint (none was written before the divergence)"
+def healthy(val_loss: float, best: float | None) -> bool:
+    """A state worth a checkpoint: its val loss is finite and not far above the run's best
+    (the spike rule above), so a blown-up state never becomes `latest`."""
+    if not math.isfinite(val_loss):
+        return False
+    return best is None or val_loss <= max(best * SPIKE_RATIO, best + SPIKE_MARGIN)
+
+
+def _continue(run_dir: Path, lr: float) -> str:
+    """Advice that runs as printed: resume from the last good checkpoint with a lower LR."""
+    return f"continue with `gpt2-tui train --resume {run_dir} --lr {lower_lr(lr):.2g}` (or add `--from best`)"
+
+
+def diverged(g: StepGuard, step: int, kept: Path | None, precision: str, lr: float, run_dir: Path) -> Verdict:
+    where = kept or "no checkpoint (none was written before the divergence)"
+    finite = math.isfinite(g.last.loss) and math.isfinite(g.last.norm)
+    what = "the loss spiked far above its recent level" if finite else "loss or grad norm was NaN/Inf"
     return Verdict(
-        f"loss or grad norm was NaN/Inf for {g.streak} steps in a row (to step {step}); "
+        f"{what} for {g.streak} steps in a row (to step {step}); "
         f"stopped with the last good weights in {where}; likely causes: {likely_causes(precision, lr)}; "
-        f"fix it and continue with --resume {run_dir}",
+        + _continue(run_dir, lr),
         Diverged,
     )
 
 
-def nan_weights(step: int, latest: Path | None, precision: str, lr: float, run_dir: Path) -> Verdict:
-    """Before any save: NaN/Inf weights are never written as latest or best; the run stops."""
+def unhealthy(step: int, val_loss: float, best: float | None, weights_finite: bool, latest: Path | None,
+              precision: str, lr: float, run_dir: Path) -> Verdict:
+    """Before a save: a state that fails `healthy` (or holds NaN/Inf weights) is not written;
+    the run stops and the last good checkpoint stays latest."""
+    if not weights_finite:
+        why = "the weights hold NaN/Inf"
+    elif not math.isfinite(val_loss):
+        why = f"the val loss is {val_loss}"
+    else:
+        why = f"the val loss {val_loss:.4g} is far above the best {best:.4g}: the weights blew up"
     return Verdict(
-        f"the weights hold NaN/Inf at step {step}, so no checkpoint was written; the last good one is "
-        f"{latest or 'none'}; likely causes: {likely_causes(precision, lr)}; fix it and continue with --resume {run_dir}",
+        f"{why} at step {step}, so no checkpoint was written; the last good one is {latest or 'none'}; "
+        f"likely causes: {likely_causes(precision, lr)}; " + _continue(run_dir, lr),
         Diverged,
     )
 

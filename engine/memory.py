@@ -121,6 +121,21 @@ def param_count(config: RunConfig) -> int:
     return config.model.n_params(config.data.vocab_size)
 
 
+def params_text(n_params: int, vocab: int) -> str:
+    """'124.5M params (vocab 50257)': a parameter count means little without the vocab it assumes."""
+    from engine.runs import fmt_params
+
+    return f"{fmt_params(n_params)} params (vocab {vocab})"
+
+
+def size_text(config: RunConfig) -> str:
+    """The size a run of `config` gets, with its vocab (run_vocab's rule): the form's preset list,
+    `estimate` and the ladder all show this."""
+    sized = with_dataset_vocab(config)
+    assert sized.model.vocab_size is not None
+    return params_text(param_count(sized), sized.model.vocab_size)
+
+
 def _param_tensors(s: _Shape) -> int:
     """Parameter tensors (one AdamW `step` scalar each): wte, wpe, 6 weights (+6 biases) a block, ln_f."""
     b = int(s.bias)
@@ -409,19 +424,31 @@ def check_fits(config: RunConfig, force: bool = False) -> None:
     )
 
 
-def with_dataset_vocab(config: RunConfig) -> RunConfig:
-    """With --data DIR of ours and no --vocab-size, the vocab the run would get: the sidecar's
-    (read from dataset.json alone: no token scan). Otherwise data.vocab_size (GPT-2's 50257)."""
+def run_vocab(config: RunConfig) -> int:
+    """The vocab a run of `config` gets, known without reading token files: the model's own;
+    else our dataset's sidecar (dataset.json); with no dataset, the embedded corpus's BPE;
+    else data.vocab_size (nanoGPT/llm.c files carry none). engine.start.open_data binds the
+    same vocab when the run opens its data, so every parameter count shown agrees with it."""
     import json
     from pathlib import Path
 
-    if config.model.vocab_size is not None or config.data.path is None:
-        return config
+    if config.model.vocab_size is not None:
+        return config.model.vocab_size
+    if config.data.path is None:
+        from engine.prepare import DEFAULT_VOCAB
+
+        return DEFAULT_VOCAB
     try:
-        vocab = int(json.loads((Path(config.data.path) / "dataset.json").read_text())["vocab_size"])
+        return int(json.loads((Path(config.data.path).expanduser() / "dataset.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):
+        return config.data.vocab_size
+
+
+def with_dataset_vocab(config: RunConfig) -> RunConfig:
+    """`config` with the vocab its run would get (run_vocab) bound into model.vocab_size."""
+    if config.model.vocab_size is not None:
         return config
-    return config.model_copy(update={"model": config.model.model_copy(update={"vocab_size": vocab})})
+    return config.model_copy(update={"model": config.model.model_copy(update={"vocab_size": run_vocab(config)})})
 
 
 def advice(config: RunConfig, device_bytes: int, world_size: int = 1, sharding: Sharding = "ddp") -> str:
@@ -487,7 +514,7 @@ def format_table(est: MemoryEstimate, device_bytes: int | None) -> str:
     w0 = max(len(r[0]) for r in rows) + 2
     w1 = max(len(r[1]) for r in rows) + 2
     lines = [
-        f"{est.n_params / 1e6:.1f}M parameters, vocab {est.vocab_size}, "
+        f"{params_text(est.n_params, est.vocab_size)}, "
         f"micro-batch {est.batch_size} x {est.seq_len} tokens, "
         f"grad accum {est.grad_accum}, {est.precision} on {est.target}"
         + (f", {est.world_size} ranks ({est.sharding})" if est.world_size > 1 else "")

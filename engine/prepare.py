@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -28,6 +29,7 @@ import numpy as np
 
 from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
 from engine import rundir
+from engine.config import SEED_LIMIT
 from engine.errors import UserError
 
 EOT = "<|endoftext|>"
@@ -256,6 +258,8 @@ def prepare_report(
         raise UserError("no input given; pass text files or directories to prepare")
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction {val_fraction} is not between 0 and 1; pass e.g. 0.05")
+    if not 0 <= seed < SEED_LIMIT:
+        raise UserError(f"--seed {seed} is out of range; pass 0 to {SEED_LIMIT - 1}")
     if tokenizer is None:
         if vocab_size is None:
             raise UserError("neither --vocab-size nor --tokenizer given; pass one of them")
@@ -282,9 +286,13 @@ def prepare_report(
     train_texts = [t for t, v in zip(corpus.texts, is_val) if not v]
     val_texts = [t for t, v in zip(corpus.texts, is_val) if v]
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    rundir.make_dir(out.parent)
+    _sweep_dead_builds(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()  # not mkdtemp: its 0700 mode would make a shared cache unreadable to others
+    try:
+        tmp.mkdir()  # not mkdtemp: its 0700 mode would make a shared cache unreadable to others
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write in {out.parent} ({exc.strerror}); choose another --out") from None
     try:
         if tok is None:
             _say(f"training a {vocab_size}-token BPE on {len(train_texts)} documents...", progress)
@@ -333,6 +341,30 @@ def prepare_report(
         skipped=corpus.skipped,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's, alive
+        return True
+    return True
+
+
+def _sweep_dead_builds(out: Path) -> None:
+    """A build killed midway (kill -9, power) leaves its `.NAME.tmp-PID-HEX` folder beside `out`
+    forever: remove the ones of `out` whose process is gone (a live build's is left alone)."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.tmp-(\d+)-[0-9a-f]+")
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        m = pattern.fullmatch(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- default dataset

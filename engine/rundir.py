@@ -1,12 +1,16 @@
 """The run directory: config.toml, events.jsonl, checkpoints/, tokenizer.json.
 
 A run directory describes itself: `attach`, `--resume` and `sample` need nothing else.
+It has one writer at a time: an OS lock (flock on writer.lock) held for the run's life,
+so a second `train --resume` or a second new run racing on one `--out` is refused.
+Output paths of every command (runs, datasets, benchmark tables) are checked here too.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -14,8 +18,16 @@ from engine.config import RunConfig, build, read_toml
 from engine.errors import UserError
 
 CONFIG, EVENTS, CHECKPOINTS, TOKENIZER = "config.toml", "events.jsonl", "checkpoints", "tokenizer.json"
-WRITER = "writer.pid"  # host and pid of the process writing the run, while it runs
+WRITER = "writer.pid"  # "host pid since" of the process writing the run, while it runs
+WRITER_LOCK = "writer.lock"  # flock'ed by the writer for the run's life; never deleted (that would race)
 LAUNCH_LOG = "console.log"  # the app's detached launch writes the run's console here before it starts
+LOCK_ENV = "GPT2_TUI_RUN_LOCKED"  # set by the launcher for its ranks: the run dir whose lock it holds
+_NOT_CONTENT = frozenset({LAUNCH_LOG, WRITER, WRITER_LOCK})  # what a fresh --out may already hold
+# kernel file systems that look like directories but hold no files of ours
+_PSEUDO_FS = frozenset(
+    "proc sysfs devtmpfs devpts cgroup cgroup2 debugfs tracefs securityfs pstore bpf configfs "
+    "fusectl mqueue efivarfs binfmt_misc autofs nsfs selinuxfs hugetlbfs".split()
+)
 
 
 def default_path(preset: str | None) -> Path:
@@ -27,14 +39,84 @@ def holds_run(path: Path) -> bool:
 
 
 def check_new(path: Path, flag: str = "--out") -> None:
-    """Refuse a path that would overwrite anything, before a single byte is written: an output
-    directory (a run's, a dataset's, a benchmark's) is a new path or an empty directory."""
-    if path.exists() and not path.is_dir():
+    """Refuse, before a single byte is written, an output path that would overwrite anything or
+    cannot be made: every command's output (a run's, a dataset's, a benchmark's) is a new path,
+    or an empty directory, on storage this process can write."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{flag} {path} is a symbolic link that leads nowhere (a loop or a missing target); "
+                        "choose a new directory path")  # fmt: skip
+    try:
+        st: os.stat_result | None = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        st = None  # a new path (or one under a file: found below)
+    except OSError as err:
+        raise UserError(f"{flag} {path} cannot be used ({err.strerror}); choose a new directory path") from None
+    if st is None:
+        parent = path.absolute().parent
+        while not os.path.lexists(parent):
+            parent = parent.parent
+        if not parent.is_dir():
+            what = "a file" if parent.is_file() else "not a directory (a broken or looping link?)"
+            raise UserError(f"{flag} {path} cannot be made: {parent} is {what}; choose a path under a directory")
+        _check_writable(parent, path, flag)
+        return
+    if not stat.S_ISDIR(st.st_mode):
         raise UserError(f"{flag} {path} is a file; choose a new directory path")
     if holds_run(path):
         raise UserError(f"{path} already holds a run; continue it with --resume {path} or choose another {flag}")
-    if path.is_dir() and any(p.name != LAUNCH_LOG for p in path.iterdir()):
+    try:
+        names = [p.name for p in path.iterdir()]
+    except OSError as err:
+        raise UserError(f"{flag} {path} cannot be read ({err.strerror}); choose a new directory path") from None
+    if any(n not in _NOT_CONTENT for n in names):
         raise UserError(f"{flag} {path} is not empty; choose a new or empty directory so nothing is overwritten")
+    _check_writable(path, path, flag)
+
+
+def _mount_of(path: str) -> tuple[str, str] | None:
+    """(mount point, file system type) that holds `path` (Linux: /proc/self/mounts), or None."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    best: tuple[str, str] | None = None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+        if inside and (best is None or len(mnt) >= len(best[0])):  # the last mount on a point wins
+            best = (mnt, parts[2])
+    return best
+
+
+def _check_writable(directory: Path, path: Path, flag: str) -> None:
+    """`directory` (the output itself or its nearest existing ancestor) must be real, writable storage."""
+    real = os.path.realpath(directory)
+    mount = _mount_of(real)
+    if mount and mount[1] in _PSEUDO_FS:
+        raise UserError(f"{flag} {path} is on {mount[0]}, the kernel's {mount[1]} file system, not storage; "
+                        "choose a directory on a disk")  # fmt: skip
+    try:
+        read_only = bool(os.statvfs(real).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        raise UserError(f"{flag} {path} is on a read-only file system ({mount[0] if mount else real}); "
+                        "choose a writable directory")  # fmt: skip
+    if not os.access(real, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: {directory} cannot be written here (permission denied or immutable); "
+                        "choose a directory you can write to")  # fmt: skip
+
+
+def make_dir(path: Path, flag: str = "--out") -> None:
+    """Create a checked output directory (and its parents); a failure is one line."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{flag} {path} could not be created ({err.strerror}); choose another path") from None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -45,12 +127,31 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     write(path, data)
 
 
-def create(path: Path, config: RunConfig, tokenizer: str | None) -> None:
+def claim_new(path: Path) -> None:
+    """A new run's directory: checked, made, locked, and checked again under the lock, so of
+    two runs racing on one path exactly one gets it."""
     check_new(path)
-    (path / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-    write_config(path, config)
-    if tokenizer:
-        atomic_write_bytes(path / TOKENIZER, Path(tokenizer).read_bytes())  # never a torn copy
+    make_dir(path)
+    lock(path)
+    try:
+        check_new(path)  # another run may have filled it between the first check and the lock
+    except BaseException:
+        unlock(path)
+        raise
+    claim_writer(path)
+
+
+def create(path: Path, config: RunConfig, tokenizer: str | None) -> None:
+    """Make a new run directory (claimed by this process), then config.toml and the tokenizer."""
+    claim_new(path)
+    try:
+        (path / CHECKPOINTS).mkdir(exist_ok=True)
+        write_config(path, config)
+        if tokenizer:
+            atomic_write_bytes(path / TOKENIZER, Path(tokenizer).read_bytes())  # never a torn copy
+    except BaseException:
+        release_writer(path)
+        raise
 
 
 def write_config(path: Path, config: RunConfig) -> None:
@@ -70,20 +171,102 @@ def tokenizer_of(path: Path) -> Path | None:
     return p if p.is_file() else None
 
 
+# ---------------------------------------------------------------- the one writer
+
+_held: dict[str, int] = {}  # run dir (resolved) -> fd of its writer.lock, held by this process
+_recorded: set[str] = set()  # run dirs whose writer.pid this process wrote
+
+
+def _key(path: Path) -> str:
+    return str(Path(path).resolve())
+
+
+def _lock_env_holds(path: Path) -> bool:
+    """Under the launcher: it holds this run's lock for its ranks, which must not refuse each other."""
+    return os.environ.get(LOCK_ENV) == _key(path)
+
+
+def lock(path: Path) -> None:
+    """Take the run's writer lock (flock: the kernel drops it when the process dies, kill -9
+    included). Idempotent in the process that holds it; anyone else is refused in one line."""
+    import fcntl
+
+    key = _key(path)
+    if key in _held or _lock_env_holds(path):
+        return
+    try:
+        fd = os.open(path / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise UserError(f"cannot lock run directory {path} ({err.strerror}); check its permissions") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UserError(
+            f"{path} is being written by {holder(path)}; wait for it, stop it, or watch it with "
+            f"`gpt2-tui attach {path}`"
+        ) from None
+    _held[key] = fd
+
+
+def unlock(path: Path) -> None:
+    """Drop the lock (not the record): for a check that refused after locking."""
+    fd = _held.pop(_key(path), None)
+    if fd is not None:
+        os.close(fd)  # closing the last descriptor drops the flock
+
+
+def holder(path: Path) -> str:
+    """Who holds the run's lock, in words: pid, host and since when (writer.pid, else the kernel's table)."""
+    locker = _flock_pid(path / WRITER_LOCK)
+    try:
+        host, pid, *since = (path / WRITER).read_text().split()
+        if locker is None or int(pid) == locker:
+            return f"pid {int(pid)} on {host}" + (f" since {since[0]}" if since else "")
+    except (OSError, ValueError):
+        pass
+    return f"pid {locker} on this host (starting up)" if locker else "another process (starting up)"
+
+
+def _flock_pid(lock_file: Path) -> int | None:
+    """The pid holding a flock on `lock_file`, from /proc/locks (Linux), or None."""
+    try:
+        ino = str(os.stat(lock_file).st_ino)
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        f = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+        if len(f) > 5 and f[1] == "FLOCK" and f[5].split(":")[-1] == ino and f[4].isdigit():
+            return int(f[4])
+    return None
+
+
 def claim_writer(path: Path) -> None:
-    """Record who writes this run, so `attach` can tell a live run from one whose writer died."""
-    atomic_write_bytes(path / WRITER, f"{socket.gethostname()} {os.getpid()}\n".encode())
+    """Hold the run's lock (idempotent) and record who writes it ("host pid since"), so `attach`
+    and `gpt2-tui runs` can tell a live run from one whose writer died."""
+    if _lock_env_holds(path):
+        return  # the launcher's record names the holder of the lock
+    lock(path)
+    since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    atomic_write_bytes(path / WRITER, f"{socket.gethostname()} {os.getpid()} {since}\n".encode())
+    _recorded.add(_key(path))
 
 
 def release_writer(path: Path) -> None:
-    (path / WRITER).unlink(missing_ok=True)
+    """Drop our record, then the lock (in that order: a new writer never loses its record to us)."""
+    key = _key(path)
+    if key in _recorded:
+        (path / WRITER).unlink(missing_ok=True)
+        _recorded.discard(key)
+    unlock(path)
 
 
 def writer_alive(path: Path) -> bool | None:
     """False when the recorded writer is a dead process on this host; None when unknown
     (no record, or another host's process, which we cannot see)."""
     try:
-        host, pid = (path / WRITER).read_text().split()
+        host, pid = (path / WRITER).read_text().split()[:2]
         pid_n = int(pid)
     except (OSError, ValueError):
         return None
@@ -96,3 +279,12 @@ def writer_alive(path: Path) -> bool | None:
     except PermissionError:  # alive, someone else's
         return True
     return True
+
+
+def writer_of(path: Path) -> tuple[str, int] | None:
+    """The host and pid recorded as this run's writer, or None without a readable record."""
+    try:
+        host, pid = (path / WRITER).read_text().split()[:2]
+        return host, int(pid)
+    except (OSError, ValueError):
+        return None

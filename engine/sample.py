@@ -21,12 +21,22 @@ def load_model(run_or_file: Path, device: str = "cpu") -> tuple[GPT, RunConfig, 
     target = pick(device)  # a device this machine lacks is said as such, not as a corrupt file
     path = ckpt.find(run_or_file)
     state = ckpt.load(path, map_location=target)
-    config = build(state["config"])
+    try:
+        config = build(state["config"])
+    except UserError as err:
+        raise UserError(f"{path} holds a config that is not valid ({err}); use another checkpoint") from None
+    if config.model.vocab_size is None:
+        raise UserError(f"{path} holds a config without its vocab size; use another checkpoint")
+    with torch.device("meta"):  # shapes only, no memory: a damaged config must not allocate first
+        shapes = {k: v.shape for k, v in GPT(config.model).state_dict().items()}
+    saved = {k: v.shape for k, v in state["model"].items()}
+    if saved != shapes:
+        raise UserError(f"{path}: its weights do not match its own config; the file is damaged")
     model = GPT(config.model)
     try:
         model.load_state_dict(state["model"])
-    except RuntimeError:
-        raise UserError(f"{path}: its weights do not match its own config; the file is damaged") from None
+    except (RuntimeError, TypeError, ValueError):
+        raise UserError(f"{path}: its weights do not load into its own config; the file is damaged") from None
     return model.to(device).eval(), config, path
 
 

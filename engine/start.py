@@ -76,6 +76,7 @@ def start(
     run_dir: Path,
     *,
     resume: bool = False,
+    resume_from: str | None = None,
     sinks: Sequence[events.Sink] = (),
     control: Control | None = None,
     force: bool = False,
@@ -87,17 +88,25 @@ def start(
     Under torchrun every rank calls this: rank 0 names the directory and builds what is
     shared (the default dataset, the run directory) before the others read it. A `dataset`
     already opened by open_data (with `config` bound by it) is reused; the measuring tools
-    pass a `trainer_class` that skips evals and checkpoints.
+    pass a `trainer_class` that skips evals and checkpoints. The run directory is locked for
+    this process (its one writer) before anything is written; Trainer.run releases it.
     """
     device.check(config.speed.device, config.speed.precision, config.speed.compile)  # before a byte is written
     ctx = distributed.init(config.speed.device)  # under torchrun: join the process group
     if ctx.enabled and not resume:  # rank 0's clock names the run directory
         run_dir = Path(distributed.broadcast_object(str(run_dir)))
         config = config.model_copy(update={"out_dir": str(run_dir)})
-    with distributed.main_first():
-        if dataset is None:
-            config, dataset = open_data(config)
-        memory.check_fits(config, force)  # refuse what will not fit, before allocating
-        if not resume and ctx.is_main:
-            rundir.create(run_dir, config, dataset.info.tokenizer)
-    return trainer_class(config, run_dir, dataset, sinks=sinks, control=control, resume=resume)
+    if resume and ctx.is_main:
+        rundir.lock(run_dir)  # one writer: a second resume is refused before anything is read or written
+    try:
+        with distributed.main_first():
+            if dataset is None:
+                config, dataset = open_data(config)
+            memory.check_fits(config, force)  # refuse what will not fit, before allocating
+            if not resume and ctx.is_main:
+                rundir.create(run_dir, config, dataset.info.tokenizer)  # locked: held until the run ends
+        return trainer_class(config, run_dir, dataset, sinks=sinks, control=control, resume=resume, resume_from=resume_from)
+    except BaseException:
+        if ctx.is_main:
+            rundir.release_writer(run_dir)
+        raise

@@ -4,8 +4,10 @@ Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss
 (fp16) unscale -> clip, recording the pre-clip norm -> optimizer step -> scaler update,
 with the LR from `lr_at(step)`. Everything (model build, torch.compile, the loop) happens
 on the thread that calls `Trainer.run()`, because torch.compile is not thread-safe.
-The host syncs with the device at log, eval and checkpoint steps, and once per step for
-two scalars (loss, grad norm), so that a NaN/Inf step never reaches the weights (engine/guard.py).
+The host syncs with the device only at log, eval and checkpoint steps: whether a step's
+update is skipped (NaN/Inf, a loss spike) is decided on the device and honoured by the
+fused AdamW step as `found_inf` (engine/guard.py), so a bad step never reaches the weights
+and a `--log-interval N` step makes no host read at all.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import json
 import math
 import random
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +28,7 @@ import torch
 from engine import checkpoint as ckpt
 from engine import events as ev
 from engine import device as devices
-from engine import distributed, guard, rundir
+from engine import compile_cache, distributed, guard, rundir
 from engine.control import Control
 from engine.config import OptimConfig, RunConfig
 from engine.data import BatchLoader, BatchSampler, Dataset
@@ -115,10 +118,11 @@ class Trainer:
         sinks: Sequence[ev.Sink] = (),
         control: Control | None = None,
         resume: bool = False,
+        resume_from: str | None = None,
     ):
         self.config, self.run_dir, self.dataset = config, Path(run_dir), dataset
         self.control = control or Control()
-        self.resume = resume
+        self.resume, self.resume_from = resume, resume_from
         self.sinks: list[ev.Sink] = list(sinks)  # the run's JSONL joins once set-up succeeds
         self.ckpts = ckpt.CheckpointDir(self.run_dir / rundir.CHECKPOINTS, config.train.keep_last)
         self.step = 0
@@ -128,15 +132,17 @@ class Trainer:
         self._step_times: list[float] = []
         self.clock = _StepClock()
         self.dist = distributed.current()  # rank 0 alone writes events, config and checkpoints
-        self.guard = guard.StepGuard(config.train.max_bad_steps)
+        self._emit_lock = threading.Lock()  # the GPU sampler's thread emits too
+        self._bad_reported = 0
 
     # ------------------------------------------------------------------ plumbing
 
     def emit(self, event: Any) -> None:
         if not self.dist.is_main:
             return
-        for sink in self.sinks:
-            sink.emit(event)
+        with self._emit_lock:
+            for sink in self.sinks:
+                sink.emit(event)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -163,6 +169,7 @@ class Trainer:
             else contextlib.nullcontext
         )
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+        self.guard = guard.StepGuard(cfg.train.max_bad_steps, self.device)
 
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
@@ -180,11 +187,12 @@ class Trainer:
         self.val_batches = distributed.val_share(val, cfg.train.eval_batches, self.dist)  # same set every eval
 
         if self.resume:
-            self._load_latest()
+            self._load_resumed()
         # compile last, on this thread, wrapping the module whose state was just loaded
         self.forward = self.model
         if cfg.speed.compile:
             mode = None if cfg.speed.compile_mode == "default" else cfg.speed.compile_mode
+            compile_cache.enable()  # PyTorch's compile caches in the gpt2-tui cache: a rerun skips the compile
             self.forward = torch.compile(self.model, mode=mode)
         if self.parallel == "ddp":
             self.forward = distributed.replicate(self.forward, self.device)
@@ -201,7 +209,9 @@ class Trainer:
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        fused = o.fused if o.fused is not None else self.device.type == "cuda"
+        # fused by default where PyTorch has the kernel: faster, and it honours the guard's
+        # device-side skip flag (found_inf), which keeps the loop free of host syncs
+        fused = o.fused if o.fused is not None else self.device.type in ("cuda", "cpu")
         try:
             return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
         except RuntimeError as err:
@@ -221,12 +231,14 @@ class Trainer:
             "data": json.dumps(self.loader.state()),
         }
 
-    def _load_latest(self) -> None:
-        path = self.ckpts.latest()
+    def _load_resumed(self) -> None:
+        """The latest checkpoint, or the one `--from` names (best, a step, a file)."""
+        path = self.ckpts.resolve(self.resume_from) if self.resume_from else self.ckpts.latest()
         if path is None:  # stopped before its first checkpoint: the config is all there is; start over
             return
         state = ckpt.load(path)
         ckpt.check_resumable(state, path)
+        self._resumed_from_config = state.get("config")  # the switches it trained with: a segment's "before"
         _check_shapes(self.model, state["model"], path)
         distributed.load_full_state(self.model, self.optimizer, state)
         if self.scaler and state.get("scaler"):
@@ -282,13 +294,17 @@ class Trainer:
         finally:
             self.model.train()
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, final: bool = False) -> None:
+        """Save a healthy state; a blown-up one stops the run instead (the last good checkpoint
+        stays latest). A `final` save that fails always ends the run with an error."""
         if not (self.last_eval and self.last_eval[0] == self.step):
             self.evaluate()  # every checkpoint carries its val loss, so `best` means something
         val_loss = self.last_eval[1]
-        if not distributed.weights_finite(self.model):  # NaN/Inf weights are never saved as latest or best
-            self._act(guard.nan_weights(self.step, self.ckpts.latest(), self.precision, self.config.optim.lr, self.run_dir))
-        is_best = math.isfinite(val_loss) and (self.best_val_loss is None or val_loss < self.best_val_loss)
+        finite = distributed.weights_finite(self.model)
+        if not finite or not guard.healthy(val_loss, self.best_val_loss):
+            self._act(guard.unhealthy(self.step, val_loss, self.best_val_loss, finite, self.ckpts.latest(),
+                                      self.precision, self.config.optim.lr, self.run_dir))  # fmt: skip
+        is_best = self.best_val_loss is None or val_loss < self.best_val_loss
         previous_best = self.best_val_loss
         if is_best:
             self.best_val_loss = val_loss
@@ -299,7 +315,8 @@ class Trainer:
             path = self.ckpts.save(state, self.step, is_best)
         except OSError as err:  # disk full, permission denied: warn and go on, or stop (on_save_error)
             self.best_val_loss = previous_best
-            self._act(guard.save_failed(err, self.step, self.ckpts.path, self.config.train.on_save_error, self.run_dir))
+            policy = "stop" if final else self.config.train.on_save_error
+            self._act(guard.save_failed(err, self.step, self.ckpts.path, policy, self.run_dir))
             return
         self.emit(
             ev.Checkpoint(step=self.step, path=str(path), val_loss=val_loss, best=is_best, size_bytes=path.stat().st_size)
@@ -331,12 +348,16 @@ class Trainer:
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         norm = distributed.local_value(norm)  # FSDP2: a DTensor
-        bad = self.guard.observe(loss_sum, norm, scaled=self.scaler is not None)  # one host sync
+        skip = self.guard.judge(loss_sum, norm, scaled=self.scaler is not None)  # on the device
+        skip = distributed.max_over_ranks(skip, self.dist)  # every rank skips the same steps
         if self.scaler:
             self.scaler.step(self.optimizer)  # skips non-finite grads itself
             self.scaler.update()
-        elif not bad:
-            self.optimizer.step()  # a NaN/Inf step never reaches the weights
+        elif self.optimizer.defaults.get("fused"):
+            self.optimizer.found_inf = skip  # the fused kernel leaves weights and state as they were
+            self.optimizer.step()
+        elif not skip.item():  # unfused AdamW has no found_inf: the one per-step host read left
+            self.optimizer.step()
         return loss_sum, norm
 
     def _loop(self) -> str:
@@ -354,36 +375,40 @@ class Trainer:
                 self.emit(ev.Resumed(step=self.step))
                 clock.restart()
             if ctl.stop_requested:
-                self.save_checkpoint()
+                self.save_checkpoint(final=True)
                 return "stopped"
             if ctl.take_save_request():
                 self.save_checkpoint()
                 clock.restart()
 
             lr = lr_at(self.step, self.config.optim, max_steps)
-            loss, _ = self.train_step(lr)  # the norm reaches the host through the guard
+            loss, _ = self.train_step(lr)  # no host read here: see the module docstring
             self.step += 1
             self.tokens += self.config.tokens_per_step * self.dist.world_size
             clock.steps += 1
-            if self.guard.streak:
-                self._after_bad_step()
 
             last = self.step == max_steps
-            if self.step % cfg.log_interval == 0 or last:
-                self._sync()
-                step_time, data_time = clock.per_step()
-                # the guard already read this step's loss and (global) norm to the host
-                loss_v, norm_v = self.guard.last
+            log = self.step % cfg.log_interval == 0 or last
+            evaluate = self.step % cfg.eval_interval == 0 or last
+            save = self.step % cfg.ckpt_interval == 0 or last
+            if not (log or evaluate or save):
+                continue
+            self._sync()
+            step_time, data_time = clock.per_step()
+            reading = self.guard.read()  # this step's loss, norm and the skipped-step counters
+            self._check_run_dir()
+            if log:
+                loss_v = reading.loss
                 if self.dist.enabled:  # the logged loss is the mean over ranks
                     loss_v = distributed.mean_over_ranks(loss, self.dist).item()
-                self._report(loss_v, lr, norm_v, step_time, data_time)
-                clock.restart()
-            if self.step % cfg.eval_interval == 0 or last:
+                self._report(loss_v, lr, reading.norm, step_time, data_time)
+            if reading.total > self._bad_reported:
+                self._after_bad_steps(reading.total - self._bad_reported)
+            if evaluate:
                 self.evaluate()
-                clock.restart()
-            if self.step % cfg.ckpt_interval == 0 or last:
-                self.save_checkpoint()
-                clock.restart()
+            if save:
+                self.save_checkpoint(final=last)
+            clock.restart()
         return "completed"
 
     def _act(self, verdict: guard.Verdict) -> None:
@@ -392,18 +417,24 @@ class Trainer:
         if verdict.stop is not None:
             raise verdict.stop(verdict.message)
 
-    def _after_bad_step(self) -> None:
-        """The update was skipped; after max_bad_steps in a row, stop on the last good weights."""
-        self._act(guard.bad_step(self.guard, self.step))
+    def _after_bad_steps(self, skipped: int) -> None:
+        """Updates were skipped; after max_bad_steps in a row, stop on the last good weights:
+        saved now if they are healthy (a NaN batch), else the last checkpoint stands."""
+        self._bad_reported += skipped
+        self._act(guard.bad_steps(self.guard, self.step, skipped))
         if not self.guard.tripped:
             return
-        saved = None
-        if distributed.weights_finite(self.model):  # skipped updates: normally still the good weights
-            self.save_checkpoint()
-            saved = self.ckpts.latest()
-            saved = saved if saved is not None and saved.name == f"step_{self.step:06d}.pt" else None
-        saved = saved or self.ckpts.latest()
-        self._act(guard.diverged(self.guard, self.step, saved, self.precision, self.config.optim.lr, self.run_dir))
+        self.save_checkpoint()  # refuses (and stops) if the weights blew up
+        self._act(guard.diverged(self.guard, self.step, self.ckpts.latest(), self.precision,
+                                 self.config.optim.lr, self.run_dir))  # fmt: skip
+
+    def _check_run_dir(self) -> None:
+        """A run whose directory vanished (deleted, unmounted) stops instead of training blind."""
+        if self.dist.is_main and not (self.run_dir / rundir.EVENTS).exists():
+            raise UserError(
+                f"the run directory {self.run_dir} (or its {rundir.EVENTS}) vanished at step {self.step}; "
+                "the run stopped, as nothing could be saved; restore the directory or start a new run"
+            )
 
     def _loop_or_oom(self) -> str:
         """The loop, with a CUDA out-of-memory turned into a clean stop that says what fits."""
@@ -469,9 +500,20 @@ class Trainer:
                     world_size=self.dist.world_size, parallel=self.parallel,
                 )
             )
+            from engine.segments import opening  # every start, resume or toggle opens a segment
+
+            why = getattr(self, "segment_reason", None) or ("resume" if self.resume else "start")
+            self.emit(opening(self.config, self.step, getattr(self, "_resumed_from_config", None), why))
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
-            reason = self._loop_or_oom()
+            aside = self.ckpts.set_aside_after(self.step) if self.resume_from and self.dist.is_main else None
+            if aside is not None:
+                self.emit(ev.Warning_(message=f"resumed from step {self.step}: its later checkpoints were moved to {aside}"))
+            self._start_gpu_sampler()
+            try:
+                reason = self._loop_or_oom()
+            finally:
+                self._stop_gpu_sampler()  # its last reading lands before run_finished
             self.emit(
                 ev.RunFinished(step=self.step, reason=reason, best_val_loss=self.best_val_loss, summary=self.summary())
             )
@@ -485,7 +527,22 @@ class Trainer:
                 rundir.release_writer(self.run_dir)
             self._close()
 
+    def _start_gpu_sampler(self) -> None:
+        """NVML readings into the run's events (about 1 Hz): the dashboard's GPU tab, live or attached."""
+        from engine import gpu_monitor
+
+        if not (self.dist.is_main and self.device.type == "cuda" and gpu_monitor.available()[0]):
+            return
+        self._gpu_sampler = gpu_monitor.GpuSampler(lambda samples: self.emit(ev.Gpu(gpus=samples)))
+        self._gpu_sampler.start()
+
+    def _stop_gpu_sampler(self) -> None:
+        sampler, self._gpu_sampler = getattr(self, "_gpu_sampler", None), None
+        if sampler is not None:
+            sampler.stop()
+
     def _close(self) -> None:
+        self._stop_gpu_sampler()
         loader = getattr(self, "loader", None)
         if loader is not None:
             loader.close()

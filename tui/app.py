@@ -2,6 +2,8 @@
 
 The app talks to the engine only through RunConfig, the trainer's Control and events.
 Extra screens (e.g. the speed-ladder benchmark) register with one line in EXTRA_SCREENS.
+Nothing here imports torch at module level: the form paints first, and torch loads on a
+worker thread behind it (tui/screens/setup.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from textual.screen import Screen
 
 from engine.config import RunConfig
 from engine.errors import UserError
-from tui.screens.benchmark import open_benchmark
+from tui.fields import tui_words
 from tui.session import RunSession, attach, start_detached, start_in_process
 
 
@@ -30,10 +32,17 @@ def open_runs() -> Screen:
     return RunsScreen()
 
 
-# (key, title, factory, description): each becomes a binding and a command-palette entry.
+def open_ladder() -> Screen:
+    from tui.screens.benchmark import open_benchmark  # imports torch: only when asked for
+
+    return open_benchmark()
+
+
+# (key, footer label, factory, description): each becomes a binding and a command-palette
+# entry. Footer labels stay one short word: at 80 columns the footer must keep them all.
 EXTRA_SCREENS: list[tuple[str, str, Callable[[], Screen], str]] = [
     ("f7", "Runs", open_runs, "every run under runs/: attach to one, resume or compare"),
-    ("f8", "Speed ladder", open_benchmark, "run the speed ladder: what each optimization buys on this machine"),
+    ("f8", "Ladder", open_ladder, "the speed ladder: what each optimization buys on this machine"),
 ]
 
 STOP_POLL_S = 0.2  # how often a quit that waits for the run's checkpoint looks at the thread
@@ -75,7 +84,9 @@ class Inbox:
 class GPT2App(App):
     CSS_PATH = "app.tcss"
     TITLE = "gpt2-tui"
-    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True), Binding("f1", "help", "Help", show=False)]
+    # below 100 columns the screen gets the class -narrow: app.tcss tightens the footer
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
 
     def __init__(self, config: RunConfig | None = None, attach_dir: Path | None = None):
         super().__init__()
@@ -108,7 +119,7 @@ class GPT2App(App):
                 self.inbox = Inbox(self)
                 session = start_in_process(config, run_dir, self.inbox, threads=threads)
         except UserError as err:
-            self.notify(str(err), severity="error")
+            self.notify(tui_words(str(err)), severity="error")
             return
         self.open_dashboard(session)
 
@@ -124,6 +135,11 @@ class GPT2App(App):
         """The Runs screen chose a run: attach opens its dashboard (this app's own session
         when it is one of ours)."""
         path = Path(message.path)
+        if message.action == "resume":  # ask how far, continue it in its own process, open its dashboard
+            from tui.screens.run_end import ask_and_resume
+
+            ask_and_resume(self.screen, path, pop=True)
+            return
         if message.action != "attach":
             how = f"gpt2-tui train --resume {path}" if message.action == "resume" else "one dashboard per run for now"
             self.notify(f"{message.action} from here is not there yet: {how}", severity="warning")
@@ -140,6 +156,12 @@ class GPT2App(App):
     def on_events_ready(self, message: EventsReady) -> None:
         for event in self.inbox.drain():
             message.session.state.feed(event)
+
+    def action_help(self) -> None:
+        from tui.screens.modals import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
 
     def action_open_extra(self, title: str) -> None:
         for _, t, factory, _ in EXTRA_SCREENS:
@@ -191,6 +213,7 @@ class GPT2App(App):
                 yield SystemCommand(name, help_, action)
         for _, title, factory, description in EXTRA_SCREENS:
             yield SystemCommand(title, description, lambda f=factory: self.push_screen(f()))
+        yield SystemCommand("Keys help", "F1: every key of every screen", self.action_help)
 
 
 def run_app(config: RunConfig | None = None) -> int:

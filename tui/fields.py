@@ -8,12 +8,13 @@ the field it concerns.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from engine.config import RunConfig, merge, set_dotted
-from engine.settings import Setting, setting
+from engine.settings import Setting, flags, setting
 
 # What the form shows, by section; everything else keeps the preset's / file's value.
 SECTIONS: list[tuple[str, list[str]]] = [
@@ -30,8 +31,16 @@ SECTIONS: list[tuple[str, list[str]]] = [
 ]  # fmt: skip
 ALL_FIELDS = [d for _, names in SECTIONS for d in names]
 
-# pydantic's model-level validators report at the section; these say which field to blame.
+# pydantic's model-level validators report at the section; these say which field to blame
+# (at the top level, the first word of the message names the setting: "warmup steps ...").
 _MODEL_LEVEL = {("optim",): "optim.min_lr", (): "train.block_size", ("model",): "train.block_size"}
+_TOP_LEVEL_BY_WORD = {"warmup": "optim.warmup_steps", "block": "train.block_size"}
+
+
+def _blame(loc: tuple[str, ...], msg: str) -> str | None:
+    if loc == ():
+        return _TOP_LEVEL_BY_WORD.get(msg.split(" ", 1)[0], _MODEL_LEVEL[()])
+    return _MODEL_LEVEL.get(loc)
 
 
 def get_value(data: dict[str, Any], dotted: str) -> Any:
@@ -67,20 +76,45 @@ def validate(base: dict[str, Any], values: dict[str, Any]) -> tuple[RunConfig | 
         for e in err.errors():
             loc = tuple(str(p) for p in e["loc"])
             msg = e["msg"].removeprefix("Value error, ")
-            dotted = ".".join(loc[:2]) if len(loc) >= 2 else _MODEL_LEVEL.get(loc)
+            dotted = ".".join(loc[:2]) if len(loc) >= 2 else _blame(loc, msg)
             if dotted in values:
-                by_field.setdefault(dotted, msg)
+                by_field.setdefault(dotted, tui_words(msg))
             else:
-                general.append(f"{'.'.join(loc) or 'config'}: {msg}")
+                general.append(f"{'.'.join(loc) or 'config'}: {tui_words(msg)}")
         return None, by_field, general
 
 
-def preset_params(name: str, vocab: int = 50257) -> int:
-    """Parameters of a preset; `vocab` is used when the preset leaves it to the dataset."""
-    from engine.config import resolve
+# ---------------------------------------------------------------- engine words -> form words
 
-    return resolve(name).model.n_params(vocab)
+_FORM_NAMES = {"--data": "dataset", "--context": "model context", "--fused-adamw": "fused"}
+_PASS_TO_DATA = re.compile(r"\bpass (.+?) to --data\b")
+_SET_FLAG = re.compile(r"\b(?:pass|use) --(no-)?([a-z][a-z0-9-]*)(?: ([^\s,;:)]+))?")
+_FLAG = re.compile(r"--(no-)?([a-z][a-z0-9-]*)")
 
 
-def fmt_params(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.0f}K"
+def _name(flag: str) -> str:
+    """A flag as the form names its field: '--block-size' -> 'block size'."""
+    if flag in _FORM_NAMES:
+        return _FORM_NAMES[flag]
+    by_flag = {s.flag: s.label for s in flags()}
+    return by_flag.get(flag, flag.removeprefix("--").replace("-", " "))
+
+
+def _set(m: re.Match[str]) -> str:
+    neg, name, value = m.groups()
+    field = _name("--" + name)
+    if neg:
+        return f"turn {field} off"
+    return f"set {field} to {value}" if value else f"set {field}"
+
+
+def tui_words(text: str) -> str:
+    """An engine message (written for the command line) in the form's words: flags become the
+    fields that set them ('pass --block-size 512 or less' -> 'set block size to 512 or less').
+    A shell command in backticks is left as it is: it is meant to be typed in a shell."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # outside backticks only
+        t = _PASS_TO_DATA.sub(r"give \1 in the dataset field", parts[i])
+        t = _SET_FLAG.sub(_set, t)
+        parts[i] = _FLAG.sub(lambda m: _name("--" + m[2]) + (" off" if m[1] else ""), t)
+    return "`".join(parts)

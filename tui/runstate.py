@@ -2,8 +2,12 @@
 
 The same state is fed by a live in-process trainer or by tailing another process's
 events.jsonl, so `attach` and a launch show exactly the same thing. Alerts are derived
-here too: NaN/Inf loss, a loss spike, the grad norm pinned at the clip, data loading
-taking over 10% of the step.
+here too: NaN/Inf loss, a loss spike, the grad norm pinned at the clip after warmup, data
+loading taking over 10% of the step.
+
+Phases no event marks are told by what the app did (`Building`, `note_stop`): the first
+dataset build before the run starts, and a stop asked for until the run ends. The compile
+warm-up is read from the events: compile on, and no step reported yet in this segment.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
 EMA_BETA = 0.9
 SPIKE_FACTOR = 1.5  # loss above this multiple of its EMA is a spike
 GPU_ROUNDS = 3600  # an hour of GPU readings at 1 Hz
-PINNED_STEPS = 10  # this many consecutive step reports at the clip = pinned
+PINNED_STEPS = 10  # at least this many consecutive step reports at the clip, past warmup = pinned
+PINNED_MAX = 100  # ... and as many as the warmup took, up to this many (the run's own time scale)
 DATA_SHARE = 0.10  # data wait above this share of the step time is an alert
 
 
@@ -64,6 +69,15 @@ class LogLine:
     level: Literal["info", "warning", "error"] = "info"
 
 
+@dataclass
+class Building:
+    """Not an engine event: the app tells the state that the default dataset is being built
+    (on: True) or is ready (on: False), before the run itself starts."""
+
+    on: bool
+    time: float = field(default_factory=time.time)
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
@@ -93,6 +107,9 @@ class RunState:
         self.gpu_count = 0  # rounds ever fed (the GPU tab takes the ones it has not seen)
         self.log: list[LogLine] = []  # the last 500
         self.log_count = 0  # lines ever logged
+        self.building_since: float | None = None  # the default dataset being built (no event says so)
+        self.stop_since: float | None = None  # a stop asked for from this app (no event says so)
+        self.segment_steps = 0  # step reports since the last run_started
         self._ema: float | None = None
         self._pinned = 0
         self._alerts_on: set[str] = set()
@@ -108,18 +125,48 @@ class RunState:
         return float(self.started.config["optim"]["grad_clip"]) if self.started else 0.0
 
     @property
+    def compiling(self) -> bool:
+        """torch.compile's warm-up: compile on and no step reported yet in this segment."""
+        return bool(self._setting("speed", "compile", False)) and self.segment_steps == 0
+
+    @property
     def state(self) -> str:
+        """failed / completed / stopped once over; else stopping, building dataset, waiting,
+        paused, compiling or running."""
         if self.failed:
             return "failed"
         if self.finished:
             return self.finished.reason
+        if self.stop_since is not None:
+            return "stopping"
         if self.started is None:
-            return "waiting"
-        return "paused" if self.paused else "running"
+            return "building dataset" if self.building_since is not None else "waiting"
+        if self.paused:
+            return "paused"
+        return "compiling" if self.compiling else "running"
 
     @property
     def live(self) -> bool:
-        return self.state in ("waiting", "running", "paused")
+        return self.failed is None and self.finished is None
+
+    def phase_seconds(self, now: float | None = None) -> float | None:
+        """How long the current long phase (building, stopping, compiling) has lasted."""
+        state, now = self.state, now or time.time()
+        since = {"building dataset": self.building_since, "stopping": self.stop_since,
+                 "compiling": self.started.time if self.started else None}.get(state)  # fmt: skip
+        return None if since is None else max(0.0, now - since)
+
+    def resuming(self) -> None:
+        """The run is being continued: no longer over, waiting for its next run_started."""
+        self.finished = self.failed = self.stop_since = None
+        self.paused = False
+        self.version += 1
+
+    def note_stop(self, t: float | None = None) -> None:
+        """A stop was asked for (the run saves and ends: STOPPING until run_finished)."""
+        if self.live and self.stop_since is None:
+            self.stop_since = t or time.time()
+            self.version += 1
 
     def settled_step_time(self) -> float | None:
         return ev.settled_step_time(self.series["step_time"].y)
@@ -139,6 +186,10 @@ class RunState:
     # ----------------------------------------------------------------- feeding
 
     def feed(self, e: Any) -> None:
+        if isinstance(e, Building):
+            self.building_since = e.time if e.on else None
+            self.version += 1
+            return
         if isinstance(e, ev.Gpu):  # not a change of the run's charts: no version bump, no redraw
             self.gpu_rounds.append(e.gpus)
             self.gpu_count += 1
@@ -149,6 +200,7 @@ class RunState:
         match e:
             case ev.RunStarted():
                 self.started, self.finished, self.failed, self.paused = e, None, None, False
+                self.building_since, self.segment_steps, self._pinned = None, 0, 0
                 self.t0 = self.t0 or e.time
                 self.step = e.start_step
                 self._log(ev.describe(e), e.time)
@@ -199,6 +251,7 @@ class RunState:
 
     def _on_step(self, e: ev.Step) -> None:
         self.step, self.tokens, self.last_step = e.step, e.tokens, e
+        self.segment_steps += 1
         t = self._rel(e.time)
         s = self.series
 
@@ -232,11 +285,14 @@ class RunState:
         ema = self._ema
         spike = math.isfinite(e.loss) and ema is not None and len(self.series["loss"]) > 10 and e.loss > SPIKE_FACTOR * ema
         self._alert("spike", spike, f"step {e.step}: loss spike {e.loss:.3f} vs EMA {ema or 0:.3f}", e.time)
-        clip = self.grad_clip
-        self._pinned = self._pinned + 1 if clip > 0 and e.grad_norm >= clip else 0
+        # early in training (warmup, and just after) the norm sits near the clip on healthy
+        # runs: only a streak past warmup, as long as the warmup itself, says the lr is too high
+        clip, need = self.grad_clip, self._pinned_reports()
+        past_warmup = e.step > self._setting("optim", "warmup_steps", 0)
+        self._pinned = self._pinned + 1 if clip > 0 and past_warmup and e.grad_norm >= clip else 0
         self._alert(
-            "pinned", self._pinned >= PINNED_STEPS,
-            f"step {e.step}: grad norm at the clip ({clip}) for {PINNED_STEPS} reports: lr may be too high", e.time,
+            "pinned", self._pinned >= need,
+            f"step {e.step}: grad norm at the clip ({clip}) for {need} reports after warmup: lr may be too high", e.time,
         )  # fmt: skip
         share = e.data_time_s / e.step_time_s if e.step_time_s > 0 else 0.0
         self._alert(
@@ -244,7 +300,21 @@ class RunState:
             f"step {e.step}: data loading is {100 * share:.0f}% of the step time (try --preload/--prefetch)", e.time,
         )  # fmt: skip
 
+    def _setting(self, section: str, key: str, default: Any) -> Any:
+        return self.started.config.get(section, {}).get(key, default) if self.started else default
+
+    def _pinned_reports(self) -> int:
+        warmup = self._setting("optim", "warmup_steps", 0) // max(1, self._setting("train", "log_interval", 1))
+        return min(PINNED_MAX, max(PINNED_STEPS, warmup))
+
     # ----------------------------------------------------------------- checkpoints
+
+    def next_checkpoint(self) -> int | None:
+        """The step at which the next periodic checkpoint is due (None once the run is over)."""
+        every, total = self._setting("train", "ckpt_interval", None), self.max_steps
+        if not every or total is None or not self.live:
+            return None
+        return min(total, (self.step // every + 1) * every)
 
     def checkpoint_rows(self) -> list[tuple[CheckpointRow, bool]]:
         """Rows whose file is still on disk (keep-last deletes old ones), newest first,

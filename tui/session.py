@@ -8,12 +8,18 @@ a callback that only posts a message (thread-safe, never blocks the trainer).
 Detached: the headless CLI in its own session (`start_new_session`), writing the run
 directory; the dashboard tails its events.jsonl like any `attach`, and the run survives
 the terminal going away.
+
+Steering (pause, save now, stop) reaches this app's own trainer through its Control, and
+any other run by signals to the writer pid its run directory records (engine.control's
+SIGUSR2 pause, SIGUSR1 save, SIGTERM stop): when that writer is alive on this host, is
+this user's, and catches those signals (the headless CLI does). Others' runs are watched.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,10 +32,52 @@ from engine import events as ev
 from engine import rundir
 from engine.config import RunConfig
 from engine.errors import UserError
-from tui.runstate import RunState
+from tui.runstate import Building, RunState
 from tui.tail import EventTail
 
 CONSOLE_LOG = rundir.LAUNCH_LOG
+BUILD_LINE = "building the default dataset"  # what engine.prepare prints while it builds (a child's console)
+
+
+def _proc_status(pid: int) -> dict[str, str]:
+    """Linux's /proc/PID/status fields ({} where there is no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def writer_target(run_dir: Path) -> tuple[int | None, str]:
+    """The writer pid of a run that this app may steer by signals, or None and why not:
+    only a live writer on this host, of this user, that catches the steering signals (an
+    app's in-process run does not: a SIGUSR1 would end that app)."""
+    from engine.control import PAUSE_SIGNAL, SAVE_SIGNAL
+
+    record = rundir.writer_of(run_dir)
+    if record is None:
+        return None, "no writer recorded: the run is not running"
+    host, pid = record
+    if host != socket.gethostname():
+        return None, f"written by pid {pid} on {host}, another host"
+    if SAVE_SIGNAL is None or PAUSE_SIGNAL is None:
+        return None, f"pid {pid}: steering by signals needs a POSIX system"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None, f"its writer, pid {pid}, is gone"
+    except PermissionError:
+        return None, f"pid {pid} belongs to another user"
+    if rundir.writer_alive(run_dir) is False:
+        return None, f"its writer, pid {pid}, is gone"
+    status = _proc_status(pid)
+    if status:
+        if int(status["Uid"].split()[0]) != os.getuid():
+            return None, f"pid {pid} belongs to another user"
+        caught = int(status["SigCgt"].strip(), 16)
+        if not all(caught >> (sig - 1) & 1 for sig in (SAVE_SIGNAL, PAUSE_SIGNAL)):
+            return None, f"pid {pid} takes no steering signals (a run inside an app: steer it there)"
+    return pid, f"pid {pid}"
 
 
 @dataclass
@@ -43,12 +91,31 @@ class RunSession:
     tail: EventTail | None = None
     stopping: bool = False  # a stop was asked for from here: the run saves, then ends
     _config_file: Path | None = None
+    _saw_start: bool = False  # a tailed run's run_started came (since this session began)
+    _console_pos: int = 0  # where this launch's lines start in the console log
 
     @property
     def steerable(self) -> bool:
-        """Pause and save-now reach a trainer in this process, or the process we spawned
-        (by signals); a run attached from elsewhere is only watched."""
-        return self.control is not None or (self.process is not None and self.process.poll() is None)
+        return self.steering()[0]
+
+    def steering(self) -> tuple[bool, str]:
+        """Whether p/s/q reach the run, and whom (or why not): this app's trainer, the
+        process it spawned, or the recorded writer when it is ours (same user and host)."""
+        if self.control is not None:
+            return True, "in this app"
+        if self.process is not None and self.process.poll() is None:
+            return True, f"pid {self.process.pid}"
+        pid, why = writer_target(self.run_dir)
+        return pid is not None, why
+
+    def _signal(self, sig: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+            return
+        pid, why = writer_target(self.run_dir)
+        if pid is None:
+            raise UserError(f"cannot steer {self.run_dir}: {why}")
+        os.kill(pid, sig)
 
     def toggle_pause(self) -> bool:
         """Pause or resume; True if a pause was asked for."""
@@ -61,7 +128,7 @@ class RunSession:
         from engine.control import PAUSE_SIGNAL
 
         pausing = not self.state.paused
-        os.kill(self.process.pid, PAUSE_SIGNAL)
+        self._signal(PAUSE_SIGNAL)
         return pausing
 
     def save_now(self) -> None:
@@ -70,7 +137,7 @@ class RunSession:
         else:
             from engine.control import SAVE_SIGNAL
 
-            os.kill(self.process.pid, SAVE_SIGNAL)
+            self._signal(SAVE_SIGNAL)
 
     def alive(self) -> bool:
         if self.thread is not None:
@@ -83,31 +150,45 @@ class RunSession:
         """New events from a tailed run (detached or attached); [] for in-process runs."""
         if self.tail is None:
             return []
+        exited = self.process is not None and self.process.poll() is not None  # before reading: all it wrote is there
+        resets = self.tail.resets
         events = self.tail.read_new()
-        if self.process is not None and self.process.poll() is not None and not self.state.started and not events:
-            # the child quit before writing any event: bad input; its one line is in the log
-            if not (self.run_dir / rundir.EVENTS).exists() and self.state.failed is None:
-                events.append(ev.RunFailed(step=None, error=self.console_tail() or f"exit status {self.process.returncode}"))
+        if self.tail.resets != resets:  # the file was truncated or replaced: start the view over
+            self.state = RunState()
+        self._saw_start = self._saw_start or any(isinstance(e, ev.RunStarted) for e in events)
+        if exited and not self._saw_start and self.state.failed is None:
+            # the child quit before starting the run: bad input; its one line is in the log
+            events.append(ev.RunFailed(step=None, error=self.console_tail() or f"exit status {self.process.returncode}"))
+        elif not self._saw_start and self.state.live:
+            building = BUILD_LINE in self.console_text()
+            if building != (self.state.building_since is not None):
+                events.insert(0, Building(building))
         if self._config_file is not None and self.state.started:
             self._config_file.unlink(missing_ok=True)
             self._config_file = None
         return events
 
-    def console_tail(self) -> str:
-        log = self.run_dir / CONSOLE_LOG
+    def console_text(self) -> str:
+        """What the launched process wrote to the console log (not earlier launches' lines)."""
         try:
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+            with open(self.run_dir / CONSOLE_LOG, "rb") as f:
+                f.seek(self._console_pos)
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def console_tail(self) -> str:
+        lines = [ln for ln in self.console_text().splitlines() if ln.strip()]
         return lines[-1] if lines else ""
 
     def request_stop(self) -> None:
         """Graceful: the trainer saves a checkpoint at the next step boundary and ends."""
         self.stopping = True
+        self.state.note_stop()
         if self.control is not None:
             self.control.stop()
-        elif self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
+        else:
+            self._signal(signal.SIGTERM)
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """For quitting the app: stop an in-process run and wait at most `timeout`.
@@ -136,6 +217,14 @@ def start_in_process(
                 import torch
 
                 torch.set_num_threads(threads)
+            if config.data.path is None:  # the first run builds the default dataset (seconds): say so
+                from engine.prepare import default_dataset
+
+                on_event(session, Building(True))
+                try:
+                    default_dataset(progress=False)
+                finally:
+                    on_event(session, Building(False))
             sink = ev.CallbackSink(lambda e: on_event(session, e))
             cfg = config.model_copy(update={"out_dir": str(run_dir)})
             start(cfg, run_dir, sinks=[sink], control=session.control).run()
@@ -163,6 +252,7 @@ def start_detached(config: RunConfig, run_dir: Path, nproc: int = 1) -> RunSessi
     with os.fdopen(fd, "w") as f:
         f.write(config.model_copy(update={"out_dir": str(run_dir)}).to_toml())
     log = open(run_dir / CONSOLE_LOG, "ab")
+    start = log.tell()
     try:
         proc = subprocess.Popen(
             headless_command(Path(name), run_dir, nproc),
@@ -172,7 +262,29 @@ def start_detached(config: RunConfig, run_dir: Path, nproc: int = 1) -> RunSessi
     finally:
         log.close()
     session = RunSession(run_dir=run_dir, mode="detached", process=proc, tail=EventTail(run_dir / rundir.EVENTS))
-    session._config_file = Path(name)
+    session._config_file, session._console_pos = Path(name), start
+    return session
+
+
+def start_resume(run_dir: Path, max_steps: int) -> RunSession:
+    """Continue a run that is not running, to `max_steps`, in its own process (like F5):
+    the headless CLI's --resume. The dashboard shows the run's history, then the new steps."""
+    run_dir = Path(run_dir)
+    rundir.load_config(run_dir)  # one line if it is not a run directory
+    if rundir.writer_alive(run_dir):
+        raise UserError(f"{run_dir} is running; attach to it instead")
+    session = RunSession(run_dir=run_dir, mode="detached", tail=EventTail(run_dir / rundir.EVENTS))
+    for e in session.tail.read_new(max_bytes=1 << 62):  # the history, at once; the tail goes on from its end
+        session.state.feed(e)
+    if max_steps <= session.state.step:
+        raise UserError(f"{run_dir} is at step {session.state.step}; resume it to more steps than that")
+    session.state.resuming()
+    cmd = [sys.executable, "-m", "engine.cli", "train", "--headless", "--resume", str(run_dir), "--max-steps", str(max_steps)]
+    with open(run_dir / CONSOLE_LOG, "ab") as log:
+        session._console_pos = log.tell()
+        session.process = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()
+        )  # fmt: skip
     return session
 
 

@@ -1,11 +1,14 @@
 """Follow a run's events.jsonl as another process writes it (the `attach` side).
 
 Reads only what was appended since the last call; a line without its newline yet is kept
-for the next call (the writer may be mid-line), so a torn last line is never parsed.
+for the next call (the writer may be mid-line), so a torn last line is never parsed. A file
+that shrank (truncated, or replaced by a new run's) is read again from its start, and
+`resets` counts how often that happened so the reader can drop what it built from the old one.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +24,18 @@ class EventTail:
         self._partial = b""
         self.problems: list[str] = []
         self._line = 0
+        self.resets = 0
+
+    def _restart(self) -> None:
+        self._pos, self._partial, self._line = 0, b"", 0
+        self.resets += 1
 
     def read_new(self, max_bytes: int = 8 << 20) -> list[Any]:
         """Events appended since the last call (at most max_bytes read per call)."""
         try:
             with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self._pos:
+                    self._restart()
                 f.seek(self._pos)
                 chunk = f.read(max_bytes)
         except FileNotFoundError:

@@ -4,14 +4,47 @@
     bench --config FILE         one config over time: the compile warm-up settling (timeline.py)
     bench --plain               our Trainer vs an independent plain GPT-2 loop (plain.py)
     bench --best                every optimization on, micro-batch x compile mode swept (best.py)
+    bench --gpu-report          every GPU figure for docs/gpu/, in parts under time budgets (gpu_report.py)
 """
 
 from __future__ import annotations
 
+import argparse
+
 from engine.measure.common import BenchOptions
+from engine.errors import UserError
+
+
+def add_flags(b: argparse.ArgumentParser) -> None:
+    """The flags of the compile-cache timing and the GPU report (engine.cli's bench parser calls this)."""
+    from engine.measure.gpu_report import PARTS
+
+    b.add_argument("--compile-cache", choices=["cold", "warm", "both"], default=None,
+                   help="ladder and --config: time the first step with torch.compile's caches empty (cold), "
+                   "filled by a run of the same config (warm), or both")  # fmt: skip
+    b.add_argument("--gpu-report", action="store_true", help="on a CUDA box: tests, ladder, best, memory and "
+                   "dashboard overhead, written to docs/gpu/DEVICE-DATE.md and .json (about 9 minutes)")  # fmt: skip
+    b.add_argument("--part", action="append", default=[], choices=PARTS, metavar="PART",
+                   help=f"--gpu-report: only this part (repeatable), merged into the day's report: {', '.join(PARTS)}")  # fmt: skip
+    b.add_argument("--dry-run", action="store_true", help="--gpu-report on CPU with the tiniest shapes (the plumbing)")
+    b.add_argument("--budget", type=int, metavar="S", help="--gpu-report: seconds each part may take (default: its own)")
 
 
 def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
+    if opts.gpu_report:  # its --out is the report's directory, merged into: checked by gpu_report
+        from engine.measure import gpu_report
+
+        return gpu_report.run(opts, command)
+    from engine import device, rundir
+
+    device.pick(opts.device)  # a device this machine lacks: one line, before any out dir exists
+    if opts.out is not None:
+        rundir.check_new(opts.out)  # each tool checks again where it creates it
+    report_only = [f for f, v in (("--part", opts.part), ("--dry-run", opts.dry_run), ("--budget", opts.budget)) if v]
+    if report_only:
+        raise UserError(f"{report_only[0]} belongs to --gpu-report; add --gpu-report or leave it out")
+    if opts.compile_cache and (opts.plain or opts.best):
+        raise UserError("--compile-cache times the ladder or --config FILE, not --plain or --best; leave it out")
     if opts.config is not None:
         from engine.measure import timeline
 

@@ -161,6 +161,7 @@ def run(args: BenchOptions, command: str) -> int:
         "data.prefetch": True, "train.grad_accum": args.grad_accum, "train.max_steps": total,
         "train.log_interval": every, "train.eval_interval": total + 1, "train.ckpt_interval": total + 1,
         "model.vocab_size": args.vocab_size or 50257,
+        "optim.warmup_steps": 0,  # a timing run: the lr schedule does not change the speed
     }  # fmt: skip
     for key, value in (("data.path", args.data), ("train.block_size", args.block_size)):
         if value is not None:

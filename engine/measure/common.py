@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import gc
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
 
 from engine import events as ev
-from engine.config import RunConfig
+from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_STEPS, MAX_VOCAB, RunConfig
 from engine.data import Dataset
 from engine.errors import UserError
 from engine.control import Control
@@ -32,20 +33,25 @@ class BenchOptions(BaseModel):
     config: Path | None = None
     plain: bool = False
     best: bool = False
-    steps: int | None = Field(None, ge=1)
-    warmup: int = Field(5, ge=1)
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    warmup: int = Field(5, ge=1, le=MAX_STEPS)
     out: Path | None = None
     data: str | None = None
     device: str = "auto"
-    vocab_size: int | None = Field(None, ge=2)
-    batch_size: int | None = Field(None, ge=1)
-    block_size: int | None = Field(None, ge=1)
-    grad_accum: int = Field(1, ge=1)
-    log_interval: int | None = Field(None, ge=1)
+    vocab_size: int | None = Field(None, ge=2, le=MAX_VOCAB)
+    batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
+    block_size: int | None = Field(None, ge=1, le=MAX_CONTEXT)
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH)
+    log_interval: int | None = Field(None, ge=1, le=MAX_STEPS)
     batch_sizes: str | None = None
     compile_modes: str | None = None
     skip: list[str] = []
-    rounds: int = Field(3, ge=1)
+    rounds: int = Field(3, ge=1, le=1000)
+    compile_cache: Literal["cold", "warm", "both"] | None = None
+    gpu_report: bool = False
+    part: list[str] = []
+    dry_run: bool = False
+    budget: int | None = Field(None, ge=1)
 
     @classmethod
     def from_flags(cls, values: dict[str, Any]) -> BenchOptions:
@@ -56,8 +62,9 @@ class BenchOptions(BaseModel):
         except ValidationError as err:
             e = err.errors()[0]
             flag = "--" + str(e["loc"][0]).replace("_", "-")
-            bound = (e.get("ctx") or {}).get("ge")
-            why = f"must be at least {bound}" if bound is not None else e["msg"].lower()
+            ctx = e.get("ctx") or {}
+            why = (f"must be at least {ctx['ge']}" if "ge" in ctx else f"must be at most {ctx['le']}" if "le" in ctx
+                   else e["msg"].lower())  # fmt: skip
             raise UserError(f"{flag} {why} (got {e['input']!r})") from None
 
 
@@ -76,7 +83,7 @@ class BenchTrainer(Trainer):
     def evaluate(self) -> float:
         return float("nan")
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, final: bool = False) -> None:
         pass
 
 
@@ -148,6 +155,53 @@ def time_config(
         device=s.device, device_name=s.device_name, precision=s.precision,
         flops_per_token=s.flops_per_token, peak_flops=s.peak_flops, reason=reason,
     )  # fmt: skip
+
+
+class FirstStep(BaseModel):
+    """The first step of one run, timed with torch.compile's caches cold or warm."""
+
+    cache: Literal["cold", "warm"]
+    steps: int  # the run's length: 1 for a run that only fills or reads the cache
+    first_step_s: float  # the first logged interval's per-step time
+    startup_s: float  # trainer start to first step done: build, compile (or cache read), first step
+    cache_files: int  # files in the cache directory after the run
+
+
+def time_compile_cache(
+    mode: Literal["cold", "warm", "both"] | None,
+    config: RunConfig,
+    dataset: Dataset,
+    run_dir: Path,
+    control: Control | None = None,
+    on_step: Callable[[ev.Step], None] | None = None,
+) -> tuple[Timing, list[FirstStep]]:
+    """time_config, with torch.compile's caches in a fresh directory of their own:
+
+        cold  the run compiles from nothing
+        warm  a one-step run of the same config fills the directory, then the run reads it
+        both  the run compiles from nothing, then a one-step run reads what it left
+
+    and each run's first step, cold first. No mode, or compile off: time_config as it is
+    (the user's compile cache, as any run)."""
+    if mode is None or not config.speed.compile:
+        return time_config(config, dataset, run_dir, control, on_step), []
+    from engine import compile_cache
+
+    one = config.model_copy(update={"train": config.train.model_copy(update={"max_steps": 1, "log_interval": 1})})
+    runs = {"cold": [config], "warm": [one, config], "both": [config, one]}[mode]
+    firsts, timing = [], None
+    with tempfile.TemporaryDirectory(prefix="gpt2-tui-compile-cache-") as cache:
+        for cfg, state in zip(runs, ("cold", "warm")):
+            with compile_cache.redirect(Path(cache)):
+                if cfg is config:  # the timed run
+                    t = timing = time_config(config, dataset, run_dir, control, on_step)
+                else:
+                    t = time_config(one, dataset, run_dir.with_name(f"{run_dir.name}-{state}-1step"))
+            files = sum(1 for p in Path(cache).rglob("*") if p.is_file())
+            firsts.append(FirstStep(cache=state, steps=cfg.train.max_steps, first_step_s=t.step_times_s[0],
+                                    startup_s=t.startup_s, cache_files=files))  # fmt: skip
+    assert timing is not None
+    return timing, firsts
 
 
 def default_out(name: str) -> Path:

@@ -27,13 +27,13 @@ from pydantic import BaseModel, Field
 from engine import events as ev
 from engine import rundir
 from engine.checkpoint import atomic_write_bytes
-from engine.memory import human
+from engine.memory import human, param_count, params_text
 from engine.config import resolve
 from engine.data import Dataset
 from engine.errors import UserError
 from engine.control import Control
-from engine.device import pick as pick_device
-from engine.measure.common import BenchOptions, default_out, load_average, time_config
+from engine.device import describe as describe_device, pick as pick_device
+from engine.measure.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
 from engine.start import open_data
 
 GPT2_VOCAB = 50257
@@ -99,6 +99,9 @@ class BenchConfig(BaseModel):
     warmup: int = Field(5, ge=1, description="untimed steps first (compile happens here)")
     log_interval: int = Field(1, ge=1, description="steps per timed interval (one host sync each)")
     skip: list[str] = Field(default_factory=list, description="rungs left out by request")
+    compile_cache: Literal["cold", "warm", "both"] | None = Field(
+        None, description="compiled rungs: torch.compile's caches cold, warm or both (None: the user's cache)"
+    )
     seed: int = 1337
 
 
@@ -119,6 +122,7 @@ class RungResult(BaseModel):
     speedup_vs_baseline: float | None = None
     speedup_vs_prev: float | None = None
     step_times_s: list[float] = []  # every timed interval's per-step time, warm-up included
+    first_steps: list[FirstStep] = []  # compiled rungs under --compile-cache: cold, then warm
 
 
 class LadderResult(BaseModel):
@@ -261,8 +265,9 @@ def run_ladder(
     rundir.check_new(out)
 
     result = LadderResult(
-        preset=bench.preset, load=load_average(), batch_size=probe.train.batch_size,
-        block_size=probe.seq_len, grad_accum=probe.train.grad_accum, vocab_size=vocab,
+        preset=bench.preset, device=str(device), device_name=describe_device(device),  # known before any rung runs
+        load=load_average(), batch_size=probe.train.batch_size,
+        block_size=probe.seq_len, grad_accum=probe.train.grad_accum, vocab_size=vocab, n_params=param_count(probe),
         tokens_per_step=probe.tokens_per_step, steps=bench.steps, warmup=bench.warmup, command=command,
         rungs=[RungResult(name=s.name, label=s.label) for s, _, _, _ in the_plan],
     )  # fmt: skip
@@ -311,8 +316,8 @@ def _run_rung(
         watcher = (threading.Thread(target=watch, daemon=True), done)
         watcher[0].start()
     try:
-        timing = time_config(
-            config, ds, run_dir, control, (lambda e: on_step(r.name, e)) if on_step is not None else None
+        timing, r.first_steps = time_compile_cache(
+            bench.compile_cache, config, ds, run_dir, control, (lambda e: on_step(r.name, e)) if on_step else None
         )
     except torch.OutOfMemoryError:
         r.status, r.reason = "failed", "out of device memory: lower --batch-size"
@@ -350,6 +355,12 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _first_step(r: RungResult) -> str:
+    if not r.first_steps:
+        return f"{r.first_step_s:.2f}"
+    return ", ".join(f"{f.first_step_s:.2f} {f.cache}" for f in r.first_steps)
+
+
 def table_rows(result: LadderResult) -> list[list[str]]:
     """The ladder as rows of strings (header first): shared by markdown, console and TUI."""
     rows = [["rung", "precision", "ms/step", "tok/s", "MFU", "peak mem", "vs baseline", "vs prev",
@@ -362,15 +373,15 @@ def table_rows(result: LadderResult) -> list[list[str]]:
         rows.append([
             r.label, r.precision or "-", f"{1000 * r.median_step_s:.1f}", f"{r.tokens_per_s:,.0f}", mfu,
             human(r.peak_mem_bytes), _x(r.speedup_vs_baseline), _x(r.speedup_vs_prev),
-            f"{r.first_step_s:.2f}", f"{r.startup_s:.2f}", "; ".join(f"not applied: {n}" for n in r.notes),
+            _first_step(r), f"{r.startup_s:.2f}", "; ".join(f"not applied: {n}" for n in r.notes),
         ])  # fmt: skip
     return rows
 
 
 def header_lines(result: LadderResult) -> list[str]:
-    params = "?" if result.n_params is None else f"{result.n_params / 1e6:.2f}M"
+    params = "? params" if result.n_params is None else params_text(result.n_params, result.vocab_size)
     return [
-        f"preset {result.preset} ({params} parameters, vocab {result.vocab_size}), "
+        f"preset {result.preset} ({params}), "
         f"B={result.batch_size} T={result.block_size} x{result.grad_accum} = {result.tokens_per_step:,} tokens/step",
         f"device {result.device_name or result.device} ({result.device}), torch {result.torch_version}, "
         f"{result.date}, load average at start {result.load}",
@@ -412,7 +423,7 @@ def run(args: BenchOptions, command: str) -> int:
         preset=preset, data=args.data, device=args.device,
         vocab_size=args.vocab_size or GPT2_VOCAB, batch_size=args.batch_size, block_size=args.block_size,
         grad_accum=args.grad_accum, steps=args.steps or 20, warmup=args.warmup,
-        log_interval=args.log_interval or 1, skip=args.skip,
+        log_interval=args.log_interval or 1, skip=args.skip, compile_cache=args.compile_cache,
     )  # fmt: skip
     out = args.out or default_out(preset)
 

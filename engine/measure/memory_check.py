@@ -128,7 +128,7 @@ def _gpu_config(preset: str, batch: int, compile_: bool, data: Path, steps: int)
     return resolve(preset, None, {
         "data.path": str(data), "model.vocab_size": 50257, "speed.device": "cuda", "speed.precision": "bf16",
         "model.attention": "flash", "speed.compile": compile_, "train.batch_size": batch, "train.grad_accum": 1,
-        "train.block_size": 1024, "train.max_steps": steps, "train.log_interval": 1,
+        "train.block_size": 1024, "train.max_steps": steps, "train.log_interval": 1, "optim.warmup_steps": 0,
     })  # fmt: skip
 
 

@@ -79,8 +79,10 @@ def _copy_work(tmp_path: Path, src: Path) -> Work:
     return w
 
 
-def _damage(w: Work, healthy_max: float, healthy_val: float) -> list[str]:
-    """Every way the run directory breaks item 1's promises."""
+def _damage(w: Work, healthy_max: float, healthy_val: float,
+            keep: tuple[str, ...] = ("step_000020.pt", "step_000030.pt")) -> list[str]:
+    """Every way the run directory breaks item 1's promises. Once the advice has trained
+    on healthily, `--keep-last` may retire 20 and 30 like any older checkpoint (keep=())."""
     ck = w.dir / "run" / "checkpoints"
     problems = []
     for p in sorted(ck.glob("*.pt")):
@@ -93,9 +95,9 @@ def _damage(w: Work, healthy_max: float, healthy_val: float) -> list[str]:
             problems.append(
                 f"{p.name} has val loss {val:.3g} (healthy {healthy_val:.3g})"
             )
-    for keep in ("step_000020.pt", "step_000030.pt"):
-        if not (ck / keep).exists():
-            problems.append(f"{keep} (healthy) was deleted")
+    for name in keep:
+        if not (ck / name).exists():
+            problems.append(f"{name} (healthy) was deleted")
     pointer = ck / "latest"
     name = pointer.read_text().strip() if pointer.exists() else ""
     if not (ck / name).is_file() if name else True:
@@ -168,7 +170,7 @@ def test_divergence_with_finite_loss_keeps_the_healthy_checkpoints(
             )
         found += [
             f"after following the advice `{' '.join(argv)}`: {p}"
-            for p in _damage(w, healthy_max, healthy_val)
+            for p in _damage(w, healthy_max, healthy_val, keep=())
         ]
 
     smp = w.run(["sample", "run", "--max-new-tokens", "5"], timeout=60)

@@ -3,12 +3,17 @@
 The ladder runs on a worker thread (each rung is the real Trainer; torch.compile is
 fine there). The UI must not slow what it measures, so nothing is posted per step: the
 worker writes its latest step into a field that a slow timer shows, and the table and
-the bar chart are rebuilt only when a rung lands.
+the bar chart are rebuilt only when a rung lands. The status says how long the rest will
+take and warns when the machine is already busy (a shared machine makes every rung slower);
+notes (why a rung was skipped or partly applied) go below the table, wrapped, not in a
+column cut at the screen's edge.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +25,30 @@ from textual.widgets import Button, DataTable, Footer, Header, Input, Label, Sel
 from textual_plotext import PlotextPlot
 
 from engine.measure import ladder as bench
-from engine.measure.common import default_out
+from engine.measure.common import default_out, load_average
 from engine.config import preset_names
 from engine.errors import UserError
 
 TICK_S = 0.5
+BUSY_LOAD = 0.5  # a 1-minute load average above this share of the CPUs before the ladder: shared
+
+
+def _dur(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def sharing_warning(app_runs: int = 0) -> str | None:
+    """Why the ladder's timings would be slower than this machine can do, or None."""
+    if app_runs:
+        return "a run is training in this app: the ladder shares the machine with it, its timings will be slower"
+    try:
+        one = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+    if one < BUSY_LOAD * (os.cpu_count() or 1):
+        return None
+    return f"load average {load_average()}: another run shares this machine, the timings will be slower and noisier"
 
 
 class BenchmarkScreen(Screen):
@@ -42,6 +66,7 @@ class BenchmarkScreen(Screen):
     BenchmarkScreen #bench-steps { width: 10; }
     BenchmarkScreen #bench-status { height: 3; padding: 0 1; background: $boost; }
     BenchmarkScreen #bench-table { height: auto; max-height: 14; }
+    BenchmarkScreen #bench-notes { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
     BenchmarkScreen #bench-chart { height: 1fr; min-height: 10; }
     """
 
@@ -58,6 +83,10 @@ class BenchmarkScreen(Screen):
         self._thread: threading.Thread | None = None
         self._drawn = -1
         self.out_used: Path | None = None
+        self.warning: str | None = None  # the machine looked shared when the ladder started
+        self._to_run: list[str] = []  # the rungs that will run here (the plan), for the ETA
+        self._started = 0.0
+        self._rung_started = 0.0
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -74,13 +103,14 @@ class BenchmarkScreen(Screen):
         yield Static("r: run the ladder (each rung adds one optimization); s: stop; esc: back",
                      id="bench-status", markup=False)  # fmt: skip
         yield DataTable(id="bench-table", zebra_stripes=True)
+        yield Static("", id="bench-notes", markup=False)
         yield PlotextPlot(id="bench-chart")
         yield Footer()
 
     def on_mount(self) -> None:
         self.title = "gpt2-tui - speed ladder"
         table = self.query_one("#bench-table", DataTable)
-        table.add_columns(*bench.table_rows(bench.LadderResult(preset=""))[0])
+        table.add_columns(*bench.table_rows(bench.LadderResult(preset=""))[0][:-1])  # notes: below the table
         self.set_interval(TICK_S, self.tick)
 
     # ----------------------------------------------------------------- running
@@ -112,6 +142,9 @@ class BenchmarkScreen(Screen):
         self.config, self.out_used = config, out
         self.rungs, self.result, self.error, self._live = [], None, None, None
         self._stop.clear()
+        self.warning = sharing_warning(len([s for s in getattr(self.app, "sessions", []) if s.alive()]))
+        self._to_run = self._planned(config)
+        self._started = self._rung_started = time.monotonic()
         self.running = True
         self._drawn = -1
         self._thread = threading.Thread(target=self._work, args=(config, out), name="speed-ladder", daemon=True)
@@ -124,6 +157,7 @@ class BenchmarkScreen(Screen):
 
         def on_rung(r: bench.RungResult) -> None:
             self.rungs.append(r.model_copy(deep=True))
+            self._rung_started = time.monotonic()
 
         try:
             self.result = bench.run_ladder(config, out, stop=self._stop, on_step=on_step, on_rung=on_rung,
@@ -134,6 +168,29 @@ class BenchmarkScreen(Screen):
             self.error = f"{type(err).__name__}: {err}"
         finally:
             self.running = False
+
+    def _planned(self, config: bench.BenchConfig) -> list[str]:
+        """The rungs that will run on this device (skips are known up front)."""
+        try:
+            from engine.device import pick
+
+            device = pick(config.device)
+            return [p.spec.name for p in bench.plan(config, device, config.vocab_size or bench.GPT2_VOCAB) if p.overrides]
+        except Exception:  # a bad device or --skip: the ladder itself says so
+            return [r.name for r in bench.LADDER if r.name not in config.skip]
+
+    def eta(self) -> float | None:
+        """Seconds left: the current rung's steps at its live pace, then each rung still to
+        run as long as the rungs so far took (or the current pace while none has landed)."""
+        if not self.running or self._live is None:
+            return None
+        rung, step, s = self._live
+        total = self.config.warmup + self.config.steps
+        landed = [r.name for r in self.rungs]
+        left = [n for n in self._to_run if n not in landed and n != rung]
+        ran = [r for r in self.rungs if r.status == "ran"]
+        per_rung = (self._rung_started - self._started) / len(ran) if ran else total * s
+        return max(0, total - step) * s + len(left) * per_rung
 
     def action_stop(self) -> None:
         if self.running:
@@ -153,15 +210,23 @@ class BenchmarkScreen(Screen):
         if self.error:
             return f"error: {self.error}"
         total = self.config.warmup + self.config.steps
+        warning = f"\nwarning: {self.warning}" if self.warning else ""
         if self.running:
             live = ""
             if self._live is not None:
                 rung, step, s = self._live
-                live = f"  {rung}: step {step}/{total}, {1000 * s:.1f} ms/step"
-            return f"running the ladder on {self.config.preset}: {len(self.rungs)}/{len(bench.LADDER)} rungs done{live}"
+                eta = self.eta()
+                live = f"  {rung}: step {step}/{total}, {1000 * s:.1f} ms/step" + (f"  ETA {_dur(eta)}" if eta is not None else "")
+            stopping = "stopping at the next step boundary: " if self._stop.is_set() else ""
+            return f"{stopping}running the ladder on {self.config.preset}: {len(self.rungs)}/{len(bench.LADDER)} rungs done{live}{warning}"
         if self.result is not None:
-            return f"done: {len(self.rungs)} rungs; tables in {self.out_used}"
-        return "r: run the ladder (each rung adds one optimization); s: stop; esc: back"
+            ran = sum(r.status == "ran" for r in self.rungs)
+            if self._stop.is_set():
+                what = f"{ran} rung(s) measured" if ran else "nothing measured (no rung finished)"
+                return f"stopped: {what}; tables in {self.out_used}{warning}"
+            return f"done: {ran} of {len(self.rungs)} rungs ran; tables in {self.out_used}{warning}"
+        idle = "r: run the ladder (each rung adds one optimization); s: stop; esc: back"
+        return idle + (f"\nwarning: {w}" if (w := sharing_warning()) else "")
 
     def tick(self) -> None:
         self.query_one("#bench-status", Static).update(self.status_line())
@@ -174,8 +239,12 @@ class BenchmarkScreen(Screen):
         table = self.query_one("#bench-table", DataTable)
         table.clear()
         partial = bench.LadderResult(preset=self.config.preset, rungs=list(self.rungs))
+        notes = []
         for row in bench.table_rows(partial)[1:]:
-            table.add_row(*row)
+            table.add_row(*row[:-1])
+            if row[-1]:
+                notes.append(f"{row[0]}: {row[-1]}")
+        self.query_one("#bench-notes", Static).update("\n".join(notes))
 
     def _draw_chart(self) -> None:
         chart = self.query_one("#bench-chart", PlotextPlot)

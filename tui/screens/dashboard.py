@@ -46,8 +46,26 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text)
 
 
-def status_text(state: RunState, session: RunSession, now: float | None = None) -> str:
-    """Two status lines (also what tests and the tmux check read)."""
+SPINNER = "|/-\\"
+PHASES = {  # long phases no step report shows: a spinner, the seconds so far, and what is going on
+    "building dataset": "first run: the default dataset is built once, about 5-15 s",
+    "compiling": "torch.compile warm-up: the first step compiles the model",
+    "stopping": "finishing the step, then eval + sample + checkpoint",
+}
+
+
+def state_label(state: RunState, now: float | None = None) -> str:
+    label = state.state.upper()
+    if state.state in PHASES:
+        secs = state.phase_seconds(now) or 0.0
+        label += f" {SPINNER[int(secs) % len(SPINNER)]} {secs:.0f} s ({PHASES[state.state]})"
+    return label
+
+
+def status_text(state: RunState, session: RunSession, now: float | None = None,
+                steering: tuple[bool, str] | None = None) -> str:  # fmt: skip
+    """Two status lines (also what tests and the tmux check read). `steering`: the session's
+    (computed here when not given)."""
     total = state.max_steps
     last = state.last_step
     settled = state.settled_step_time()
@@ -63,19 +81,33 @@ def status_text(state: RunState, session: RunSession, now: float | None = None) 
     best = "-" if state.best_val_loss is None else f"{state.best_val_loss:.4f}"
     mfu = "unknown" if last is None or last.mfu is None else f"{100 * last.mfu:.1f}%"
     where = state.started.device_name if state.started else "-"
-    label = state.state.upper()
+    label = state_label(state, now)
     if session.mode == "attached" and state.live and rundir.writer_alive(session.run_dir) is False:
         label = "WRITER GONE (died without finishing; --resume it)"
-    elif state.live and session.stopping:
-        label = "STOPPING (finishing the step, then eval + checkpoint)"
     line1 = (
         f"{label}  step {state.step}/{total or '?'}  ETA {_dur(state.eta())}  "
         f"elapsed {_dur(state.elapsed(now))}  tokens {_tokens(state.tokens)}  best val {best}"
-    )
-    line2 = f"{speed}  MFU {mfu}  on {where}  [{session.mode}: {session.run_dir}]"
+    ) if state.started else label
+    steer = ""
+    if state.live and session.control is None:
+        ok, who = steering or session.steering()
+        steer = f", steering {who}" if ok else f", watch only: {who}"
+    line2 = f"{speed}  MFU {mfu}  on {where}  [{session.mode}: {session.run_dir}{steer}]"
     if state.failed:
         line2 = f"FAILED: {state.failed.error}"
     return f"{line1}\n{line2}"
+
+
+def checkpoint_due_text(state: RunState, now: float | None = None) -> str:
+    """When the next checkpoint comes (the first one especially: nothing is saved before it)."""
+    due = state.next_checkpoint()
+    if due is None:
+        return "" if state.live else f"run {state.state}: no more checkpoints"
+    every = state.started.config["train"]["ckpt_interval"]  # next_checkpoint found it
+    settled = state.settled_step_time()
+    eta = f", in about {_dur((due - state.step) * settled)}" if settled else ""
+    which = "next" if state.checkpoints else "first"
+    return f"{which} checkpoint due at step {due}{eta} (every {every} steps, at the end and on stop; s saves one now)"
 
 
 class DashboardScreen(Screen):
@@ -83,6 +115,7 @@ class DashboardScreen(Screen):
         Binding("p", "pause", "Pause/resume"),
         Binding("s", "save", "Save now"),
         Binding("q", "stop", "Stop"),
+        Binding("q", "next", "What next"),  # once the run is over: form, resume, another run
         Binding("l", "logy", "Log-y"),
         Binding("x", "xaxis", "X-axis"),
         Binding("question_mark", "help", "Help", key_display="?"),
@@ -99,6 +132,10 @@ class DashboardScreen(Screen):
         self._gpu_seen = 0
         self._ckpt_key: Any = None
         self._status_key: Any = None
+        self._state_seen = session.state  # a tail reset (file truncated) brings a new one
+        self._steer: tuple[bool, str] = (session.control is not None, "")
+        self._bindings_key: Any = None
+        self._end_noted = False
 
     @property
     def state(self) -> RunState:
@@ -117,9 +154,13 @@ class DashboardScreen(Screen):
                         yield MetricChart("grad norm (pre-clip)", [Line("grad_norm", "norm", "magenta")], id="chart-norm")
                         yield MetricChart("s/step", [Line("step_time", "s/step", "yellow")], unit=" s", id="chart-steptime")
                         yield MetricChart("tok/s", [Line("tokens_per_s", "tok/s", "blue")], id="chart-toks")
-                        yield MetricChart("MFU %", [Line("mfu", "MFU", "cyan")], id="chart-mfu")
-                        yield MetricChart("memory GiB", [Line("mem", "GiB", "red")], id="chart-mem")
+                        yield MetricChart("MFU %", [Line("mfu", "MFU", "cyan")], id="chart-mfu",
+                                          unmeasured="no peak FLOP/s is known for this device")  # fmt: skip
+                        yield MetricChart("memory GiB", [Line("mem", "GiB", "red")], id="chart-mem",
+                                          unmeasured="no device memory counter off CUDA")  # fmt: skip
+                    yield Static("", id="unmeasured", markup=False)
             with TabPane("Checkpoints", id="tab-ckpt"):
+                yield Static("", id="ckpt-due", markup=False)
                 yield DataTable(id="ckpts", cursor_type="row", zebra_stripes=True)
             with TabPane("Sample", id="tab-sample"):
                 with VerticalScroll():
@@ -158,6 +199,13 @@ class DashboardScreen(Screen):
         CPU time since the last tick (plotext, layout, compositing, all of it) over the wall
         time since then is kept near UI_SHARE by stretching or shrinking the interval."""
         self.feed(self.session.poll())
+        if self.state is not self._state_seen:  # the events file started over: so does the view
+            self._state_seen = self.state
+            self._log_seen = self._samples_seen = self._gpu_seen = 0
+            self._ckpt_key = self._status_key = None
+            self.query_one("#log", RichLog).clear()
+            for chart in self.query(MetricChart):
+                chart._drawn = None
         self.redraw()
         cpu, wall = time.thread_time(), time.perf_counter()
         last = getattr(self, "_last_clock", None)
@@ -177,11 +225,15 @@ class DashboardScreen(Screen):
         key = (state.version, int(time.time()))
         if key != self._status_key:
             self._status_key = key
-            self.query_one("#status", Static).update(status_text(state, self.session))
+            if state.live and self.session.control is None:  # who p/s/q reach: looked up once a second
+                self._steer = self.session.steering()
+            self.query_one("#status", Static).update(status_text(state, self.session, steering=self._steer))
+            self._update_bindings()
         clip = state.grad_clip
         self.query_one("#chart-norm", MetricChart).hline = clip or None
         tabs = self.query_one("#tabs", TabbedContent)
         if tabs.active == "tab-charts":
+            self._update_unmeasured()
             for chart in self.query(MetricChart):
                 chart.maybe_redraw(state, self.axis, self.logy)
         elif tabs.active == "tab-ckpt":
@@ -190,6 +242,40 @@ class DashboardScreen(Screen):
             self._update_sample()
         self._update_gpu()
         self._update_log()
+
+    def _update_bindings(self) -> None:
+        """The footer offers only what works: p/s/q while the run can be steered from
+        here, q for what next once it is over. Said once when the run ends."""
+        key = (self.state.live, self._steer[0])
+        if key != self._bindings_key:
+            self._bindings_key = key
+            self.refresh_bindings()
+        if not self.state.live and not self._end_noted:
+            self._end_noted = True
+            self.notify(f"run {self.state.state} at step {self.state.step}: q for what next "
+                        "(back to the form, resume it, another run)", timeout=10)  # fmt: skip
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("pause", "save", "stop"):
+            return self.state.live and self._steer[0]
+        if action == "next":
+            return not self.state.live
+        return True
+
+    def _update_unmeasured(self) -> None:
+        """Charts of what this device does not report (MFU without a known peak, memory
+        off CUDA) give way to one line saying so, once step reports show they stay empty."""
+        notes = []
+        for chart in self.query(MetricChart):
+            if chart.unmeasured is None:
+                continue
+            empty = self.state.last_step is not None and not chart.has_data(self.state)
+            chart.display = not empty
+            if empty:
+                notes.append(f"{chart.title_text}: not measured on this device ({chart.unmeasured})")
+        line = self.query_one("#unmeasured", Static)
+        line.display = bool(notes)
+        line.update("   ".join(notes))
 
     def _update_gpu(self) -> None:
         """Hand new GPU readings to the panel (it stores them; it draws on its own timer,
@@ -211,6 +297,7 @@ class DashboardScreen(Screen):
         if key == self._ckpt_key:
             return
         self._ckpt_key = key
+        self.query_one("#ckpt-due", Static).update(checkpoint_due_text(self.state))
         table = self.query_one("#ckpts", DataTable)
         table.clear()
         for row, latest in rows:
@@ -255,27 +342,42 @@ class DashboardScreen(Screen):
         if not self.state.live or not self.session.alive():
             self.notify(f"the run is not running: nothing to {what}", severity="warning")
             return False
-        if not self.session.steerable:
-            self.notify(f"this run belongs to another process: {what} works on runs launched from this app", severity="warning")
+        ok, who = self.session.steering()
+        if not ok:
+            self.notify(f"watch only: {who}", severity="warning")
             return False
         return True
 
     def action_stop(self) -> None:
         from tui.screens.modals import ConfirmScreen
 
-        if not self.state.live or not self.session.alive():
-            self.notify("the run has ended; ctrl+q quits", severity="information")
-            return
-        if self.session.mode == "attached":
-            self.notify("this run belongs to another process; stop it there (Ctrl-C or SIGTERM)", severity="warning")
+        if not self._steerable("stop"):
             return
 
         def answer(yes: bool | None) -> None:
-            if yes:
+            if yes and self._steerable("stop"):
                 self.session.request_stop()
-                self.notify("stopping: a checkpoint is saved at the next step boundary")
+                self.notify("stopping: eval, sample and a checkpoint at the next step boundary")
 
         self.app.push_screen(ConfirmScreen("Stop the run? It saves a checkpoint at the next step boundary."), answer)
+
+    def action_next(self) -> None:
+        """Once the run is over: back to the form, resume it, or open another run."""
+        from tui.screens.run_end import RunEndScreen, ask_and_resume, back_to_form
+        from tui.screens.runs import RunsScreen
+
+        state, run_dir = self.state, self.session.run_dir
+
+        def answer(what: str | None) -> None:
+            if what == "form":
+                back_to_form(self.app, run_dir)
+            elif what == "resume":
+                ask_and_resume(self, run_dir, state.step, state.max_steps)
+            elif what == "runs":
+                self.app.push_screen(RunsScreen())
+
+        summary = f"{run_dir}: {state.state} at step {state.step}/{state.max_steps or '?'}"
+        self.app.push_screen(RunEndScreen(summary), answer)
 
     def action_logy(self) -> None:
         self.logy = not self.logy

@@ -10,16 +10,26 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, DirectoryTree, Static
 
+# One entry a line, every line under 72 columns: at 80x24 the dialog wraps nothing mid-phrase.
 HELP = """\
-Setup:      F5 launch (its own process: survives the terminal)   F6 launch in this app
-            F4 apply the memory fix   F2 save the form as TOML   F3 load a TOML
-Dashboard:  p pause/resume   s save a checkpoint now   q stop the run (asks first)
-            l log-y on/off   x x-axis: step / tokens / time   ? this help
-            Tab / shift+Tab move between panels; ctrl+p the command palette
-Anywhere:   ctrl+q quit: a run in this app stops and saves a checkpoint first (ctrl+q
-            again: quit now, losing the steps since the last checkpoint); a run in its own
-            process goes on: `gpt2-tui attach RUN_DIR` re-opens its dashboard
-            F7 the runs list (attach)   F8 the speed ladder"""
+Setup form
+  F5  launch in its own process (the run survives the terminal)
+  F6  launch in this app           F4  apply the memory fix
+  F2  save the form as TOML        F3  load a TOML
+Dashboard
+  p  pause/resume                  s  save a checkpoint now
+  q  stop the run (asks first)     l  log-y on/off
+  x  x-axis: step / tokens / time  ?  this help
+  Left/Right  switch tabs while the tab bar has focus: it has when
+              the dashboard opens; shift+Tab goes back to it
+  Tab / shift+Tab  move between the panels
+Anywhere
+  F7  the runs list (attach)       F8  the speed ladder
+  F1  this help                    ctrl+p  the command palette
+  ctrl+q  quit: a run in this app saves a checkpoint first
+          (ctrl+q again: quit now, losing the steps since it);
+          a run in its own process goes on: re-open its
+          dashboard with `gpt2-tui attach RUN_DIR`"""
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -53,26 +63,40 @@ class HelpScreen(ModalScreen[None]):
 
 
 class PickDirectory(ModalScreen["Path | None"]):
-    BINDINGS = [Binding("escape", "cancel", "cancel")]
+    """A dataset directory anywhere: the tree starts at `root`, and Up (backspace) climbs
+    above it, to the file system's root if need be."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("backspace", "up", "parent directory")]
 
     def __init__(self, root: Path):
         super().__init__()
-        self.root = root
+        self.root = root.resolve()
         self.chosen: Path | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog tall"):
             yield Static("Pick a dataset directory (Enter opens, Choose takes the highlighted one)")
+            yield Static(str(self.root), id="where", markup=False)
             yield DirectoryTree(self.root, id="tree")
             with Horizontal(classes="buttons"):
                 yield Button("Choose", id="choose", variant="primary")
+                yield Button("Up [backspace]", id="up")
                 yield Button("Cancel", id="cancel")
+
+    def action_up(self) -> None:
+        """Re-root the tree at the parent directory (a no-op at the file system's root)."""
+        if self.root.parent != self.root:
+            self.root = self.root.parent
+            self.query_one(DirectoryTree).path = self.root
+            self.query_one("#where", Static).update(str(self.root))
 
     def on_directory_tree_directory_selected(self, event: DirectoryTree.DirectorySelected) -> None:
         self.chosen = event.path
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "choose":
+        if event.button.id == "up":
+            self.action_up()
+        elif event.button.id == "choose":
             node = self.query_one(DirectoryTree).cursor_node
             path = node.data.path if node and node.data else self.chosen
             self.dismiss(Path(path) if path else None)

@@ -3,25 +3,34 @@
 Fields come from tui.fields (derived from the pydantic models); every change re-validates
 the whole config with pydantic and shows each error at its field; Launch stays disabled
 while anything is refused or the memory estimate says it will not fit.
+
+The form paints before torch is imported (that import alone takes seconds): a thread
+worker imports it and reads what this machine can run, then posts DeviceProbed; the
+switches the hardware cannot use, the dataset check and the memory estimate fill in then.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
 
-from engine import device, rundir
+from engine import memory, rundir
 from engine.config import RunConfig, merge, preset_names, read_toml, resolve
 from engine.errors import UserError
 from tui import fields as F
 from tui.widgets.memory import MemoryPanel
+
+if TYPE_CHECKING:
+    from engine.device import Capabilities
 
 TRISTATE = (("auto", "auto"), ("on", "on"), ("off", "off"))
 _TRI_TO = {"auto": None, "on": True, "off": False}
@@ -32,22 +41,60 @@ def wid(dotted: str) -> str:
     return "f-" + dotted.replace(".", "-").replace("_", "-")
 
 
+def on_off(value: bool) -> str:
+    """A switch's state in words: visible without colour."""
+    return "on" if value else "off"
+
+
+def torch_loaded() -> bool:
+    """Already imported (tests, a second form): nothing to wait for."""
+    return "torch" in sys.modules
+
+
+def probe_device() -> Capabilities:
+    """The slow part of opening the form: imports torch and reads what this machine can run.
+    Also loads the dataset reader, which imports torch too, so the UI thread never waits."""
+    import engine.data  # noqa: F401
+    from engine import device
+
+    return device.capabilities()
+
+
+class DeviceProbed(Message):
+    """Posted by the probe worker: the machine's capabilities are known."""
+
+    def __init__(self, caps: Capabilities):
+        super().__init__()
+        self.caps = caps
+
+
+def text_file_advice(path: Path) -> str:
+    """A file given as the dataset: what to do, in the form's words (prepare is a shell step)."""
+    if path.suffix == ".bin" or path.name == "dataset.json":
+        return f"{path.name} is one file of a dataset: give the directory that holds it ({path.parent})"
+    out = path.with_name(path.stem + "-tokens")
+    return (
+        f"{path.name} is a text file, not a tokenized dataset: tokenize it once, in a shell: "
+        f"`gpt2-tui prepare {path} --out {out}`, then give {out} here"
+    )
+
+
 class SetupScreen(Screen):
     """Configure a run. `base` is the config the form starts from (preset, or --config file)."""
 
-    BINDINGS = [
+    BINDINGS = [  # short labels: at 80 columns the footer keeps them and the app's F7/F8/Quit
         Binding("f5", "launch", "Launch"),
-        Binding("f6", "launch_in_app", "Launch in-app"),
+        Binding("f6", "launch_in_app", "In-app"),
         Binding("f4", "apply_fix", "Fit memory"),
-        Binding("f2", "save_config", "Save TOML"),
-        Binding("f3", "load_config", "Load TOML"),
+        Binding("f2", "save_config", "Save"),
+        Binding("f3", "load_config", "Load"),
     ]
 
     def __init__(self, base: RunConfig | None = None):
         super().__init__()
         self.base_config = base or resolve("nano")
         self.base = self.base_config.model_dump(mode="json")
-        self.caps = device.capabilities()
+        self.caps: Capabilities | None = None  # filled in by the probe worker (torch loads there)
         self.config: RunConfig | None = None
         self.errors: dict[str, str] = {}
         self.general: list[str] = []
@@ -73,16 +120,14 @@ class SetupScreen(Screen):
                 yield Label("run directory", classes="name")
                 yield Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir", compact=True)
             yield Static("", id="err-run-dir", classes="error")
-            if self.caps.gpus > 1:
-                with Horizontal(classes="row"):
-                    yield Label("GPUs", classes="name")
-                    options = [(str(n), n) for n in range(1, self.caps.gpus + 1)]
-                    yield Select(options, value=self.caps.gpus, allow_blank=False, id="nproc", compact=True)
-                    yield Static(
-                        "processes, one per GPU, under torchrun (DDP, or FSDP2 when only a shard fits); "
-                        "more than 1 launches in its own process (F5)",
-                        classes="help",
-                    )
+            with Horizontal(classes="row", id="nproc-row"):  # shown once the probe finds > 1 GPU
+                yield Label("GPUs", classes="name")
+                yield Select([("1", 1)], value=1, allow_blank=False, id="nproc", compact=True)
+                yield Static(
+                    "processes, one per GPU, under torchrun (DDP, or FSDP2 when only a shard fits); "
+                    "more than 1 launches in its own process (F5)",
+                    classes="help",
+                )
             for title, names in F.SECTIONS:
                 yield Static(title, classes="section")
                 for dotted in names:
@@ -104,30 +149,34 @@ class SetupScreen(Screen):
     def _field_row(self, dotted: str) -> ComposeResult:
         sp = F.setting(dotted)
         value = F.get_value(self.base, dotted)
-        why_off = device.disabled(self.caps).get(dotted)
         with Horizontal(classes="row"):
             yield Label(sp.label, classes="name")
             if sp.kind == "bool":
-                yield Switch(bool(value), id=wid(dotted), disabled=why_off is not None)
+                yield Switch(bool(value), id=wid(dotted))
+                yield Static(on_off(bool(value)), id="state-" + wid(dotted), classes="state")
             elif sp.kind == "tristate":
-                yield Select(TRISTATE, value=_TRI_FROM[value], allow_blank=False, id=wid(dotted), disabled=why_off is not None, compact=True)
+                yield Select(TRISTATE, value=_TRI_FROM[value], allow_blank=False, id=wid(dotted), compact=True)
             elif sp.kind == "choice":
-                yield Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted), disabled=why_off is not None, compact=True)
+                yield Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted), compact=True)
             else:
                 yield Input(F.to_text(value), placeholder="model context" if sp.optional else sp.bounds, id=wid(dotted), compact=True)
-            text = sp.help + (f" [disabled: {why_off}]" if why_off else "")
-            yield Static(text, classes="help", markup=False)
+            yield Static(sp.help, id="help-" + wid(dotted), classes="help", markup=False)
         yield Static("", id="err-" + wid(dotted), classes="error")
 
     def _preset_options(self) -> list[tuple[str, str]]:
-        opts = []
-        for name in preset_names():
-            n = F.preset_params(name, self._vocab_guess())
-            opts.append((f"{name} ({F.fmt_params(n)} params)", name))
-        return opts
+        """Each preset with its size and the vocab that size assumes (memory.size_text, the
+        rule `estimate` and the ladder use): the dataset's, once the probe has loaded torch."""
+        if self.caps is None:
+            return [(name, name) for name in preset_names()]
+        path = self.query_one("#dataset", Input).value.strip() or None
+        data = {"data.path": path, "data.vocab_size": self.base["data"].get("vocab_size", 50257)}
+        return [(f"{name}  {memory.size_text(resolve(name, overrides=data))}", name) for name in preset_names()]
 
-    def _vocab_guess(self) -> int:
-        return self.dataset_info.vocab_size if self.dataset_info else 8192
+    def _refresh_presets(self) -> None:
+        select = self.query_one("#preset", Select)
+        value = select.value
+        select.set_options(self._preset_options())
+        select.value = value  # set_options picks the first; the stale Changed it posts is ignored
 
     def _preset_value(self) -> str:
         p = self.base.get("preset")
@@ -135,7 +184,38 @@ class SetupScreen(Screen):
 
     def on_mount(self) -> None:
         self.title = "gpt2-tui - set up a run"
+        self.query_one("#nproc-row").display = False
+        if torch_loaded():
+            self.device_known(probe_device())
+            return
+        self.query_one("#dataset-info", Static).update("checking the dataset once torch has loaded...")
+        self.revalidate()
+        # after the first frame: the import holds the GIL much of the time it runs
+        self.call_after_refresh(self.run_worker, self._probe, thread=True, exclusive=True, group="probe")
+
+    def _probe(self) -> None:  # on a worker thread
+        self.post_message(DeviceProbed(probe_device()))
+
+    def on_device_probed(self, message: DeviceProbed) -> None:
+        self.device_known(message.caps)
+
+    def device_known(self, caps: Capabilities) -> None:
+        """The machine is known: disable what it cannot run (saying why), offer its GPUs,
+        check the dataset, size the presets and estimate the memory."""
+        from engine import device
+
+        self.caps = caps
+        for dotted, why in device.disabled(caps).items():
+            if dotted in F.ALL_FIELDS:
+                self.query_one("#" + wid(dotted)).disabled = True
+                self.query_one("#help-" + wid(dotted), Static).update(f"{F.setting(dotted).help} [disabled: {why}]")
+        if caps.gpus > 1:
+            nproc = self.query_one("#nproc", Select)
+            nproc.set_options([(str(n), n) for n in range(1, caps.gpus + 1)])
+            nproc.value = caps.gpus
+            self.query_one("#nproc-row").display = True
         self._check_dataset()
+        self._refresh_presets()
         self.revalidate()
 
     # ----------------------------------------------------------------- values
@@ -179,11 +259,12 @@ class SetupScreen(Screen):
         vals = self.values()
         field_vals = {k: v for k, v in vals.items() if k in F.ALL_FIELDS}
         base = merge(self.base, {"data": {"path": vals["data.path"]}})
-        if base["model"].get("vocab_size") is None and (self.dataset_info or vals["data.path"] is None):
-            base = merge(base, {"model": {"vocab_size": self._vocab_guess()}})  # for the estimate
         config, errors, general = F.validate(base, field_vals)
-        for dotted, why in device.refuse(field_vals, self.caps).items():
-            errors.setdefault(dotted, why)
+        if self.caps is not None:
+            from engine import device
+
+            for dotted, why in device.refuse(field_vals, self.caps).items():
+                errors.setdefault(dotted, F.tui_words(why))
         if config is not None and self.dataset_info is not None and config.seq_len > 0:
             T = config.seq_len
             if self.dataset_info.val_tokens <= T or self.dataset_info.train_tokens <= T:
@@ -201,12 +282,18 @@ class SetupScreen(Screen):
             )
         else:
             tps.update("")
-        self.query_one(MemoryPanel).show(self.config, vals.get("speed.device", "auto"))
+        panel = self.query_one(MemoryPanel)
+        if self.caps is None:
+            panel.waiting()
+        elif self.config is not None and (self.dataset_info is not None or vals["data.path"] is None):
+            panel.show(memory.with_dataset_vocab(self.config), vals.get("speed.device", "auto"))
+        else:
+            panel.show(None)
         self._update_launch()
 
     def _show_error(self, err_id: str, why: str | None, field_sel: str | None = None) -> None:
         err = self.query_one("#" + err_id, Static)
-        err.update(f"  ^ {why}" if why else "")
+        err.update(f"  ^ {F.tui_words(why)}" if why else "")
         err.display = bool(why)
         if field_sel:
             self.query_one(field_sel).set_class(bool(why), "invalid")
@@ -218,7 +305,7 @@ class SetupScreen(Screen):
         try:
             rundir.check_new(Path(text))
         except UserError as err:
-            return str(err)
+            return F.tui_words(str(err))
         return None
 
     def _update_launch(self) -> None:
@@ -227,25 +314,50 @@ class SetupScreen(Screen):
         ok = self.ready() and run_err is None
         self.query_one("#launch", Button).disabled = not ok
         self.query_one("#launch-in-app", Button).disabled = not ok
-        self.query_one("#fix", Button).disabled = self.query_one(MemoryPanel).fix is None
+        panel = self.query_one(MemoryPanel)
+        self.query_one("#fix", Button).disabled = panel.fix is None and panel.fits is not False
 
     def ready(self) -> bool:
-        return (
-            self.config is not None and not self.general and self.query_one("#err-dataset", Static).display is False
-            and self.query_one(MemoryPanel).fits is not False
-        )  # fmt: skip
+        return self.refusal() is None
+
+    def refusal(self) -> str | None:
+        """Why Launch is refused, naming the part of the form to change; None: it is not."""
+        if self.caps is None:
+            return "still loading torch to check this machine: launch in a moment"
+        bad = [d for d in F.ALL_FIELDS if d in self.errors]
+        if bad:
+            return f"fix the fields marked in red first ({F.setting(bad[0]).label}: {F.tui_words(self.errors[bad[0]])})"
+        if self.general:
+            return f"fix the config first: {self.general[0]}"
+        if self.query_one("#err-dataset", Static).display:
+            return "fix the dataset first (marked in red)"
+        if self.config is None:
+            return "fix the fields marked in red first"
+        panel = self.query_one(MemoryPanel)
+        if panel.fits is False:
+            return f"the memory budget refuses this run (the memory panel, in red): {panel.advice}"
+        run_err = self._run_dir_error()
+        if run_err:
+            return f"run directory: {run_err}"
+        return None
 
     def _check_dataset(self) -> None:
-        from engine.data import open_dataset
-
         path = self.query_one("#dataset", Input).value.strip()
         info_w = self.query_one("#dataset-info", Static)
         self.dataset_info = None
+        if self.caps is None:  # the probe imports the dataset reader (torch); checked when it is done
+            return
+        from engine.data import open_dataset
+
         if not path:
             from engine.prepare import DEFAULT_VOCAB
 
             info_w.update(f"the embedded stdlib corpus (BPE {DEFAULT_VOCAB}), built once on first launch (~5 s)")
             self._show_error("err-dataset", None, "#dataset")
+            return
+        if Path(path).expanduser().is_file():
+            info_w.update("")
+            self._show_error("err-dataset", text_file_advice(Path(path).expanduser()), "#dataset")
             return
         try:
             ds = open_dataset(Path(path), vocab_size=self.base["data"].get("vocab_size", 50257), preload=False)
@@ -269,18 +381,23 @@ class SetupScreen(Screen):
             return
         if event.input.id == "dataset":
             self._check_dataset()
+            if self.caps is not None:
+                self._refresh_presets()
         if event.input.id == "toml-path":
             return
         self.revalidate()
 
     @on(Switch.Changed)
-    def _switch_changed(self) -> None:
+    def _switch_changed(self, event: Switch.Changed) -> None:
+        self.query_one("#state-" + (event.switch.id or ""), Static).update(on_off(event.value))
         if not self._loading:
             self.revalidate()
 
     @on(Select.Changed)
     def _select_changed(self, event: Select.Changed) -> None:
         if self._loading:
+            return
+        if event.value != event.select.value:  # stale: set_options' pick, already replaced
             return
         if event.select.id == "preset" and event.value != self.base.get("preset"):
             self._apply_preset(str(event.value))
@@ -324,14 +441,17 @@ class SetupScreen(Screen):
             if path is not None:
                 self.query_one("#dataset", Input).value = str(path)
 
-        self.app.push_screen(PickDirectory(Path.cwd()), picked)
+        current = Path(self.query_one("#dataset", Input).value.strip() or ".").expanduser().resolve()
+        start = current if current.is_dir() else current.parent if current.parent.is_dir() else Path.cwd()
+        self.app.push_screen(PickDirectory(start), picked)
 
     # ----------------------------------------------------------------- actions
 
     def final_config(self) -> RunConfig | None:
         self.revalidate()
-        if not (self.ready() and self._run_dir_error() is None):
-            self.notify("fix the fields marked in red first", severity="error")
+        why = self.refusal()
+        if why is not None:
+            self.notify(why, severity="error")
             return None
         assert self.config is not None
         # the vocab is the dataset's unless the config named one: leave it to open_data
@@ -345,7 +465,7 @@ class SetupScreen(Screen):
         config = self.final_config()
         if config is None:
             return
-        nproc = self.query_one("#nproc", Select).value if self.caps.gpus > 1 else 1
+        nproc = self.query_one("#nproc", Select).value if self.caps and self.caps.gpus > 1 else 1
         if nproc > 1 and not detached:
             self.notify(f"{nproc} GPUs run as torchrun processes: launch with F5", severity="error")
             return
@@ -356,29 +476,62 @@ class SetupScreen(Screen):
         self.action_launch(detached=False)
 
     def action_apply_fix(self) -> None:
-        fix = self.query_one(MemoryPanel).fix
+        panel = self.query_one(MemoryPanel)
+        fix = panel.fix
         if fix is None:
-            self.notify("nothing to fix: the run fits (or no smaller micro-batch would)")
+            if panel.fits is False:
+                self.notify(panel.advice, title="F4: no micro-batch fits", severity="warning", timeout=10)
+            elif panel.fits is True:
+                self.notify("nothing to fix: the run fits the memory budget")
+            else:
+                self.notify(self.refusal() or "no estimate to fix yet", severity="warning")
             return
         self._set_one("train.batch_size", str(fix.train.batch_size))
         self._set_one("train.grad_accum", str(fix.train.grad_accum))
+        if fix.model.grad_checkpointing:
+            self._set_one("model.grad_checkpointing", True)
         self.revalidate()
-        self.notify(f"micro-batch {fix.train.batch_size} x {fix.train.grad_accum} accumulation: same sequences per step")
+        self.notify(f"applied: {panel.fix_text(fix)}")
+
+    def toml_text(self) -> str:
+        """The form as a run config file. The vocab is written once at most: the dataset decides
+        it unless the config named one; [data] vocab_size only where it decides (nanoGPT/llm.c
+        files, which carry none)."""
+        assert self.config is not None
+        data = self.config.model_dump(mode="json", exclude_none=True)
+        headerless = self.dataset_info is not None and self.dataset_info.format != "gpt2-tui"
+        if "vocab_size" in data["model"] or not headerless:
+            data["data"].pop("vocab_size", None)
+        import tomli_w
+
+        return tomli_w.dumps(data)
 
     def action_save_config(self) -> None:
         path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
-        config = self.config
-        if config is None:
+        if self.config is None:
             self.notify("fix the fields marked in red before saving", severity="error")
             return
-        from engine.checkpoint import atomic_write_bytes
+        text = self.toml_text()
 
-        try:
-            atomic_write_bytes(path, config.to_toml().encode())
-        except OSError as err:
-            self.notify(f"cannot write {path}: {err.strerror}", severity="error")
-            return
-        self.notify(f"saved {path}")
+        def write(yes: bool | None = True) -> None:
+            if not yes:
+                self.notify(f"not saved: {path} left as it was")
+                return
+            from engine.checkpoint import atomic_write_bytes
+
+            try:
+                atomic_write_bytes(path, text.encode())
+            except OSError as err:
+                self.notify(f"cannot write {path}: {err.strerror}", severity="error")
+                return
+            self.notify(f"saved {path}")
+
+        if path.exists():
+            from tui.screens.modals import ConfirmScreen
+
+            self.app.push_screen(ConfirmScreen(f"{path} exists. Overwrite it with this form?"), write)
+        else:
+            write()
 
     def action_load_config(self) -> None:
         path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
@@ -386,7 +539,7 @@ class SetupScreen(Screen):
             data = read_toml(path)
             config = resolve(data["preset"], path) if data.get("preset") in preset_names() else resolve(None, path)
         except UserError as err:
-            self.notify(str(err), severity="error")
+            self.notify(F.tui_words(str(err)), severity="error")
             return
         self.load(config)
         self.notify(f"loaded {path}")

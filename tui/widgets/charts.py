@@ -4,7 +4,9 @@ Redrawing a plotext chart costs tens of ms, on the thread that also wants the GI
 training, so: the dashboard calls `maybe_redraw()` from a slow timer; a chart redraws only
 when the run's state changed since its last draw and it is on screen; points are thinned
 to about twice the chart's width. Log scale is drawn as log10 values with labelled ticks
-(plotext's own log scale breaks on re-render).
+(plotext's own log scale breaks on re-render). plotext puts a legend in the top-left
+corner, where a loss curve starts: only charts of several lines get one, with the y range
+raised so that its rows hold no data.
 """
 
 from __future__ import annotations
@@ -83,9 +85,11 @@ class MetricChart(PlotextPlot):
     MetricChart { height: 1fr; min-height: 8; }
     """
 
-    def __init__(self, title: str, lines: list[Line], *, unit: str = "", id: str | None = None):
+    def __init__(self, title: str, lines: list[Line], *, unit: str = "", unmeasured: str | None = None,
+                 id: str | None = None):  # fmt: skip
         super().__init__(id=id)
         self.title_text, self.lines, self.unit = title, lines, unit
+        self.unmeasured = unmeasured  # why a device may report nothing for it (the dashboard says so instead)
         self.hline: float | None = None  # e.g. the grad clip
         self._drawn: tuple[int, str, bool, int, int] | None = None
 
@@ -115,6 +119,7 @@ class MetricChart(PlotextPlot):
         latest = ""
         budget = 2 * max(self.size.width, 10)
         all_y: list[float] = []
+        legend = len(self.lines) > 1  # one line: the title names it
         for ln in self.lines:
             s = self.series_of(state, ln.series)
             if not len(s):
@@ -126,23 +131,36 @@ class MetricChart(PlotextPlot):
             if not xs:
                 continue
             all_y += ys
+            label = ln.label if legend else None
             if ln.scatter:
-                plt.scatter(xs, ys, color=ln.color, marker="dot", label=ln.label)
+                plt.scatter(xs, ys, color=ln.color, marker="dot", label=label)
             else:
-                plt.plot(xs, ys, color=ln.color, marker="braille", label=ln.label)
+                plt.plot(xs, ys, color=ln.color, marker="braille", label=label)
             if not latest:
                 latest = f"{s.y[-1]:.4g}{self.unit}"
         if self.hline is not None and self.hline > 0:
             h = math.log10(self.hline) if logy else self.hline
             plt.hline(h, color="red")
             all_y.append(h)
-        if logy and all_y:
-            lo, hi = log_range(all_y)
+        if all_y and (logy or legend):
+            lo, hi = log_range(all_y) if logy else (min(all_y), max(all_y))
+            if legend:
+                lo, hi = self._above_legend(lo, hi)
             plt.ylim(lo, hi)  # plotext's own range may reach past the ticks: keep them all inside
-            ticks, labels = _log_ticks(lo, hi)
-            plt.yticks(ticks, labels)
+            if logy:
+                ticks, labels = _log_ticks(lo, hi)
+                plt.yticks(ticks, labels)
         plt.title(f"{self.title_text}  {latest}".rstrip())
         plt.xlabel({"step": "step", "tokens": "tokens", "time": "seconds"}[axis])
+
+    def _above_legend(self, lo: float, hi: float) -> tuple[float, float]:
+        """A top for the y range that leaves the legend's rows (one per line, at the top of
+        the canvas) and one more free of data. plotext's canvas is the widget's height less
+        the title, the x label, the x tick labels and the two frame lines."""
+        if hi - lo < 1e-12:
+            lo, hi = lo - 0.5, hi + 0.5
+        rows, free = self.size.height - 5, len(self.lines) + 1
+        return (lo, lo + (hi - lo) * rows / (rows - free)) if rows > free else (lo, hi)
 
     def render(self):  # type: ignore[override]
         t0 = time.perf_counter()

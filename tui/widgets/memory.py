@@ -1,8 +1,9 @@
 """The setup form's memory budget: engine.memory's breakdown against the device's memory.
 
 Red, and Launch refused, when the estimate does not fit; then `fix` holds the estimator's
-suggestion (a smaller micro-batch with more accumulation, same sequences per step) that
-the form applies with one key. The budget defaults to the training device's memory and
+suggestion (a smaller micro-batch with more accumulation, same sequences per step; grad
+checkpointing too when no micro-batch fits without it) that the form applies with one key,
+and `advice` says in one line what to change when nothing the key can apply would fit. The budget defaults to the training device's memory and
 can be overridden (plan a GPU run's batch from here, or leave room for other jobs).
 """
 
@@ -17,10 +18,15 @@ from engine.config import RunConfig
 from engine.errors import UserError
 
 
+class MemoryTable(Static, can_focus=True):
+    """The estimate's table: focusable, so Tab reaches the panel (and scrolls it into view)."""
+
+
 class MemoryPanel(Vertical):
     DEFAULT_CSS = """
     MemoryPanel { height: auto; }
     MemoryPanel #mem-table { height: auto; padding: 0 1; }
+    MemoryPanel #mem-table:focus { background: $boost; }
     MemoryPanel.over #mem-table { color: $error; border-left: thick $error; }
     MemoryPanel.ok #mem-table { border-left: thick $success; }
     """
@@ -29,6 +35,7 @@ class MemoryPanel(Vertical):
         super().__init__(id=id)
         self.fits: bool | None = None  # None: nothing to judge yet
         self.fix: RunConfig | None = None
+        self.advice = ""  # what to change, when it does not fit
         self.estimate: memory.MemoryEstimate | None = None
 
     def compose(self) -> ComposeResult:
@@ -36,7 +43,7 @@ class MemoryPanel(Vertical):
             yield Label("memory budget", classes="name")
             yield Input("", placeholder="device's memory", id="mem-budget", compact=True)
             yield Static("e.g. 80GiB; blank = what train checks (GPU memory, or the RAM available now)", classes="help")
-        yield Static("", id="mem-table", markup=False)
+        yield MemoryTable("", id="mem-table", markup=False)
 
     def budget(self, device_name: str) -> tuple[int | None, str]:
         """The budget typed in, else what `train` checks against (engine.device.budget)."""
@@ -47,9 +54,30 @@ class MemoryPanel(Vertical):
 
         return device.budget(device.kind(device_name))
 
+    def waiting(self) -> None:
+        """Before the device is known (torch still loading): nothing to judge yet."""
+        self.fits, self.fix, self.estimate, self.advice = None, None, None, ""
+        self.set_class(False, "over").set_class(False, "ok")
+        self.query_one("#mem-table", Static).update("(checking this machine: the estimate appears once torch has loaded)")
+
+    @staticmethod
+    def fix_text(fix: RunConfig) -> str:
+        t = fix.train
+        ckpt = "grad checkpointing on, " if fix.model.grad_checkpointing else ""
+        return f"{ckpt}micro-batch {t.batch_size} x grad accum {t.grad_accum} (same sequences per step)"
+
+    def _find_fix(self, config: RunConfig, total: int) -> RunConfig | None:
+        """A smaller micro-batch; failing that, grad checkpointing (with the largest micro-batch
+        that then fits)."""
+        fix = memory.suggest_fit(config, total)
+        if fix is not None or config.model.grad_checkpointing:
+            return fix
+        ckpt = config.model_copy(update={"model": config.model.model_copy(update={"grad_checkpointing": True})})
+        return ckpt if memory.estimate(ckpt).fits(total) else memory.suggest_fit(ckpt, total)
+
     def show(self, config: RunConfig | None, device: str = "auto") -> None:
         table = self.query_one("#mem-table", Static)
-        self.fix, self.estimate = None, None
+        self.fix, self.estimate, self.advice = None, None, ""
         if config is None:
             self.fits = None
             self.set_class(False, "over").set_class(False, "ok")
@@ -67,11 +95,15 @@ class MemoryPanel(Vertical):
         self.fits = None if total is None else est.fits(total)
         text = memory.format_table(est, total)
         if self.fits is False:
-            self.fix = memory.suggest_fit(config, total)
+            assert total is not None
+            self.fix = self._find_fix(config, total)
             if self.fix is not None:
-                t = self.fix.train
-                text += f"\nF4: micro-batch {t.batch_size} x grad accum {t.grad_accum} fits (same sequences per step)"
+                self.advice = f"press F4 for {self.fix_text(self.fix)}, or raise the memory budget"
             else:
-                text += "\neven micro-batch 1 does not fit: a smaller model, shorter blocks or grad checkpointing"
+                self.advice = (
+                    "even micro-batch 1" + ("" if config.model.grad_checkpointing else " with grad checkpointing")
+                    + " does not fit: pick a smaller preset, a shorter block size, or a larger memory budget"
+                )  # fmt: skip
+            text += "\n" + self.advice
         self.set_class(self.fits is False, "over").set_class(self.fits is True, "ok")
         table.update(f"[{source}]\n{text}")

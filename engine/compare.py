@@ -1,0 +1,173 @@
+"""`gpt2-tui compare RUN...`: runs and their segments side by side, as a table or JSON.
+
+Everything is read from the run directories' events (engine.segments), so a finished run,
+a live one and one from another machine compare alike. The rows and their cells are built
+here once; the text table, the Compare screen and the dashboard's segment table show them.
+Speed-ups are ratios of settled tokens/s (a step-time ratio would mislead when the
+micro-batch changed): against the segment before in the same run, and against the first row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from engine import events as ev
+from engine import rundir
+from engine.errors import UserError
+from engine.events import short, value_text
+from engine.memory import human
+from engine.segments import SWITCHES, SegmentSummary, segments_of, speedup
+
+
+class RunComparison(BaseModel):
+    run_dir: str
+    best_val_loss: float | None
+    segments: list[SegmentSummary]
+
+
+class Comparison(BaseModel):
+    """What `compare --json` prints."""
+
+    runs: list[RunComparison]
+
+
+def best_val_loss(events: Sequence[Any]) -> float | None:
+    vals = [e.val_loss for e in events if isinstance(e, ev.Eval) and math.isfinite(e.val_loss)]
+    return min(vals) if vals else None
+
+
+def read_run(run_dir: Path) -> list[Any]:
+    """A run directory's events, or UserError with one line naming the problem and the fix."""
+    if not run_dir.is_dir():
+        raise UserError(f"run directory {run_dir} does not exist; check the path")
+    path = run_dir / rundir.EVENTS
+    if not path.is_file():
+        raise UserError(f"{run_dir} is not a run directory (no {rundir.EVENTS}); give the directory of a run")
+    try:
+        events, _ = ev.read_events(path)
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"cannot read {path} ({type(err).__name__}); give the directory of a run") from None
+    if not any(isinstance(e, ev.RunStarted) for e in events):
+        raise UserError(f"{path} holds no run_started event: the run never started; give a run that trained")
+    return events
+
+
+def compare(run_dirs: Sequence[Path]) -> Comparison:
+    """Every run read and checked before anything is shown: one bad directory, one line."""
+    read = [(Path(d), read_run(Path(d))) for d in run_dirs]
+    return Comparison(
+        runs=[RunComparison(run_dir=str(d), best_val_loss=best_val_loss(e), segments=segments_of(e)) for d, e in read]
+    )
+
+
+# ------------------------------------------------------------------------------ rows
+
+
+@dataclass
+class Row:
+    """One segment as a table row, with the speed-ups that need its neighbours."""
+
+    run: str
+    segment: SegmentSummary
+    vs_prev: float | None  # against the segment before, same run (None for a run's first)
+    vs_first: float | None  # against the first row of the table
+    best_val_loss: float | None  # the run's, on its first row only
+
+
+def labels(run_dirs: Sequence[str]) -> list[str]:
+    """Directory names, or whole paths where two names clash."""
+    names = [Path(d).name or d for d in run_dirs]
+    return [n if names.count(n) == 1 else d for n, d in zip(names, run_dirs)]
+
+
+def rows(runs: Sequence[tuple[str, Sequence[SegmentSummary], float | None]]) -> list[Row]:
+    """(label, segments, best val loss) per run -> rows in order."""
+    out: list[Row] = []
+    first: SegmentSummary | None = None
+    for label, segs, best in runs:
+        for i, s in enumerate(segs):
+            first = first or s
+            prev = speedup(s, segs[i - 1]) if i else None
+            out.append(Row(label, s, prev, speedup(s, first), best if i == 0 else None))
+    return out
+
+
+def varying(segs: Sequence[SegmentSummary]) -> list[str]:
+    """The switches whose value is not the same in every segment, in SWITCHES order."""
+    names = [n for n in SWITCHES if any(n in s.switches for s in segs)]
+    return [n for n in names if len({repr(s.switches.get(n)) for s in segs}) > 1]
+
+
+def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) -> list[tuple[str, bool]]:
+    """('compile=on', differs from the base row) for each shown switch, the ones this segment
+    changed first: what a table highlights."""
+    order = [n for n in shown if n in s.changed] + [n for n in shown if n not in s.changed]
+    return [(f"{short(n)}={value_text(s.switches.get(n))}", s.switches.get(n) != base.switches.get(n)) for n in order]
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+COLUMNS = ("run", "steps", "why", "switches", "warm-up", "ms/step", "tok/s", "MFU", "peak mem", "vs prev", "vs first", "best val")  # fmt: skip
+
+
+def cells(r: Row) -> list[str]:
+    """Every column but `switches` (index 3), which the caller renders with its highlighting."""
+    s = r.segment
+    return [
+        r.run, f"{s.from_step}-{s.to_step}", s.reason, "",
+        "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s",
+        "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}",
+        "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
+        "-" if s.mfu is None else f"{100 * s.mfu:.1f}%",
+        human(s.peak_mem_bytes), _x(r.vs_prev), _x(r.vs_first),
+        "" if r.best_val_loss is None else f"{r.best_val_loss:.4f}",
+    ]  # fmt: skip
+
+
+def shown_switches(segs: Sequence[SegmentSummary]) -> list[str]:
+    """The switches a table shows: those that differ somewhere, or all when none do."""
+    diff = varying(segs)
+    return diff or [n for n in SWITCHES if any(n in s.switches for s in segs)]
+
+
+def table_rows(c: Comparison) -> list[Row]:
+    names = labels([r.run_dir for r in c.runs])
+    return rows([(n, r.segments, r.best_val_loss) for n, r in zip(names, c.runs)])
+
+
+def format_table(c: Comparison) -> str:
+    """The plain-text table: switches that differ from the first row carry a `*`."""
+    table = table_rows(c)
+    segs = [r.segment for r in table]
+    if not segs:
+        return "no segments: the runs logged no steps yet"
+    shown = shown_switches(segs)
+    same = [n for n in SWITCHES if n not in shown and n in segs[0].switches]
+    lines = []
+    if same:
+        lines.append("same in all: " + " ".join(f"{short(n)}={value_text(segs[0].switches[n])}" for n in same))
+    body = []
+    for r in table:
+        row = cells(r)
+        row[3] = " ".join(text + ("*" if hot else "") for text, hot in switch_items(r.segment, shown, segs[0]))
+        body.append(row)
+    widths = [max(len(x[i]) for x in [list(COLUMNS), *body]) for i in range(len(COLUMNS))]
+    left = {0, 1, 2, 3}
+    for row in [list(COLUMNS), *body]:
+        lines.append("  ".join(x.ljust(w) if i in left else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths))).rstrip())
+    lines.append("* differs from the first row; speed-ups are settled tok/s ratios; warm-up = the first logged step")
+    return "\n".join(lines)
+
+
+def run(run_dirs: Sequence[Path], as_json: bool = False) -> str:
+    """The text `gpt2-tui compare` prints."""
+    c = compare(run_dirs)
+    return c.model_dump_json(indent=2) if as_json else format_table(c)

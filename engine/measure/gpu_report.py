@@ -1,0 +1,310 @@
+"""The GPU report: the figures a CUDA box owes docs/gpu/, in one command.
+
+    gpt2-tui bench --gpu-report                      every part, about nine minutes on an H100
+    gpt2-tui bench --gpu-report --part memory        one part (repeatable), merged into the day's report
+    gpt2-tui bench --gpu-report --dry-run --out DIR  the same plumbing on CPU, with the tiniest shapes
+
+Each part is a command of its own, run as a child process from the checkout under a time
+budget; what it writes or prints becomes the part's figures, recorded with the command
+that gives them (its --out left out: the tool then picks a fresh directory):
+
+    tests     pytest tests/test_gpu.py: the CUDA code paths
+    ladder    the speed ladder, gpt2 at B16 T1024 (ladder.py)
+    best      every optimization on; micro-batch 16, 32 x compile default, reduce-overhead (best.py)
+    memory    the estimator vs torch.cuda.max_memory_allocated, gpt2 and gpt2-medium (memory_check.py)
+    overhead  what the dashboard costs the run it shows (tui/measure_overhead.py; needs textual)
+
+A part past its budget is interrupted and keeps what it finished (the ladder and the sweep
+save after every rung). The report, docs/gpu/DEVICE-DATE.json and .md, is rewritten after
+every part; a part run again the same day replaces its own entry and leaves the others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ValidationError
+
+from engine.checkpoint import atomic_write_bytes
+from engine.errors import UserError
+from engine.measure.common import BenchOptions
+
+PARTS = ("tests", "ladder", "best", "memory", "overhead")
+BUDGET_S = {"tests": 90, "ladder": 200, "best": 120, "memory": 80, "overhead": 50}  # 9 minutes together
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: every part runs from here
+TAIL_LINES = 15  # of a failed or interrupted part's output, kept in the report
+
+
+class PartResult(BaseModel):
+    command: str
+    status: str  # ok | failed (exit N) | timed out after N s | skipped: why
+    budget_s: int
+    wall_s: float = 0.0
+    ran_at: str = ""
+    figures: dict[str, Any] = {}
+    markdown: str = ""
+
+
+class Report(BaseModel):
+    device: str
+    torch_version: str
+    cuda_version: str | None
+    device_memory_bytes: int | None
+    cpus: int | None
+    commit: str | None
+    date: str
+    dry_run: bool
+    parts: dict[str, PartResult] = {}
+
+
+# ---------------------------------------------------------------- the parts
+
+
+def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
+    """Each part's command (argv), or why it cannot run here."""
+    python = [sys.executable, "-m"]
+    given = [*(["--data", str(opts.data)] if opts.data else []),
+             *(["--vocab-size", str(opts.vocab_size)] if opts.vocab_size else [])]  # fmt: skip
+    bench = [*python, "engine.cli", "bench", *given]
+    tests = [*python, "pytest", "tests/test_gpu.py", "-q", "-rfE", "-p", "no:cacheprovider"]
+    if opts.dry_run:
+        tiny = ["--preset", "micro", "--device", "cpu", "--steps", "1", "--warmup", "1"]
+        ladder = [*bench, *tiny, "--skip", "compile"]
+        best = [*bench, "--best", *tiny, "--batch-sizes", "2", "--compile-modes", "eager", "--log-interval", "1"]
+        memory: list[str] | str = ("skipped: it compares with torch.cuda.max_memory_allocated, which needs CUDA "
+                                   "(the CPU check: python -m engine.measure.memory_check --cpu)")  # fmt: skip
+        overhead = ["--preset", "micro", "--max-steps", "10", "--rounds", "1"]
+    else:
+        gpt2 = ["--preset", "gpt2", "--device", "cuda", "--block-size", "1024"]
+        ladder = [*bench, *gpt2, "--batch-size", "16", "--steps", "10", "--warmup", "3"]
+        best = [*bench, "--best", *gpt2, "--batch-sizes", "16,32", "--compile-modes", "default,reduce-overhead",
+                "--steps", "20", "--warmup", "5"]  # fmt: skip
+        memory = [*python, "engine.measure.memory_check", "--presets", "gpt2,gpt2-medium", "--batch-sizes", "4,8,16",
+                  "--compile", "off"]  # fmt: skip
+        overhead = ["--preset", "nano", "--max-steps", "200", "--rounds", "2"]
+    missing = [m for m in ("textual", "textual_plotext", "plotext") if importlib.util.find_spec(m) is None]
+    return {
+        "tests": tests,
+        "ladder": [*ladder, "--out", str(work / "ladder")],
+        "best": [*best, "--out", str(work / "best")],
+        "memory": memory,
+        "overhead": (f"skipped: {', '.join(missing)} not installed here, and the dashboard is what it measures "
+                     "(docs/gpu/README.md says how to bring them)") if missing  # fmt: skip
+        else [*python, "tui.measure_overhead", *overhead, *(["--data", str(opts.data)] if opts.data else [])],
+    }
+
+
+def shown(argv: list[str]) -> str:
+    """The command as a person would type it in the checkout: `python`, no --out."""
+    out = ["python"]
+    args = iter(argv[1:])
+    for a in args:
+        if a == "--out":
+            next(args)
+            continue
+        out.append(os.path.relpath(a, ROOT) if os.path.isabs(a) and Path(a).is_relative_to(ROOT) else a)
+    return shlex.join(out)
+
+
+def run_part(argv: list[str], budget_s: int, log: Path) -> tuple[int | None, float, str]:
+    """Run argv from the checkout, its output echoed and logged; past budget_s, interrupt it
+    (SIGINT, then SIGKILL) with everything it started. (exit status or None, seconds, output)."""
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            print(f"    {line}", end="", flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc: int | None = proc.wait(timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        rc = None
+        for sig, grace in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=grace)
+                break
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                continue
+    reader.join(timeout=10)
+    text = "".join(lines)
+    atomic_write_bytes(log, text.encode())
+    return rc, time.perf_counter() - t0, text
+
+
+def figures(part: str, out: Path, text: str, command: str) -> tuple[dict[str, Any], str, str]:
+    """A part's figures (for the JSON), its tables (for the markdown) and a note on what failed
+    inside it, from what it wrote or printed."""
+    from engine.measure import best, ladder
+
+    if part == "ladder" and (out / "ladder.json").is_file():
+        r = ladder.LadderResult.model_validate_json((out / "ladder.json").read_text())
+        r.command = command
+        failed = sum(x.status == "failed" for x in r.rungs)
+        return r.model_dump(mode="json"), ladder.to_markdown(r), f"{failed} rungs failed" if failed else ""
+    if part == "best" and (out / "best.json").is_file():
+        b = best.BestResult.model_validate_json((out / "best.json").read_text())
+        b.command = command
+        failed = sum(c.status.startswith("failed") for c in b.candidates)
+        return b.model_dump(mode="json"), best.to_markdown(b), f"{failed} candidates failed" if failed else ""
+    if part == "tests":
+        summary = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|errors?)\b", ln)]
+        counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)",
+                                                   summary[-1] if summary else "")}  # fmt: skip
+        listed = [f"- {ln}" for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        md = "\n".join([*listed, summary[-1].strip("= ") if summary else "no pytest summary"]) + "\n"
+        return counts, md, ""
+    # memory, overhead: their printed markdown, from the header line of the final table on
+    start = {"memory": "device: ", "overhead": "config: "}.get(part)
+    lines = text.splitlines()
+    heads = [i for i, ln in enumerate(lines) if start and ln.startswith(start)]
+    kept = lines[heads[-1] :] if heads else [ln for ln in lines if ln.startswith("|")]
+    return {"tables": md_tables(kept)}, "\n".join(kept) + "\n", ""
+
+
+def md_tables(lines: list[str]) -> list[list[list[str]]]:
+    """The markdown tables among lines: each a list of rows of cells (header first, rules dropped)."""
+    tables: list[list[list[str]]] = []
+    previous = False
+    for ln in lines:
+        row = ln.startswith("|")
+        if row and not re.fullmatch(r"\|[\s:|-]+\|", ln.strip()):
+            if not previous:
+                tables.append([])
+            tables[-1].append([c.strip() for c in ln.strip().strip("|").split("|")])
+        previous = row
+    return tables
+
+
+# ---------------------------------------------------------------- the report
+
+
+def describe(dry_run: bool) -> Report:
+    cuda = not dry_run and torch.cuda.is_available()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return Report(
+        device=torch.cuda.get_device_name(0) if cuda else "CPU (dry run)", torch_version=torch.__version__,
+        cuda_version=torch.version.cuda, cpus=os.cpu_count(), commit=commit, dry_run=dry_run,
+        device_memory_bytes=torch.cuda.get_device_properties(0).total_memory if cuda else None,
+        date=datetime.date.today().isoformat(),
+    )  # fmt: skip
+
+
+def stem(report: Report) -> str:
+    """DEVICE-DATE: the report's file name without suffix."""
+    return re.sub(r"[^a-z0-9]+", "-", report.device.lower()).strip("-") + "-" + report.date
+
+
+def to_markdown(r: Report) -> str:
+    from engine.memory import human
+
+    memory = f", {human(r.device_memory_bytes)}" if r.device_memory_bytes else ""
+    lines = [
+        f"# GPU report: {r.device}, {r.date}" + (" (dry run: CPU, tiniest shapes; not a GPU figure)" if r.dry_run else ""),
+        "",
+        f"{r.device}{memory}; torch {r.torch_version}, CUDA {r.cuda_version or 'none'}; {r.cpus} CPUs; "
+        f"commit {r.commit or 'unknown'}. Written by `gpt2-tui bench --gpu-report`; each part below "
+        "gives the command that reproduces its figures (docs/gpu/README.md).",
+        "",
+        "| part | status | wall s | budget s | ran at |",
+        "|---|---|---:|---:|---|",
+    ]
+    done = [p for p in PARTS if p in r.parts]
+    lines += [f"| {p} | {r.parts[p].status} | {r.parts[p].wall_s:.0f} | {r.parts[p].budget_s} | {r.parts[p].ran_at} |"
+              for p in done]  # fmt: skip
+    for p in done:
+        part = r.parts[p]
+        lines += ["", f"## {p}", "", f"Command: `{part.command}`  ", f"Status: {part.status}", "", part.markdown.rstrip()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def load(path: Path) -> Report | None:
+    if not path.exists():
+        return None
+    try:
+        return Report.model_validate_json(path.read_text())
+    except (OSError, ValidationError, ValueError):
+        raise UserError(f"{path} exists but is not a GPU report; move it aside to write this one") from None
+
+
+def save(r: Report, out: Path) -> None:
+    atomic_write_bytes(out / f"{stem(r)}.json", r.model_dump_json(indent=1).encode())
+    atomic_write_bytes(out / f"{stem(r)}.md", to_markdown(r).encode())
+
+
+def check(opts: BenchOptions) -> None:
+    """Bad input, found before anything runs or is written."""
+    if not opts.dry_run and not torch.cuda.is_available():
+        raise UserError("no CUDA GPU here: --gpu-report measures a CUDA box; "
+                        "--dry-run runs its plumbing on CPU with the tiniest shapes")  # fmt: skip
+    mine = {"--preset": opts.preset, "--config": opts.config, "--plain": opts.plain, "--best": opts.best,
+            "--compile-cache": opts.compile_cache, "--device": opts.device != "auto"}  # fmt: skip
+    clash = [flag for flag, value in mine.items() if value]
+    if clash:
+        raise UserError(f"--gpu-report chooses its own shapes and tools; leave {clash[0]} out")
+    if opts.data and not Path(opts.data).is_dir():
+        raise UserError(f"--data {opts.data}: no such directory")
+    if opts.out is not None and opts.out.exists() and not opts.out.is_dir():
+        raise UserError(f"--out {opts.out} is a file; give a directory for the report")
+
+
+def run(opts: BenchOptions, command: str) -> int:
+    check(opts)
+    report = describe(opts.dry_run)
+    out = opts.out or (Path("runs") / "gpu-report-dry-run" if opts.dry_run else Path("docs") / "gpu")
+    earlier = load(out / f"{stem(report)}.json")
+    if earlier is not None:
+        report.parts = earlier.parts
+    parts = [p for p in PARTS if p in opts.part] if opts.part else list(PARTS)
+    print(f"GPU report: {report.device}, torch {report.torch_version}; parts {', '.join(parts)} "
+          f"-> {out / stem(report)}.md and .json", flush=True)  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpt2-tui-gpu-report-") as tmp:
+        work = Path(tmp)
+        planned = commands(opts, work)
+        for part in parts:
+            argv, budget = planned[part], opts.budget or BUDGET_S[part]
+            ran_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+            if isinstance(argv, str):
+                result = PartResult(command="-", status=argv, budget_s=budget, ran_at=ran_at)
+            else:
+                print(f"[{part}] {shown(argv)}  (budget {budget} s)", flush=True)
+                rc, wall, text = run_part(argv, budget, work / f"{part}.log")
+                status = "ok" if rc == 0 else f"timed out after {budget} s" if rc is None else f"failed (exit {rc})"
+                figs, md, note = figures(part, work / part, text, shown(argv))
+                status += f"; {note}" if note else ""
+                if rc != 0:
+                    tail = "\n".join(text.rstrip().splitlines()[-TAIL_LINES:])
+                    md += f"\nThe end of its output:\n\n```\n{tail}\n```\n"
+                result = PartResult(command=shown(argv), status=status, budget_s=budget, wall_s=wall, ran_at=ran_at,
+                                    figures=figs, markdown=md)  # fmt: skip
+            print(f"[{part}] {result.status}" + (f" in {result.wall_s:.0f} s" if result.wall_s else ""), flush=True)
+            report.parts[part] = result
+            save(report, out)
+    print(f"wrote {out / stem(report)}.md and {out / stem(report)}.json")
+    return 1 if any("failed" in report.parts[p].status for p in parts) else 0

@@ -1,0 +1,187 @@
+"""A run as a sequence of segments: stretches trained with one set of speed switches.
+
+Each resume, live toggle or OOM fallback starts a segment (a `segment` event right after
+`run_started`, or alone for a live toggle). Read back, a run's events say what speed each
+set of switches reached, so `compare`, the Compare screen and the dashboard's segment table
+all take their figures from here. Runs logged before the `segment` event existed count one
+segment per `run_started`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from engine import events as ev
+from engine.config import RunConfig
+from engine.flops import mfu
+
+# The settings that change how fast a run goes, not what it computes (batch geometry aside:
+# a toggle keeps the tokens per optimizer step, so micro-batch x grad-accum is a speed choice).
+SWITCHES: tuple[str, ...] = (
+    "speed.precision",
+    "speed.compile",
+    "speed.compile_mode",
+    "model.attention",
+    "model.pad_vocab",
+    "model.loss",
+    "optim.fused",
+    "data.pin_memory",
+    "data.prefetch",
+    "data.preload",
+    "data.vectorized",
+    "model.grad_checkpointing",
+    "train.batch_size",
+    "train.grad_accum",
+)
+
+_DEFAULTS: dict[str, Any] = RunConfig().model_dump(mode="json")
+
+
+def _dig(d: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        if not isinstance(d, dict) or key not in d:
+            raise KeyError(dotted)
+        d = d[key]
+    return d
+
+
+def switches(config: RunConfig | dict[str, Any]) -> dict[str, Any]:
+    """The speed switches of a config, by dotted name, in SWITCHES order. A dict missing one
+    (a config written before the setting existed) gets the default, which is what applied."""
+    data = config.model_dump(mode="json") if isinstance(config, RunConfig) else config
+    out = {}
+    for name in SWITCHES:
+        try:
+            out[name] = _dig(data, name)
+        except KeyError:
+            out[name] = _dig(_DEFAULTS, name)
+    return out
+
+
+def changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
+    """[old, new] for each switch whose value differs, in SWITCHES order."""
+    names = [n for n in SWITCHES if n in before or n in after]
+    names += sorted(n for n in {*before, *after} if n not in SWITCHES)
+    return {n: [before.get(n), after.get(n)] for n in names if before.get(n) != after.get(n)}
+
+
+def opening(
+    config: RunConfig, step: int, previous: RunConfig | dict[str, Any] | None, reason: ev.SegmentReason
+) -> ev.Segment:
+    """The event that opens a segment at `step`; `previous` is the config the run last trained
+    with (the loaded checkpoint's on a resume; None when there is none)."""
+    now = switches(config)
+    diff = changed(switches(previous), now) if previous is not None else {}
+    return ev.Segment(step=step, switches=now, changed=diff, reason=reason)
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+class SegmentSummary(BaseModel):
+    """One segment's switches and the speed it reached (what `compare --json` prints)."""
+
+    from_step: int
+    to_step: int
+    switches: dict[str, Any]
+    changed: dict[str, list[Any]]
+    reason: str
+    first_step_time_s: float | None  # the first logged interval: includes the compile warm-up
+    settled_step_time_s: float | None  # events.settled_step_time: past the warm-up
+    tokens_per_s: float | None  # at the settled step time
+    mfu: float | None  # at the settled step time; None when the device's peak is unknown
+    peak_mem_bytes: int | None  # the highest peak the step reports gave; None on CPU
+
+
+class _Open:
+    """The segment being read: its opening and the step reports since."""
+
+    def __init__(self, step: int, sw: dict[str, Any], diff: dict[str, list[Any]], reason: str,
+                 started: ev.RunStarted | None, from_run_started: bool) -> None:  # fmt: skip
+        self.from_step = self.to_step = step
+        self.switches, self.changed, self.reason = sw, diff, reason
+        self.started = started
+        self.from_run_started = from_run_started  # provisional: a segment event right after replaces it
+        self.times: list[float] = []
+        self.tokens_per_step: float | None = None
+        self.peak: int | None = None
+
+    def summary(self) -> SegmentSummary:
+        settled = ev.settled_step_time(self.times)
+        tok_s = self.tokens_per_step / settled if settled and self.tokens_per_step else None
+        s = self.started
+        util = mfu(tok_s, s.flops_per_token, s.peak_flops, s.world_size) if tok_s and s else None
+        return SegmentSummary(
+            from_step=self.from_step, to_step=self.to_step, switches=self.switches, changed=self.changed,
+            reason=self.reason, first_step_time_s=self.times[0] if self.times else None,
+            settled_step_time_s=settled, tokens_per_s=tok_s, mfu=util, peak_mem_bytes=self.peak,
+        )  # fmt: skip
+
+
+class SegmentReader:
+    """Builds segments from events fed one at a time (the dashboard feeds a live run's);
+    closed segments are summarized once, the open one on each `segments()` call."""
+
+    def __init__(self) -> None:
+        self.closed: list[SegmentSummary] = []
+        self.current: _Open | None = None
+        self.started: ev.RunStarted | None = None
+        self.version = 0  # goes up whenever a summary may have changed
+
+    def _close(self) -> None:
+        if self.current is not None:
+            self.closed.append(self.current.summary())
+        self.current = None
+
+    def feed(self, e: Any) -> None:
+        cur = self.current
+        match e:
+            case ev.RunStarted():
+                before = cur.switches if cur else (self.closed[-1].switches if self.closed else None)
+                self._close()
+                now = switches(e.config)
+                reason = "resume" if before is not None or e.start_step > 0 else "start"
+                diff = changed(before, now) if before is not None else {}
+                self.started = e
+                self.current = _Open(e.start_step, now, diff, reason, e, from_run_started=True)
+            case ev.Segment():
+                if cur is not None and cur.from_run_started and not cur.times:
+                    cur.switches, cur.changed, cur.reason = e.switches, e.changed, e.reason
+                    cur.from_run_started = False
+                else:  # a live toggle: the run goes on in the same process
+                    self._close()
+                    self.current = _Open(e.step, e.switches, e.changed, e.reason, self.started, False)
+            case ev.Step() if cur is not None:
+                cur.to_step = max(cur.to_step, e.step)
+                if e.step_time_s > 0:
+                    cur.times.append(e.step_time_s)
+                    cur.tokens_per_step = e.tokens_per_s * e.step_time_s
+                if e.mem_bytes is not None:
+                    cur.peak = max(cur.peak or 0, e.mem_bytes)
+            case ev.Eval() | ev.Checkpoint() | ev.RunFinished() if cur is not None:
+                cur.to_step = max(cur.to_step, e.step)
+            case _:
+                return
+        self.version += 1
+
+    def segments(self) -> list[SegmentSummary]:
+        return self.closed + ([self.current.summary()] if self.current else [])
+
+
+def segments_of(events: Iterable[Any]) -> list[SegmentSummary]:
+    """The segments of a run, from its events (engine.events.read_events), in order."""
+    reader = SegmentReader()
+    for e in events:
+        reader.feed(e)
+    return reader.segments()
+
+
+def speedup(segment: SegmentSummary, base: SegmentSummary) -> float | None:
+    """How many times faster `segment` trained than `base`, in tokens/s (a step-time ratio
+    would mislead when the micro-batch changed)."""
+    if segment.tokens_per_s and base.tokens_per_s:
+        return segment.tokens_per_s / base.tokens_per_s
+    return None

@@ -1,0 +1,159 @@
+"""`gpt2-tui compare` and the Compare screen, on real runs from the CLI: A trained to 6
+steps; B trained to 3, then resumed to 6 with --no-prefetch (a new segment)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from pilot_wait import until
+
+from engine import events as ev
+from engine import rundir
+
+TRAIN = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-interval", "3",
+         "--ckpt-interval", "3", "--log-interval", "1"]  # fmt: skip
+SEGMENT_KEYS = ["from_step", "to_step", "switches", "changed", "reason", "first_step_time_s",
+                "settled_step_time_s", "tokens_per_s", "mfu", "peak_mem_bytes"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from conftest import random_tokens, write_gpt2tui
+
+    from gpt2_tui import main
+
+    root = tmp_path_factory.mktemp("compare")
+    data = write_gpt2tui(root / "data", random_tokens(20_000, 64, 1), random_tokens(4_000, 64, 2), 64)
+    a, b = root / "A", root / "B"
+    assert main(["train", *TRAIN, "--data", str(data), "--max-steps", "6", "--out", str(a)]) == 0
+    assert main(["train", *TRAIN, "--data", str(data), "--max-steps", "3", "--out", str(b)]) == 0
+    assert main(["train", "--resume", str(b), "--max-steps", "6", "--no-prefetch"]) == 0
+    return a, b
+
+
+def test_compare_json_two_runs_and_the_resumed_ones_segments(runs, capsys) -> None:
+    from gpt2_tui import main
+
+    a, b = runs
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["runs"] and [r["run_dir"] for r in out["runs"]] == [str(a), str(b)]
+    ra, rb = out["runs"]
+    assert list(ra) == ["run_dir", "best_val_loss", "segments"]
+    assert len(ra["segments"]) == 1 and len(rb["segments"]) == 2
+    first, second = rb["segments"]
+    assert list(second) == SEGMENT_KEYS
+    assert (first["from_step"], first["to_step"], first["reason"]) == (0, 3, "start")
+    assert (second["from_step"], second["to_step"], second["reason"]) == (3, 6, "resume")
+    assert first["switches"]["data.prefetch"] is True and second["switches"]["data.prefetch"] is False
+    assert second["changed"] == {"data.prefetch": [True, False]}
+    events, _ = ev.read_events(b / rundir.EVENTS)
+    times = [e.step_time_s for e in events if isinstance(e, ev.Step) and e.step > 3]
+    assert second["settled_step_time_s"] == ev.settled_step_time(times) and second["first_step_time_s"] == times[0]
+    vals = [e.val_loss for e in events if isinstance(e, ev.Eval)]
+    assert rb["best_val_loss"] == min(vals)
+    assert all(s["mfu"] is None and s["peak_mem_bytes"] is None for r in out["runs"] for s in r["segments"])
+
+
+def test_compare_table_marks_what_differs(runs, capsys) -> None:
+    from gpt2_tui import main
+
+    a, b = runs
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("same in all: ") and "prefetch" not in lines[0] and "compile=off" in lines[0]
+    header, *body, note = lines[1:]
+    assert header.split()[:4] == ["run", "steps", "why", "switches"]
+    assert [r.split()[:4] for r in body] == [
+        ["A", "0-6", "start", "prefetch=on"], ["B", "0-3", "start", "prefetch=on"], ["B", "3-6", "resume", "prefetch=off*"],
+    ]  # fmt: skip
+    assert body[0].split()[-2:][0] == "1.00x"  # the first row against itself
+    assert note.startswith("* differs from the first row")
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "no-start"])
+def test_a_bad_run_dir_is_one_line_and_exit_2(runs, tmp_path: Path, capsys, case: str) -> None:
+    from conftest import cli_fails
+
+    bad = tmp_path / case
+    if case != "missing":
+        bad.mkdir()
+    if case == "no-start":
+        (bad / rundir.EVENTS).write_text('{"event": "eval", "step": 1, "val_loss": 2.0}\n')
+    word = {"missing": "does not exist", "empty": "is not a run directory", "no-start": "never started"}[case]
+    cli_fails(capsys, ["compare", str(runs[0]), str(bad), "--json"], str(bad), word)
+    assert capsys.readouterr().out == ""  # nothing printed for the good run either
+    cli_fails(capsys, ["compare", "--tui", str(bad)], word)  # refused before the screen opens
+
+
+def test_the_compare_screen_overlays_runs_and_shows_their_segments(runs) -> None:
+    from tui.screens.compare import CompareApp, CompareScreen, OverlayChart
+    from tui.widgets.segments import SegmentTable
+
+    a, b = runs
+
+    async def body() -> None:
+        app = CompareApp([a, b])
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded, "runs loaded")
+            screen = app.screen
+            assert [r.label for r in screen.runs] == ["A", "B"]
+            rb = screen.runs[1]
+            assert [s[0] for s in rb.starts] == [0, 3]  # a marker where the resumed segment starts
+            assert rb.series["step_time"].step == [1, 2, 3, 4, 5, 6] and len(rb.series["val"]) >= 3
+            legend = str(screen.query_one("#compare-legend").render())
+            assert "step 3: prefetch on -> off (resume)" in legend
+            table = screen.query_one(SegmentTable)
+            assert table.row_count == 3
+            assert [(r.run, r.segment.from_step) for r in table.rows_shown] == [("A", 0), ("B", 0), ("B", 3)]
+            cell = table.get_row_at(2)[3]
+            assert cell.plain == "prefetch=off" and any("yellow" in str(s.style) for s in cell.spans)
+            loss = screen.query_one("#compare-loss", OverlayChart)
+            assert loss.drawn == ["A", "A val", "B", "B val"]
+            await pilot.press("x")
+            assert screen.axis == "tokens" and "x: tokens" in str(screen.query_one("#compare-legend").render())
+            toks = screen.query_one("#compare-toks", OverlayChart)
+            assert toks.drawn == ["A", "B"] and toks.axis == "tokens"
+            await pilot.press("escape")
+        assert app.return_code == 0
+
+    asyncio.run(body())
+
+
+def test_the_segment_table_widget_follows_a_runs_events(runs) -> None:
+    """The dashboard's widget: fed one event at a time, it draws on its own timer."""
+    from textual.app import App, ComposeResult
+
+    from tui.widgets.segments import SegmentTable
+
+    events, _ = ev.read_events(runs[1] / rundir.EVENTS)
+    cut = next(i for i, e in enumerate(events) if isinstance(e, ev.RunFinished)) + 1
+
+    class Host(App):
+        def compose(self) -> ComposeResult:
+            yield SegmentTable(refresh_s=0.05)
+
+    async def body() -> None:
+        async with Host().run_test(size=(160, 20)) as pilot:
+            table = pilot.app.query_one(SegmentTable)
+            for e in events[:cut]:  # the first process's events: one segment
+                table.feed(e)
+            await until(pilot, lambda: table.row_count == 1, "one segment drawn")
+            for e in events[cut:]:  # the resume with --no-prefetch
+                table.feed(e)
+            await until(pilot, lambda: table.row_count == 2, "the resumed segment drawn")
+            first, second = (table.get_row_at(i) for i in range(2))
+            assert [str(c) for c in first[:2]] == ["0-3", "start"]
+            assert [str(c) for c in second[:2]] == ["3-6", "resume"]  # no run column for one run
+            assert second[2].plain == "prefetch=off"
+            r = table.rows_shown[1]
+            assert r.vs_prev == pytest.approx(r.segment.tokens_per_s / table.rows_shown[0].segment.tokens_per_s)
+            assert str(second[8]) == f"{r.vs_prev:.2f}x"
+            assert str(first[-1]) == f"{min(e.val_loss for e in events if isinstance(e, ev.Eval)):.4f}"
+
+    asyncio.run(body())

@@ -1,0 +1,187 @@
+"""The step guard decides on the device (issue 11) and catches finite divergence (issue 12):
+no host read on a non-logging step, a NaN step still skipped, a loss spike stops the run
+before a blown-up state is saved, `--resume --from` continues from any kept checkpoint, and
+a run whose directory vanishes stops. Real engine, micro preset, CPU."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import cli_fails
+from engine import checkpoint as ckpt
+from engine import guard, rundir
+from engine.config import resolve
+from engine.events import CallbackSink, read_events
+from engine.model import GPT
+from engine.start import start
+from engine.trainer import Trainer
+from gpt2_tui import main
+
+MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
+READS = ("item", "tolist", "__bool__", "__float__", "__int__", "numpy")  # a device tensor reaching the host
+
+
+def _trainer(tmp_path: Path, data: Path, name: str = "run", sinks=(), **overrides) -> Trainer:
+    flags = {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | overrides
+    return start(resolve("micro", None, flags), tmp_path / name, sinks=sinks)
+
+
+@pytest.fixture
+def host_reads(monkeypatch) -> Counter:
+    """Counts every Python-level read of a tensor's value to the host."""
+    count: Counter = Counter()
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, _name=name, **kw):
+            count[_name] += 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return count
+
+
+def test_a_non_logging_step_reads_nothing_from_the_device(tmp_path, tiny_dataset, host_reads):
+    t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 12, "train.log_interval": 4,
+                                            "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
+    per_step: dict[int, int] = {}
+    original = t.train_step
+
+    def train_step(lr):  # the reads from one step's start to the next one's start
+        start = sum(host_reads.values())
+        out = original(lr)
+        per_step[t.step + 1] = start
+        return out
+
+    t.train_step = train_step
+    assert t.run() == "completed"
+    total_at = [per_step[s] for s in sorted(per_step)]
+    reads = {s: b - a for s, a, b in zip(sorted(per_step), total_at, total_at[1:])}  # step s -> reads until s+1
+    logging = {4, 8}
+    assert all(reads[s] > 0 for s in logging)  # the report reads loss and norm: the counter sees reads
+    assert {s: n for s, n in reads.items() if s not in logging} == {s: 0 for s in reads if s not in logging}
+
+
+def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_dataset, monkeypatch):
+    original = GPT.forward
+    calls = [0]
+
+    def forward(self, idx, targets=None):
+        logits, loss = original(self, idx, targets)
+        if self.training and loss is not None:
+            calls[0] += 1
+            if calls[0] in (2, 3):
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    seen = []
+    t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(seen.append)],
+                 **{"train.max_steps": 8, "train.log_interval": 4, "train.max_bad_steps": 3,
+                    "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
+    weights: dict[int, list[torch.Tensor]] = {}
+    step = t.train_step
+
+    def train_step(lr):
+        out = step(lr)
+        weights[t.step + 1] = [p.detach().clone() for p in t.model.parameters()]
+        return out
+
+    t.train_step = train_step
+    assert t.run() == "completed"
+    assert t.optimizer.defaults["fused"]  # the default on CPU: the skip is the kernel's found_inf
+    assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[3]))  # steps 2-3 never reached the weights
+    assert not all(torch.equal(a, b) for a, b in zip(weights[3], weights[4]))
+    warnings = [e.message for e in seen if e.event == "warning"]
+    assert len(warnings) == 1 and warnings[0].startswith("step 4:") and "2 updates since the last report" in warnings[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A healthy 30-step micro run with checkpoints at 10, 20, 30."""
+    from conftest import random_tokens, write_gpt2tui
+
+    root = tmp_path_factory.mktemp("trained")
+    data = write_gpt2tui(root / "data", random_tokens(20_000, 64), random_tokens(4_000, 64, seed=1), 64)
+    run = root / "run"
+    assert main(["train", *MICRO, "--data", str(data), "--out", str(run), "--max-steps", "30",
+                 "--ckpt-interval", "10", "--eval-interval", "10", "--log-interval", "5"]) == 0  # fmt: skip
+    return run
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst
+
+
+def test_a_finite_blow_up_stops_before_the_bad_state_is_saved(trained, tmp_path, capsys):
+    run = _copy(trained, tmp_path)
+    before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").glob("*.pt")}
+    err = cli_fails(capsys, ["train", "--resume", str(run), "--lr", "1e6", "--min-lr", "0", "--max-steps", "60"],
+                    "no checkpoint was written", "the last good one is", f"--resume {run} --lr")  # fmt: skip
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").glob("*.pt")} == before
+    assert ckpt.CheckpointDir(run / "checkpoints").latest().name == "step_000030.pt"
+    events, _ = read_events(run / rundir.EVENTS)
+    assert events[-1].event == "run_failed"
+    assert any("updates since the last report were skipped" in e.message for e in events if e.event == "warning")
+    assert "Traceback" not in err
+
+
+def test_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside(trained, tmp_path, capsys):
+    run = _copy(trained, tmp_path)
+    assert main(["train", "--resume", str(run), "--from", "10", "--max-steps", "20"]) == 0
+    cks = ckpt.CheckpointDir(run / "checkpoints")
+    assert [s for s, _ in cks.step_files()] == [10, 20] and cks.latest().name == "step_000020.pt"
+    (aside,) = [p for p in cks.path.iterdir() if p.is_dir()]
+    assert sorted(p.name for p in aside.iterdir()) == ["step_000020.pt", "step_000030.pt"]  # nothing lost
+    assert ckpt.load(cks.latest())["step"] == 20
+    assert main(["train", "--resume", str(run), "--from", "best", "--max-steps", "25"]) == 0
+    assert ckpt.load(cks.latest())["step"] == 25
+    capsys.readouterr()
+    cli_fails(capsys, ["train", "--resume", str(run), "--from", "7"], "--from 7: no such checkpoint", "kept: ")
+    cli_fails(capsys, ["train", *MICRO, "--from", "best"], "add --resume")
+
+
+def test_a_run_whose_directory_vanishes_stops_in_one_line(tmp_path, tiny_dataset):
+    def vanish(e):
+        if e.event == "step" and e.step == 3:
+            shutil.rmtree(t.run_dir)
+
+    t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(vanish)], **{"train.max_steps": 10})
+    with pytest.raises(Exception, match="vanished at step 4") as err:
+        t.run()
+    assert "\n" not in str(err.value)
+
+
+def test_healthy_is_the_spike_rule() -> None:
+    assert guard.healthy(3.0, 2.9) and guard.healthy(3.0, None)
+    assert not guard.healthy(float("nan"), None) and not guard.healthy(6.5e11, 4.2)
+    assert not guard.healthy(9.0, 2.0) and guard.healthy(5.9, 2.0)  # 2.0 + 4 nats
+
+
+def test_a_finite_loss_spike_is_skipped_and_stops_the_run_in_a_row(tmp_path, tiny_dataset, monkeypatch):
+    """Loss x1000 (finite) from the 6th step on: no NaN anywhere, still caught as divergence;
+    the skipped updates left the weights healthy, so they are saved before the stop."""
+    original = GPT.forward
+    calls = [0]
+
+    def forward(self, idx, targets=None):
+        logits, loss = original(self, idx, targets)
+        if self.training and loss is not None:
+            calls[0] += 1
+            if calls[0] >= 6:
+                loss = loss * 1000.0
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 30, "train.max_bad_steps": 3,
+                                            "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
+    with pytest.raises(guard.Diverged, match="the loss spiked far above its recent level for 3 steps"):
+        t.run()
+    assert ckpt.load(t.ckpts.latest())["step"] == 8  # steps 6-8 skipped: the weights of step 5, saved at the stop

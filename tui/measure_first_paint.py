@@ -1,0 +1,74 @@
+"""How long the bare `gpt2-tui` takes to paint the setup form, in a real terminal (tmux).
+
+    python -m tui.measure_first_paint [--rounds 5] [--size 120x40]
+
+Starts the installed command in a fresh tmux server, polls the screen every 20 ms until the
+form's first fields are on it, quits, and prints each round and the median. The figure
+includes the interpreter's start and every import before the first frame: what a user
+waits for. Recorded in docs/benchmarks.md (with device, date, torch version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+GPT2_TUI = Path(sys.executable).with_name("gpt2-tui")
+PAINTED = ("preset", "Batch and schedule")  # on screen = the form has painted
+POLL_S = 0.02
+LIMIT_S = 60.0
+
+
+def _tmux(sock: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")} | {"TERM": "xterm-256color"}
+    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, env=env, timeout=30).stdout
+
+
+def one_round(cols: int, rows: int) -> float:
+    """Seconds from starting `gpt2-tui` to the form on screen (in an empty working directory)."""
+    sock = f"paint-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory() as cwd:
+        t0 = time.monotonic()
+        _tmux(sock, "new-session", "-d", "-s", "t", "-x", str(cols), "-y", str(rows), f"cd {cwd} && {GPT2_TUI}")
+        try:
+            while True:
+                screen = _tmux(sock, "capture-pane", "-t", "t", "-p")
+                if all(p in screen for p in PAINTED):
+                    return time.monotonic() - t0
+                if time.monotonic() - t0 > LIMIT_S:
+                    raise SystemExit(f"the form was not on screen after {LIMIT_S:.0f} s:\n{screen}")
+                time.sleep(POLL_S)
+        finally:
+            _tmux(sock, "send-keys", "-t", "t", "C-q")
+            time.sleep(0.5)
+            _tmux(sock, "kill-server")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--size", default="120x40", help="terminal COLSxROWS")
+    args = p.parse_args(argv)
+    if shutil.which("tmux") is None:
+        print("tmux is not installed (apt-get install tmux)", file=sys.stderr)
+        return 2
+    cols, rows = (int(x) for x in args.size.split("x"))
+    times = []
+    for i in range(args.rounds):
+        times.append(one_round(cols, rows))
+        print(f"round {i + 1}: form on screen after {times[-1]:.2f} s", flush=True)
+    print(f"median {statistics.median(times):.2f} s (min {min(times):.2f}, max {max(times):.2f}) "
+          f"at {cols}x{rows}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

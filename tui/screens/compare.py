@@ -1,0 +1,244 @@
+"""The Compare screen: several runs overlaid (loss, s/step, tok/s) and their segment table.
+
+Opened from the Runs screen (mark runs, press c) or with `gpt2-tui compare --tui RUN...`.
+Runs are read from their directories on a worker thread (a long log takes seconds to
+parse); `r` reads them again, for runs still going. The x axis is the step, the tokens or
+the training time; time is wall time since the run's start with the gaps between its
+segments (stopped, then resumed hours later) left out, so runs line up at zero. A dotted
+vertical line in the run's colour marks each segment start after the first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static
+from textual_plotext import PlotextPlot
+
+from engine import events as ev
+from engine.compare import best_val_loss, labels, read_run
+from engine.errors import UserError
+from engine.events import change_text
+from engine.segments import SegmentSummary, segments_of
+from tui.runstate import EMA_BETA, X_AXES, Series, XAxis
+from tui.widgets.charts import log_range, thin
+from tui.widgets.segments import SegmentTable
+
+PALETTE = ("cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white")  # plotext's names
+RICH = {"orange": "dark_orange"}  # where rich names the same colour otherwise
+
+
+@dataclass
+class RunCurves:
+    """One run's curves and segments, read from its events."""
+
+    run_dir: Path
+    label: str
+    color: str
+    segments: list[SegmentSummary]
+    best_val_loss: float | None
+    series: dict[str, Series] = field(default_factory=lambda: {k: Series() for k in ("ema", "val", "step_time", "tokens_per_s")})  # fmt: skip
+    starts: list[tuple[int, int, float]] = field(default_factory=list)  # (step, tokens, time) per segment
+
+
+def curves(run_dir: Path, label: str, color: str, events: list[Any]) -> RunCurves:
+    run = RunCurves(run_dir, label, color, segments_of(events), best_val_loss(events))
+    s = run.series
+    before = 0.0  # training time of the earlier segments
+    t0 = last = None
+    tokens = 0
+    ema: float | None = None
+    for e in events:
+        if isinstance(e, ev.RunStarted):
+            if t0 is not None and last is not None:
+                before += last - t0
+            t0 = last = e.time
+            run.starts.append((e.start_step, tokens, before))
+            continue
+        if t0 is None or not hasattr(e, "time"):
+            continue
+        last = max(last or e.time, e.time)
+        t = before + e.time - t0
+        if isinstance(e, ev.Segment) and run.starts and run.starts[-1][0] != e.step:
+            run.starts.append((e.step, tokens, t))  # a live toggle
+        elif isinstance(e, ev.Step):
+            tokens = e.tokens
+            if math.isfinite(e.loss):
+                ema = e.loss if ema is None else EMA_BETA * ema + (1 - EMA_BETA) * e.loss
+                s["ema"].add(e.step, tokens, t, ema)
+            s["step_time"].add(e.step, tokens, t, e.step_time_s)
+            s["tokens_per_s"].add(e.step, tokens, t, e.tokens_per_s)
+        elif isinstance(e, ev.Eval) and math.isfinite(e.val_loss):
+            s["val"].add(e.step, tokens, t, e.val_loss)
+    return run
+
+
+def load(run_dirs: list[Path]) -> list[RunCurves]:
+    """Every run, or UserError naming the first that is not one."""
+    read = [(d, read_run(d)) for d in run_dirs]
+    names = labels([str(d) for d in run_dirs])
+    return [curves(d, n, PALETTE[i % len(PALETTE)], e) for i, (n, (d, e)) in enumerate(zip(names, read))]
+
+
+class OverlayChart(PlotextPlot):
+    """One metric of several runs: a line per run (and val points for the loss)."""
+
+    DEFAULT_CSS = "OverlayChart { height: 1fr; min-height: 10; }"
+
+    def __init__(self, title: str, series: str, *, val: bool = False, id: str | None = None):
+        super().__init__(id=id)
+        self.title_text, self.series_key, self.val = title, series, val
+        self.drawn: list[str] = []  # the labels of the last draw, in order
+        self.axis: XAxis = "step"
+
+    def draw(self, runs: list[RunCurves], axis: XAxis, logy: bool) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        budget = 2 * max(self.size.width, 40)
+        ys_all: list[float] = []
+        self.drawn, self.axis = [], axis
+        for run in runs:
+            lines = [(self.series_key, run.label, False)] + ([("val", f"{run.label} val", True)] if self.val else [])
+            for key, label, scatter in lines:
+                xs, ys = thin(run.series[key].xs(axis), run.series[key].y, budget)
+                if logy:
+                    xs, ys = [x for x, y in zip(xs, ys) if y > 0], [math.log10(y) for y in ys if y > 0]
+                if not xs:
+                    continue
+                ys_all += ys
+                self.drawn.append(label)
+                if scatter:
+                    plt.scatter(xs, ys, color=run.color, marker="dot", label=label)
+                else:
+                    plt.plot(xs, ys, color=run.color, marker="braille", label=label)
+            for step, tokens, t in run.starts[1:]:
+                plt.vline({"step": step, "tokens": tokens, "time": t}[axis], color=run.color)
+        if logy and ys_all:
+            plt.ylim(*log_range(ys_all))
+        plt.title(self.title_text + ("  (log10)" if logy else ""))
+        plt.xlabel({"step": "step", "tokens": "tokens", "time": "training seconds"}[axis])
+        self.refresh()
+
+
+class CompareScreen(Screen):
+    BINDINGS = [
+        Binding("x", "xaxis", "X-axis"),
+        Binding("l", "logy", "Log-y"),
+        Binding("r", "reload", "Reload"),
+        Binding("escape", "back", "Back"),
+    ]
+
+    DEFAULT_CSS = """
+    CompareScreen #compare-legend { height: auto; padding: 0 1; background: $boost; }
+    CompareScreen #compare-charts { height: 1fr; }
+    CompareScreen #compare-loss { height: 1fr; min-height: 10; }
+    CompareScreen #compare-grid { grid-size: 2; height: 1fr; min-height: 10; }
+    CompareScreen #compare-segments { height: auto; max-height: 12; border-top: solid $primary; }
+    """
+
+    def __init__(self, run_dirs: list[Path]):
+        super().__init__()
+        self.run_dirs = [Path(d) for d in run_dirs]
+        self.runs: list[RunCurves] = []
+        self.axis: XAxis = "step"
+        self.logy = False
+        self.loaded = False  # True once the runs are on screen
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(f"reading {len(self.run_dirs)} run(s) ...", id="compare-legend")
+        with Vertical(id="compare-charts"):
+            yield OverlayChart("loss (train EMA, val dots)", "ema", val=True, id="compare-loss")
+            with Grid(id="compare-grid"):
+                yield OverlayChart("s/step", "step_time", id="compare-steptime")
+                yield OverlayChart("tok/s", "tokens_per_s", id="compare-toks")
+        yield SegmentTable(refresh_s=0, run_column=True, id="compare-segments")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "gpt2-tui - compare " + " ".join(d.name for d in self.run_dirs)
+        self.action_reload()
+
+    @work(thread=True, exclusive=True, group="compare-load")
+    def action_reload(self) -> None:
+        try:
+            runs = load(self.run_dirs)
+        except UserError as err:
+            self.app.call_from_thread(self.notify, str(err), severity="error")
+            return
+        self.app.call_from_thread(self._show, runs)
+
+    def _show(self, runs: list[RunCurves]) -> None:
+        self.runs = runs
+        self.query_one(SegmentTable).show([(r.label, r.segments, r.best_val_loss) for r in runs])
+        self.query_one("#compare-legend", Static).update(self.legend())
+        self.redraw()
+        self.loaded = True
+
+    def legend(self) -> Text:
+        """The runs in their colours, each segment start with what it changed; x and keys."""
+        out = Text()
+        for r in self.runs:
+            out.append("\u2588\u2588 ", style=RICH.get(r.color, r.color)).append(r.label, style="bold")
+            for s in r.segments[1:]:
+                out.append(f"  | step {s.from_step}: {change_text(s.changed) or 'unchanged'} ({s.reason})")
+            out.append("\n")
+        out.append(f"x: {self.axis}{'  log-y' if self.logy else ''}   x axis  l log-y  r reload  esc back")
+        return out
+
+    def redraw(self) -> None:
+        for chart in self.query(OverlayChart):
+            chart.draw(self.runs, self.axis, self.logy)
+
+    def on_resize(self) -> None:
+        if self.runs:
+            self.call_after_refresh(self.redraw)
+
+    def action_xaxis(self) -> None:
+        self.axis = X_AXES[(X_AXES.index(self.axis) + 1) % len(X_AXES)]
+        self.query_one("#compare-legend", Static).update(self.legend())
+        self.redraw()
+
+    def action_logy(self) -> None:
+        self.logy = not self.logy
+        self.query_one("#compare-legend", Static).update(self.legend())
+        self.redraw()
+
+    def action_back(self) -> None:
+        if isinstance(self.app, CompareApp):
+            self.app.exit()
+        else:
+            self.app.pop_screen()
+
+
+class CompareApp(App):
+    """`gpt2-tui compare --tui RUN...`: the Compare screen alone."""
+
+    TITLE = "gpt2-tui"
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+
+    def __init__(self, run_dirs: list[Path]):
+        super().__init__()
+        self.run_dirs = run_dirs
+
+    def on_mount(self) -> None:
+        self.push_screen(CompareScreen(self.run_dirs))
+
+
+def run_compare(run_dirs: list[Path]) -> int:
+    """The caller has checked the directories (engine.compare.read_run): one line if bad."""
+    CompareApp(run_dirs).run()
+    return 0
+
+
+__all__ = ["CompareApp", "CompareScreen", "run_compare"]

@@ -1,0 +1,85 @@
+"""The segment table: per segment of a run, its switches and the speed they reached.
+
+Fed with a run's events one at a time (`feed`, cheap: no drawing), it redraws on its own
+slow timer, only when something changed and it is on screen, so a dashboard can mount it
+and forget it. The Compare screen fills it with several runs at once (`show`). Rows,
+cells and speed-ups come from engine.compare, the same as `gpt2-tui compare` prints;
+switches that differ from the first row are highlighted, the ones a segment changed first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from engine import events as ev
+from engine.compare import COLUMNS, Row, cells, rows, shown_switches, switch_items
+from engine.segments import SegmentReader, SegmentSummary
+
+HOT = "bold yellow"  # a switch that differs from the first row
+NUMERIC = range(4, len(COLUMNS))  # right-aligned, so figures line up
+
+
+class SegmentTable(DataTable):
+    DEFAULT_CSS = """
+    SegmentTable { height: auto; max-height: 14; }
+    """
+
+    def __init__(self, *, refresh_s: float = 1.0, run_column: bool = False, id: str | None = None):
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self.refresh_s = refresh_s
+        self.run_column = run_column  # the Compare screen's; one run's table needs none
+        self.reader = SegmentReader()
+        self._best: float | None = None
+        self._runs: list[tuple[str, Sequence[SegmentSummary], float | None]] | None = None
+        self._version = 0
+        self._drawn = -1
+        self.rows_shown: list[Row] = []  # what is on screen, for tests and callers
+
+    def on_mount(self) -> None:
+        for name in COLUMNS if self.run_column else COLUMNS[1:]:
+            self.add_column(name, key=name)
+        if self.refresh_s > 0:
+            self.set_interval(self.refresh_s, self.redraw)
+        self.redraw()
+
+    def feed(self, event: Any) -> None:
+        """One event of the run this table follows (any kind; the ones it needs count)."""
+        self.reader.feed(event)
+        if isinstance(event, ev.Eval) and math.isfinite(event.val_loss):
+            self._best = event.val_loss if self._best is None else min(self._best, event.val_loss)
+        self._version += 1
+
+    def show(self, runs: Sequence[tuple[str, Sequence[SegmentSummary], float | None]]) -> None:
+        """(label, segments, best val loss) per run: the Compare screen's several runs."""
+        self._runs = list(runs)
+        self._version += 1
+        self.redraw(force=True)
+
+    def redraw(self, force: bool = False) -> bool:
+        """Rebuild the rows if anything changed and the table is visible; True if it did."""
+        if self._version == self._drawn or not self.is_mounted:
+            return False
+        if not force and (not self.display or not self.region):
+            return False
+        self._drawn = self._version
+        runs = self._runs if self._runs is not None else [("", self.reader.segments(), self._best)]
+        table = rows(runs)
+        self.rows_shown = table
+        self.clear()
+        segs = [r.segment for r in table]
+        shown = shown_switches(segs) if segs else []
+        for r in table:
+            row: list[Any] = [Text(c, justify="right") if i in NUMERIC else c for i, c in enumerate(cells(r))]
+            row[3] = Text(" ").join(
+                Text(text, style=HOT if hot else "") for text, hot in switch_items(r.segment, shown, segs[0])
+            )
+            self.add_row(*(row if self.run_column else row[1:]))
+        return True
+
+
+__all__ = ["SegmentTable"]
