@@ -69,6 +69,8 @@ def _compare(run_dirs: list[Path], as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:  # the bare command: open the form at once (building the parser imports torch)
+        return cli.guarded(lambda: _app(None))
     parser, sub = cli.build_parser()
     parser.add_argument("--config", type=Path, dest="app_config", metavar="FILE",
                         help="open the app with this run config TOML filled in")  # fmt: skip

@@ -176,7 +176,7 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from engine import distributed, launch
+    from engine import distributed, launch, toggle
     from engine.control import Control
     from engine.events import ConsoleSink
     from engine.start import new_config, resumed_config, start
@@ -199,14 +199,15 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     control = Control()
     trainer = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force,
                     resume_from=args.resume_from)
+    run_dir = trainer.run_dir
     restore = _steer_by_signals(control, distributed.current().enabled)
     try:
-        trainer.run()
+        toggle.run_live(trainer)  # a live toggle (engine/toggle.py) continues the run in a new segment
     finally:
         restore()
         distributed.shutdown()
     if distributed.current().is_main:
-        print(f"run directory: {trainer.run_dir}")
+        print(f"run directory: {run_dir}")
     return 0
 
 

@@ -23,6 +23,8 @@ class Control:
         self._running.set()
         self._stop = threading.Event()
         self._save = threading.Event()
+        self._toggle: dict | None = None  # new switches to apply at the next step boundary
+        self._lock = threading.Lock()
 
     def pause(self) -> None:
         self._running.clear()
@@ -50,6 +52,20 @@ class Control:
         while not self._running.wait(timeout=0.1):
             if self.take_save_request():
                 on_save()
+
+    def request_toggle(self, overrides: dict) -> None:
+        """Continue the run with these switches (engine/toggle.py), from the next step boundary."""
+        with self._lock:
+            self._toggle = dict(overrides)
+
+    @property
+    def toggle_requested(self) -> bool:
+        return self._toggle is not None
+
+    def take_toggle(self) -> dict | None:
+        with self._lock:
+            pending, self._toggle = self._toggle, None
+        return pending
 
     def take_save_request(self) -> bool:
         requested = self._save.is_set()

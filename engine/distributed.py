@@ -296,13 +296,16 @@ def agree(control: Any, ctx: Context) -> None:
     them at the same step boundary; ranks that disagree would deadlock in the next collective."""
     if not ctx.enabled:
         return
-    flags = torch.tensor([control.stop_requested, control.take_save_request()], dtype=torch.int32)
+    flags = torch.tensor([control.stop_requested, control.take_save_request(), control.toggle_requested],
+                         dtype=torch.int32)  # fmt: skip
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=_control_group)
-    stop, save = flags.tolist()
+    stop, save, toggle = flags.tolist()
     if stop:
         control.stop()
     if save:
         control.save_now()
+    if toggle:  # rank 0 read the request: every rank applies the same switches
+        control.request_toggle(broadcast_object(control.take_toggle()) or {})
 
 
 # ---------------------------------------------------------------- portable state

@@ -129,7 +129,6 @@ class SegmentReader:
         self.closed: list[SegmentSummary] = []
         self.current: _Open | None = None
         self.started: ev.RunStarted | None = None
-        self.version = 0  # goes up whenever a summary may have changed
 
     def _close(self) -> None:
         if self.current is not None:
@@ -161,11 +160,8 @@ class SegmentReader:
                     cur.tokens_per_step = e.tokens_per_s * e.step_time_s
                 if e.mem_bytes is not None:
                     cur.peak = max(cur.peak or 0, e.mem_bytes)
-            case ev.Eval() | ev.Checkpoint() | ev.RunFinished() if cur is not None:
-                cur.to_step = max(cur.to_step, e.step)
-            case _:
-                return
-        self.version += 1
+            case ev.Eval() | ev.Checkpoint() | ev.RunFinished() | ev.RunFailed() if cur is not None:
+                cur.to_step = max(cur.to_step, e.step if e.step is not None else cur.to_step)
 
     def segments(self) -> list[SegmentSummary]:
         return self.closed + ([self.current.summary()] if self.current else [])

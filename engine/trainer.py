@@ -28,7 +28,7 @@ import torch
 from engine import checkpoint as ckpt
 from engine import events as ev
 from engine import device as devices
-from engine import compile_cache, distributed, guard, rundir
+from engine import compile_cache, distributed, guard, rundir, toggle
 from engine.control import Control
 from engine.config import OptimConfig, RunConfig
 from engine.data import BatchLoader, BatchSampler, Dataset
@@ -124,6 +124,8 @@ class Trainer:
         self.control = control or Control()
         self.resume, self.resume_from = resume, resume_from
         self.sinks: list[ev.Sink] = list(sinks)  # the run's JSONL joins once set-up succeeds
+        self.given_sinks = list(sinks)  # what a live toggle's next segment reports to
+        self.next_config: RunConfig | None = None  # set when the run stops for a live toggle
         self.ckpts = ckpt.CheckpointDir(self.run_dir / rundir.CHECKPOINTS, config.train.keep_last)
         self.step = 0
         self.tokens = 0
@@ -368,7 +370,11 @@ class Trainer:
         clock = self.clock
         clock.restart()
         while self.step < max_steps:
-            distributed.agree(ctl, self.dist)  # a stop/save reaches all ranks at the same step
+            if self.dist.is_main:
+                pending = toggle.take(self.run_dir)  # a UI's request (in-app, attach or torchrun alike)
+                if pending is not None:
+                    ctl.request_toggle(pending)
+            distributed.agree(ctl, self.dist)  # a stop/save/toggle reaches all ranks at the same step
             if ctl.paused:
                 self.emit(ev.Paused(step=self.step))
                 ctl.wait_while_paused(self.save_checkpoint)
@@ -380,6 +386,9 @@ class Trainer:
             if ctl.take_save_request():
                 self.save_checkpoint()
                 clock.restart()
+            if ctl.toggle_requested and self._accept_toggle(ctl.take_toggle() or {}):
+                self.save_checkpoint(final=True)  # the next segment resumes from exactly here
+                return "toggle"
 
             lr = lr_at(self.step, self.config.optim, max_steps)
             loss, _ = self.train_step(lr)  # no host read here: see the module docstring
@@ -427,6 +436,15 @@ class Trainer:
         self.save_checkpoint()  # refuses (and stops) if the weights blew up
         self._act(guard.diverged(self.guard, self.step, self.ckpts.latest(), self.precision,
                                  self.config.optim.lr, self.run_dir))  # fmt: skip
+
+    def _accept_toggle(self, overrides: dict[str, Any]) -> bool:
+        """Check a live toggle as a launch would; a refusal is a warning and the run trains on."""
+        try:
+            self.next_config = toggle.check(self.config, overrides)
+        except UserError as err:
+            self.emit(ev.Warning_(message=f"toggle refused at step {self.step}: {err}; the run goes on with its switches"))
+            return False
+        return True
 
     def _check_run_dir(self) -> None:
         """A run whose directory vanished (deleted, unmounted) stops instead of training blind."""
@@ -514,6 +532,9 @@ class Trainer:
                 reason = self._loop_or_oom()
             finally:
                 self._stop_gpu_sampler()  # its last reading lands before run_finished
+            if reason == "toggle":  # not the end: toggle.run_live continues the run in a new segment
+                self.model = self.forward = self.optimizer = None  # its memory goes to the next segment
+                return reason
             self.emit(
                 ev.RunFinished(step=self.step, reason=reason, best_val_loss=self.best_val_loss, summary=self.summary())
             )

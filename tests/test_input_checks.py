@@ -17,12 +17,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tree_snapshot
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-batches", "1"]
 ROOT = Path(__file__).resolve().parents[1]
 HUGE = str(2**63)
+
+
+def tree_snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
+    """{path: (mode, size, mtime_ns)} of everything under root, links not followed (a loop is one entry)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [".", *dirnames, *filenames]:
+            st = os.lstat(os.path.join(dirpath, name))
+            out[os.path.join(dirpath, name)] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
 
 
 def refused(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> str:

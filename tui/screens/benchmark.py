@@ -30,6 +30,7 @@ from engine.config import preset_names
 from engine.errors import UserError
 
 TICK_S = 0.5
+SHORT = {"precision": "prec", "vs baseline": "vs base", "first step s": "1st step s", "startup s": "start s"}  # fits 120 columns
 BUSY_LOAD = 0.5  # a 1-minute load average above this share of the CPUs before the ladder: shared
 
 
@@ -110,7 +111,8 @@ class BenchmarkScreen(Screen):
     def on_mount(self) -> None:
         self.title = "gpt2-tui - speed ladder"
         table = self.query_one("#bench-table", DataTable)
-        table.add_columns(*bench.table_rows(bench.LadderResult(preset=""))[0][:-1])  # notes: below the table
+        header = bench.table_rows(bench.LadderResult(preset=""))[0][:-1]  # notes: below the table
+        table.add_columns(*(SHORT.get(h, h) for h in header))
         self.set_interval(TICK_S, self.tick)
 
     # ----------------------------------------------------------------- running

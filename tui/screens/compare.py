@@ -126,7 +126,7 @@ class OverlayChart(PlotextPlot):
         if logy and ys_all:
             plt.ylim(*log_range(ys_all))
         plt.title(self.title_text + ("  (log10)" if logy else ""))
-        plt.xlabel({"step": "step", "tokens": "tokens", "time": "training seconds"}[axis])
+        plt.xlabel({"step": "step", "tokens": "tokens", "time": "seconds (resume gaps cut)"}[axis])
         self.refresh()
 
 

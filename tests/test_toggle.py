@@ -1,0 +1,78 @@
+"""Live toggles (issue 14) on the real engine, micro preset on CPU: a switch that does not
+change the math leaves the loss curve as it was, the run goes on in the same directory from
+the same step as a new segment, and a toggle refused (memory, tokens per step) changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import device, memory, rundir, toggle
+from engine.config import resolve
+from engine.events import CallbackSink, read_events
+from engine.errors import UserError
+from engine.start import open_data, start
+
+STEPS = 10
+
+
+def _run(tmp_path: Path, data: Path, name: str, at: int | None = None, switch: dict | None = None, **overrides):
+    """Train STEPS steps; with `switch`, ask for it (as any UI does: toggle.json) after step `at`."""
+    flags = {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32", "train.max_steps": STEPS,
+             "train.eval_interval": 100, "train.ckpt_interval": 100, "train.sample_tokens": 0} | overrides  # fmt: skip
+    run_dir = tmp_path / name
+
+    def ask(e):
+        if switch is not None and e.event == "step" and e.step == at:
+            toggle.request(run_dir, switch)
+
+    trainer = start(resolve("micro", None, flags), run_dir, sinks=[CallbackSink(ask)])
+    assert toggle.run_live(trainer) == "completed"
+    events, problems = read_events(run_dir / rundir.EVENTS)
+    assert problems == []
+    return events
+
+
+def _losses(events) -> dict[int, float]:
+    return {e.step: e.loss for e in events if e.event == "step"}
+
+
+@pytest.mark.parametrize("switch", [{"data.prefetch": False, "data.pin_memory": False}, {"optim.fused": False}])
+def test_a_toggle_that_keeps_the_math_keeps_the_curve(tmp_path, tiny_dataset, switch):
+    plain = _losses(_run(tmp_path, tiny_dataset, "plain"))
+    events = _run(tmp_path, tiny_dataset, "toggled", at=4, switch=switch)
+    toggled = _losses(events)
+    assert sorted(toggled) == list(range(1, STEPS + 1))  # every step once: it went on from step 4
+    assert toggled == pytest.approx(plain, rel=1e-5, abs=1e-6)  # fused vs foreach AdamW: float tolerance
+    segments = [e for e in events if e.event == "segment"]
+    assert [(s.step, s.reason) for s in segments] == [(0, "start"), (4, "toggle")]
+    assert set(segments[1].changed) == set(switch)
+    assert [e.event for e in events].count("run_finished") == 1  # one run, two segments
+    assert not (tmp_path / "toggled" / toggle.REQUEST).exists()
+
+
+def test_a_toggle_refused_for_memory_changes_nothing(tmp_path, tiny_dataset, monkeypatch):
+    small = {"train.batch_size": 2, "train.grad_accum": 2}
+    bound, _ = open_data(resolve("micro", None, {"data.path": str(tiny_dataset)} | small))
+    now = memory.estimate(bound).peak_bytes
+    wide = bound.model_copy(update={"train": bound.train.model_copy(update={"batch_size": 4, "grad_accum": 1})})
+    bigger = memory.estimate(wide).peak_bytes
+    assert bigger > now
+    monkeypatch.setattr(device, "budget", lambda kind: ((now + bigger) // 2, "RAM available"))
+    plain = _losses(_run(tmp_path, tiny_dataset, "plain", **small))
+    events = _run(tmp_path, tiny_dataset, "refused", at=4, switch={"train.batch_size": 4, "train.grad_accum": 1}, **small)
+    assert _losses(events) == plain
+    assert [e.step for e in events if e.event == "segment"] == [0]
+    (warning,) = [e.message for e in events if e.event == "warning"]
+    assert warning.startswith("toggle refused at step 4:") and "memory" in warning
+    assert rundir.load_config(tmp_path / "refused").train.batch_size == 2
+
+
+def test_a_toggle_must_keep_the_tokens_per_step_and_name_a_switch(tmp_path, tiny_dataset):
+    config = resolve("micro", None, {"data.path": str(tiny_dataset)})
+    with pytest.raises(UserError, match="keeps the tokens per optimizer step"):
+        toggle.check(config, {"train.batch_size": 8})
+    with pytest.raises(UserError, match="cannot change on a live run"):
+        toggle.request(tmp_path, {"optim.lr": 1.0})
+    assert not (tmp_path / toggle.REQUEST).exists()

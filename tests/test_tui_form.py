@@ -1,0 +1,406 @@
+"""The setup form and the app's chrome as a new user meets them (issue 13, items 8-10, 13):
+first paint before torch, refusals that name what to change, the memory panel reachable and
+fixable, one parameter-count rule, a footer and a help overlay that fit 80x24.
+
+Pilot tests (App.run_test); waits are bounded polls on the app's own state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import threading
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import memory
+from engine.cli import main as cli_main
+from engine.config import resolve
+from engine.errors import UserError
+from tui.app import GPT2App
+from tui.screens import setup as setup_mod
+from tui.screens.modals import HELP, ConfirmScreen, HelpScreen, PickDirectory
+from tui.screens.setup import SetupScreen, wid
+from tui.widgets.memory import MemoryPanel
+from pilot_wait import until
+
+SIZE = (120, 40)
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).parent / "data"
+
+
+def micro(dataset: Path, **over: Any) -> Any:
+    return resolve("micro", overrides={"data.path": str(dataset), **over})
+
+
+def run(coro_fn) -> None:
+    asyncio.run(coro_fn())
+
+
+def notes(app: GPT2App) -> list[str]:
+    """Every notification the app shows, as text (recorded by wrapping App.notify)."""
+    seen: list[str] = []
+    original = app.notify
+
+    def record(message: str, *args: Any, **kw: Any) -> None:
+        seen.append(str(message))
+        original(message, *args, **kw)
+
+    app.notify = record  # type: ignore[method-assign]
+    return seen
+
+
+def text_of(screen, selector: str) -> str:
+    w = screen.query_one(selector)
+    return str(w.render()) if w.display else ""
+
+
+def outside_backticks(text: str) -> str:
+    """A message minus its shell commands (`...`): what must not name CLI flags."""
+    return "".join(text.split("`")[0::2])
+
+
+async def set_value(pilot, screen, selector: str, value: Any) -> None:
+    screen.query_one(selector).value = value
+    await pilot.pause()
+
+
+async def open_form(pilot, app: GPT2App) -> SetupScreen:
+    await until(pilot, lambda: isinstance(app.screen, SetupScreen) and app.screen.caps is not None, "the form")
+    await pilot.pause()
+    return app.screen  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ item 8: first paint
+
+
+def test_the_bare_command_paints_before_torch_is_imported() -> None:
+    """The app's modules and the bare command's path to the form import no torch (it takes
+    seconds: the form would wait for it)."""
+    code = (
+        "import sys, gpt2_tui, tui.app, tui.screens.setup, tui.widgets.memory\n"
+        "gpt2_tui._app = lambda config: 0  # stop where the app would open\n"
+        "assert gpt2_tui.main([]) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch imported before the form'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_form_paints_first_and_the_device_fills_in_when_probed(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    real_probe = setup_mod.probe_device
+
+    def slow_probe():  # stands in for a cold `import torch`
+        release.wait(60)
+        return real_probe()
+
+    monkeypatch.setattr(setup_mod, "torch_loaded", lambda: False)
+    monkeypatch.setattr(setup_mod, "probe_device", slow_probe)
+
+    async def go() -> None:
+        app = GPT2App(micro(tiny_dataset))
+        async with app.run_test(size=SIZE) as pilot:
+            seen = notes(app)
+            await until(pilot, lambda: isinstance(app.screen, SetupScreen), "the form")
+            form = app.screen
+            await set_value(pilot, form, "#run-dir", str(tmp_path / "run"))
+            assert form.caps is None and form.query_one("#preset").display  # painted, device unknown
+            assert "once torch has loaded" in text_of(form, "#mem-table")
+            assert form.query_one("#launch").disabled is True
+            await pilot.press("f5")
+            assert any("loading torch" in n for n in seen) and not (tmp_path / "run").exists()
+            release.set()
+            await until(pilot, lambda: form.caps is not None, "the probe's answer")
+            await pilot.pause()
+            assert form.query_one(MemoryPanel).fits is True  # the estimate filled in
+            assert "vocab 64" in text_of(form, "#dataset-info")
+            assert form.query_one("#launch").disabled is False
+
+    run(go)
+
+
+# ------------------------------------------------------------------ item 9: form friction
+
+
+def test_f5_refused_for_memory_names_the_memory_panel_and_the_fix(tiny_dataset: Path, tmp_path: Path) -> None:
+    async def go() -> None:
+        app = GPT2App(micro(tiny_dataset))
+        async with app.run_test(size=SIZE) as pilot:
+            seen = notes(app)
+            form = await open_form(pilot, app)
+            await set_value(pilot, form, "#run-dir", str(tmp_path / "run"))
+            cfg = memory.with_dataset_vocab(form.config)
+            one = memory.estimate(memory.with_batch(cfg, 1, 4)).peak_bytes
+            two = memory.estimate(memory.with_batch(cfg, 2, 2)).peak_bytes
+            await set_value(pilot, form, "#mem-budget", str((one + two) // 2))
+            await pilot.press("f5")
+            refusal = seen[-1]
+            assert "memory" in refusal and "F4" in refusal and "micro-batch 1" in refusal
+            assert "fields marked in red" not in refusal
+            assert not (tmp_path / "run").exists()
+
+    run(go)
+
+
+def test_f4_when_no_micro_batch_fits_turns_on_grad_checkpointing_or_says_what_to_change(tiny_dataset: Path) -> None:
+    async def go() -> None:
+        app = GPT2App(micro(tiny_dataset, **{"train.batch_size": 1, "model.n_embd": 256, "model.n_head": 4,
+                                             "model.n_layer": 8, "model.block_size": 256}))  # fmt: skip
+        async with app.run_test(size=SIZE) as pilot:
+            seen = notes(app)
+            form = await open_form(pilot, app)
+            cfg = memory.with_dataset_vocab(form.config)
+            plain = memory.estimate(cfg).peak_bytes
+            ckpt = cfg.model_copy(update={"model": cfg.model.model_copy(update={"grad_checkpointing": True})})
+            with_ckpt = memory.estimate(ckpt).peak_bytes
+            assert with_ckpt < plain
+            await set_value(pilot, form, "#mem-budget", str((plain + with_ckpt) // 2))
+            assert form.query_one(MemoryPanel).fits is False
+            await pilot.press("f4")
+            await pilot.pause()
+            assert form.query_one("#" + wid("model.grad_checkpointing")).value is True
+            assert form.query_one(MemoryPanel).fits is True and "grad checkpointing" in seen[-1]
+
+            await set_value(pilot, form, "#mem-budget", "1KiB")  # nothing fits: say what to change
+            await pilot.press("f4")
+            advice = seen[-1]
+            assert "nothing to fix" not in advice
+            assert "smaller preset" in advice and "block size" in advice and "memory budget" in advice
+
+    run(go)
+
+
+def test_tab_reaches_the_memory_panel(tiny_dataset: Path) -> None:
+    async def go() -> None:
+        app = GPT2App(micro(tiny_dataset))
+        async with app.run_test(size=SIZE) as pilot:
+            form = await open_form(pilot, app)
+            for _ in range(len(form.focus_chain) + 1):
+                await pilot.press("tab")
+                if app.focused is not None and app.focused.id == "mem-table":
+                    break
+            assert app.focused is not None and app.focused.id == "mem-table"
+            assert form.query_one("#mem-table").region.height > 0  # scrolled into view
+
+    run(go)
+
+
+def test_browse_can_leave_the_working_directory(tiny_dataset: Path, tmp_path: Path, monkeypatch) -> None:
+    start = tmp_path / "work"
+    start.mkdir()
+    monkeypatch.chdir(start)
+
+    async def go() -> None:
+        app = GPT2App(resolve("micro"))
+        async with app.run_test(size=SIZE) as pilot:
+            form = await open_form(pilot, app)
+            await pilot.click("#browse")
+            await until(pilot, lambda: isinstance(app.screen, PickDirectory), "the directory picker")
+            picker = app.screen
+            assert picker.root == start.resolve()
+            await pilot.press("backspace")
+            await pilot.pause()
+            assert picker.root == tmp_path.resolve()
+            assert str(tmp_path.resolve()) in text_of(picker, "#where")
+            await pilot.press("escape")
+            await until(pilot, lambda: app.screen is form, "back to the form")
+
+    run(go)
+
+
+def test_a_text_file_as_dataset_advises_prepare_in_the_forms_words(tmp_path: Path) -> None:
+    text = tmp_path / "shakespeare.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 50)
+
+    async def go() -> None:
+        app = GPT2App(resolve("micro"))
+        async with app.run_test(size=SIZE) as pilot:
+            form = await open_form(pilot, app)
+            await set_value(pilot, form, "#dataset", str(text))
+            err = text_of(form, "#err-dataset")
+            assert "gpt2-tui prepare" in err and str(text) in err
+            assert "--" not in outside_backticks(err)  # no CLI flag named in the form's own words
+            await set_value(pilot, form, "#dataset", str(tmp_path / "missing"))
+            assert "--" not in outside_backticks(text_of(form, "#err-dataset"))
+            assert "dataset field" in text_of(form, "#err-dataset")
+
+    run(go)
+
+
+def test_warmup_at_or_past_max_steps_is_refused_in_the_form(tiny_dataset: Path) -> None:
+    async def go() -> None:
+        app = GPT2App(resolve("nano", overrides={"data.path": str(tiny_dataset)}))
+        async with app.run_test(size=SIZE) as pilot:
+            seen = notes(app)
+            form = await open_form(pilot, app)
+            assert form.query_one("#launch").disabled is False
+            await set_value(pilot, form, "#" + wid("train.max_steps"), "30")  # nano warms up for 50
+            err = text_of(form, "#err-" + wid("optim.warmup_steps"))
+            assert "warmup steps 50 is not below max steps 30" in err and "--" not in err
+            assert form.query_one("#launch").disabled is True
+            await pilot.press("f5")
+            assert "warmup steps" in seen[-1]
+            await set_value(pilot, form, "#" + wid("optim.warmup_steps"), "3")
+            assert text_of(form, "#err-" + wid("optim.warmup_steps")) == ""
+
+    run(go)
+
+
+def test_warmup_at_or_past_max_steps_is_refused_by_the_cli(tmp_path: Path, capsys) -> None:
+    with pytest.raises(UserError, match="warmup steps 50 is not below max steps 50"):
+        resolve("nano", overrides={"train.max_steps": 50})
+    run_dir = tmp_path / "run"
+    assert cli_main(["train", "--preset", "nano", "--max-steps", "30", "--out", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--warmup-steps 3 or less" in err and "--max-steps 51" in err
+    assert not run_dir.exists()
+    resolve("nano", overrides={"train.max_steps": 51})  # one step past the warmup is a run
+
+
+def test_switch_states_read_without_colour(tiny_dataset: Path) -> None:
+    async def go() -> None:
+        app = GPT2App(micro(tiny_dataset))
+        async with app.run_test(size=SIZE) as pilot:
+            form = await open_form(pilot, app)
+            sel = "#" + wid("data.preload")
+            state = "#state-" + wid("data.preload")
+            assert form.query_one(sel).value is True and text_of(form, state) == "on"
+            form.query_one(sel).toggle()
+            await pilot.pause()
+            assert text_of(form, state) == "off"
+
+    run(go)
+
+
+def test_f2_writes_the_vocab_once_and_asks_before_overwriting(tmp_path: Path) -> None:
+    target = tmp_path / "run.toml"
+
+    async def go() -> None:
+        app = GPT2App(resolve("nano"))
+        async with app.run_test(size=SIZE) as pilot:
+            form = await open_form(pilot, app)
+            await set_value(pilot, form, "#toml-path", str(target))
+            await pilot.press("f2")
+            await until(pilot, lambda: target.exists(), "the TOML written")
+            text = target.read_text()
+            assert text.count("vocab_size") <= 1
+            assert resolve(None, target).train.max_steps == 600  # loads back
+
+            target.write_text("# mine\n")
+            await pilot.press("f2")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the overwrite question")
+            await pilot.press("n")
+            await until(pilot, lambda: app.screen is form, "back to the form")
+            assert target.read_text() == "# mine\n"
+            await pilot.press("f2")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the overwrite question")
+            await pilot.press("y")
+            await until(pilot, lambda: target.read_text() != "# mine\n", "the TOML overwritten")
+            assert tomllib.loads(target.read_text())["preset"] == "nano"
+
+    run(go)
+
+
+# ------------------------------------------------------------------ item 10: one size rule
+
+
+def test_one_parameter_count_rule_with_its_vocab_everywhere(tiny_dataset: Path, capsys) -> None:
+    from engine.measure.ladder import LadderResult, header_lines
+
+    gpt2 = resolve("gpt2")
+    embedded = memory.size_text(gpt2)  # no dataset: the embedded corpus's vocab
+    assert embedded == "92.1M params (vocab 8192)"
+    full = memory.size_text(resolve("gpt2", overrides={"model.vocab_size": 50257}))
+    assert full == "124.5M params (vocab 50257)"
+
+    assert cli_main(["estimate", "--preset", "gpt2"]) in (0, 1)
+    assert capsys.readouterr().out.startswith(embedded)
+    assert cli_main(["estimate", "--preset", "gpt2", "--vocab-size", "50257"]) in (0, 1)
+    assert capsys.readouterr().out.startswith(full)
+    ladder = LadderResult(preset="gpt2", n_params=memory.param_count(resolve("gpt2", overrides={"model.vocab_size": 50257})),
+                          vocab_size=50257)  # fmt: skip
+    assert f"({full})" in header_lines(ladder)[0]
+
+    async def go() -> None:
+        app = GPT2App(resolve("nano"))
+        async with app.run_test(size=SIZE) as pilot:
+            form = await open_form(pilot, app)
+            labels = {v: str(p) for p, v in form.query_one("#preset")._options}
+            assert labels["gpt2"] == f"gpt2  {embedded}"
+            await set_value(pilot, form, "#dataset", str(tiny_dataset))  # the dataset's vocab, 64
+            labels = {v: str(p) for p, v in form.query_one("#preset")._options}
+            assert labels["gpt2"].endswith("params (vocab 64)")
+            assert form.query_one("#preset").value == "nano"  # relabelling keeps the choice
+
+    run(go)
+
+
+# ------------------------------------------------------------------ item 13: chrome at 80x24
+
+
+def _footer_keys(app: GPT2App) -> dict[str, Any]:
+    from textual.widgets._footer import FooterKey
+
+    return {k.key: k for k in app.screen.query(FooterKey)}
+
+
+@pytest.mark.parametrize("attach", [False, True], ids=["form", "dashboard"])
+def test_the_footer_keeps_f7_f8_and_quit_at_80_columns(attach: bool) -> None:
+    async def go() -> None:
+        app = GPT2App(attach_dir=DATA / "tui-run") if attach else GPT2App()
+        async with app.run_test(size=(80, 24)) as pilot:
+            if attach:
+                await until(pilot, lambda: app.session is not None and app.session.state.finished, "the run read")
+            else:
+                await open_form(pilot, app)
+            await pilot.pause()
+            keys = _footer_keys(app)
+            for key in ("f7", "f8", "ctrl+q"):
+                assert key in keys, key
+                r = keys[key].region
+                assert r.width > 0 and r.right <= 80, (key, r)
+
+    run(go)
+
+
+def test_help_names_f8_and_tab_switching_and_wraps_nothing_at_80x24() -> None:
+    assert "F8" in HELP and "switch tabs" in HELP
+
+    async def go() -> None:
+        app = GPT2App()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await open_form(pilot, app)
+            await pilot.press("f1")
+            await until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
+            await pilot.pause()
+            body = app.screen.query("Static").first()
+            assert body.size.height == len(HELP.splitlines())  # one screen line a text line: no wraps
+            assert body.region.bottom <= 24
+            await pilot.press("escape")
+
+    run(go)
+
+
+def test_left_right_switch_dashboard_tabs_as_the_help_says() -> None:
+    from textual.widgets import TabbedContent
+
+    async def go() -> None:
+        app = GPT2App(attach_dir=DATA / "tui-run")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.session is not None and app.session.state.finished, "the run read")
+            tabs = app.screen.query_one(TabbedContent)
+            first = tabs.active
+            await pilot.press("tab", "shift+tab", "right")  # away and back to the tab bar, then along it
+            await pilot.pause()
+            assert tabs.active != first
+            assert re.search(r"Left/Right\s+switch tabs", HELP)
+
+    run(go)
