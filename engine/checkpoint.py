@@ -237,6 +237,12 @@ def _resume_problem(state: dict[str, Any], optimizer: torch.optim.Optimizer | No
     missing = [k for k in RESUME if k not in state]
     if missing:
         return f"missing {', '.join(missing)}"
+    from engine.config import build
+
+    try:
+        build(state["config"])  # the run's config.toml drives a resume, but a damaged one here is damage
+    except UserError:
+        return "config is not a valid run config"
     rng = state["rng"]
     if not isinstance(rng, dict) or not all(k in rng for k in ("python", "numpy", "torch", "cuda")):
         return "rng is not the RNG states"

@@ -165,6 +165,17 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:], metavar="RUNG",
                    help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}")  # fmt: skip
     b.add_argument("--rounds", type=RUNS, default=3, metavar="N", help="--plain: alternating rounds of each loop")
+    from engine.measure.gpu_report import PARTS
+
+    b.add_argument("--compile-cache", choices=["cold", "warm", "both"], default=None,
+                   help="ladder and --config: time the first step with torch.compile's caches empty (cold), "
+                   "filled by a run of the same config (warm), or both")  # fmt: skip
+    b.add_argument("--gpu-report", action="store_true", help="on a CUDA box: tests, ladder, best, memory and "
+                   "dashboard overhead, written to docs/gpu/DEVICE-DATE.md and .json (about 9 minutes)")  # fmt: skip
+    b.add_argument("--part", action="append", default=[], choices=PARTS, metavar="PART",
+                   help=f"--gpu-report: only this part (repeatable), merged into the day's report: {', '.join(PARTS)}")  # fmt: skip
+    b.add_argument("--dry-run", action="store_true", help="--gpu-report on CPU with the tiniest shapes (the plumbing)")
+    b.add_argument("--budget", type=Bounded(1, 10**6), metavar="S", help="--gpu-report: seconds each part may take (default: its own)")
 
     c = sub.add_parser("compare", help="runs and their segments side by side: settled speed, switches, best val loss")
     c.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN", help="run directories (live or finished)")
@@ -176,10 +187,10 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from engine import distributed, launch, toggle
+    from engine import distributed, launch
     from engine.control import Control
     from engine.events import ConsoleSink
-    from engine.start import new_config, resumed_config, start
+    from engine.start import new_config, resumed_config, run_live, start
 
     overrides = overrides_from(args)
     if args.resume:
@@ -202,7 +213,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     run_dir = trainer.run_dir
     restore = _steer_by_signals(control, distributed.current().enabled)
     try:
-        toggle.run_live(trainer)  # a live toggle (engine/toggle.py) continues the run in a new segment
+        run_live(trainer)  # a live toggle (engine/toggle.py) continues the run in a new segment
     finally:
         restore()
         distributed.shutdown()
@@ -246,6 +257,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if device_bytes is not None and overrides.get("speed.device", "auto") == "auto":
         overrides["speed.device"] = "cuda"  # a memory size to plan for means a GPU
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
+    if config.data.path is not None:
+        from engine.data import check_dir
+
+        check_dir(Path(config.data.path).expanduser())  # a path that is no dataset: one line, not a guess
     config = memory.with_dataset_vocab(config)
     est = memory.estimate(config, args.world_size, args.sharding)
     if device_bytes is None:

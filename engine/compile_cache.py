@@ -43,7 +43,7 @@ def enable(cache_root: Path | None = None) -> Path:
     return path
 
 
-def _forget_loaded() -> None:
+def forget_loaded() -> None:
     """Drop what this process holds in memory of compiled code: the next compile reads disk."""
     import torch
     from torch._inductor.utils import clear_inductor_caches
@@ -60,7 +60,7 @@ def redirect(path: Path) -> Iterator[Path]:
     global _redirected
     before, env_before = _redirected, os.environ.get(ENV)
     _redirected = Path(path)
-    _forget_loaded()
+    forget_loaded()
     try:
         yield _redirected
     finally:
@@ -69,4 +69,4 @@ def redirect(path: Path) -> Iterator[Path]:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = env_before
-        _forget_loaded()
+        forget_loaded()

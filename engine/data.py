@@ -170,13 +170,12 @@ class Dataset:
 # --------------------------------------------------------------------------- open + validate
 
 
-def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True) -> Dataset:
-    """Detect the format of a dataset directory, validate it fully, and open it.
-
-    vocab_size applies to nanoGPT and llm.c files, which do not record one; our format
-    carries its own in dataset.json. With preload the token files are read into RAM.
-    """
-    root = Path(path).expanduser()
+def check_dir(root: Path) -> list[Path]:
+    """A dataset path that is a readable directory (its entries), or one line saying what it is
+    instead; cheap enough for the estimator, which does not open token files."""
+    if root.is_symlink() and not root.exists():
+        raise _error(f"dataset path {root} is a symbolic link that leads nowhere (a loop or a missing target); "
+                     "pass the dataset directory itself to --data")  # fmt: skip
     if not root.exists():
         raise _error(
             f"dataset directory {root} does not exist; pass an existing directory to --data "
@@ -185,9 +184,19 @@ def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True
     if not root.is_dir():
         raise _error(f"{root} is a file, not a dataset directory; pass the directory holding it to --data")
     try:
-        names = {p.name for p in root.iterdir()}
+        return list(root.iterdir())
     except OSError as exc:
         raise _error(f"cannot read dataset directory {root} ({exc.strerror}); check its permissions") from exc
+
+
+def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True) -> Dataset:
+    """Detect the format of a dataset directory, validate it fully, and open it.
+
+    vocab_size applies to nanoGPT and llm.c files, which do not record one; our format
+    carries its own in dataset.json. With preload the token files are read into RAM.
+    """
+    root = Path(path).expanduser()
+    names = {p.name for p in check_dir(root)}
     root = root.resolve()
 
     if SIDECAR in names:

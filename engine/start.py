@@ -10,9 +10,12 @@ every run is checked the same way before a byte is written.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from engine import device, distributed, events, memory, rundir
 from engine.config import RunConfig, build, merge, resolve, set_dotted
@@ -110,3 +113,23 @@ def start(
         if ctx.is_main:
             rundir.release_writer(run_dir)
         raise
+
+
+def run_live(trainer: Trainer) -> str:
+    """`trainer.run()`, continued with the new switches after every accepted live toggle
+    (engine/toggle.py): the CLI, the app and torchrun ranks all run a run this way.
+
+    Returns how the run ended ("completed" or "stopped"), like Trainer.run.
+    """
+    while True:
+        reason = trainer.run()
+        if reason != "toggle":
+            return reason
+        config, run_dir, sinks, control = trainer.next_config, trainer.run_dir, trainer.given_sinks, trainer.control
+        kind = type(trainer)
+        gc.collect()  # the old segment dropped its model and optimizer: free them before the next one
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        trainer = start(config, run_dir, resume=True, sinks=sinks, control=control, trainer_class=kind)
+        trainer.segment_reason = "toggle"
+

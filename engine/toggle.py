@@ -5,14 +5,13 @@ torchrun job: it writes `toggle.json` (the new switches) into the run directory.
 step boundary rank 0 takes the file and every rank learns it (`distributed.agree`); the
 trainer checks the new set with the launch's own rules (config, device, memory budget, the
 same tokens per optimizer step) and either trains on with a warning saying why it refused,
-or saves and returns "toggle". `run_live` then continues the run from that checkpoint with
-the new switches, as a resume would: same weights, optimizer, data position and RNG, a new
-segment in events.jsonl (engine/segments.py).
+or saves and returns "toggle". `engine.start.run_live` then continues the run from that
+checkpoint with the new switches, as a resume would: same weights, optimizer, data position
+and RNG, a new segment in events.jsonl (engine/segments.py).
 """
 
 from __future__ import annotations
 
-import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -72,29 +71,3 @@ def check(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     device.check(new.speed.device, new.speed.precision, new.speed.compile)
     memory.check_fits(new, force=False)
     return new
-
-
-def run_live(trainer: Any) -> str:
-    """`trainer.run()`, continued with the new switches after every accepted toggle.
-
-    Returns how the run ended ("completed" or "stopped"), like Trainer.run.
-    """
-    from engine.start import start
-
-    while True:
-        reason = trainer.run()
-        if reason != "toggle":
-            return reason
-        config, run_dir, sinks, control = trainer.next_config, trainer.run_dir, trainer.given_sinks, trainer.control
-        kind = type(trainer)
-        gc.collect()  # the old segment dropped its model and optimizer: free them before the next one
-        _empty_device_cache()
-        trainer = start(config, run_dir, resume=True, sinks=sinks, control=control, trainer_class=kind)
-        trainer.segment_reason = "toggle"
-
-
-def _empty_device_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

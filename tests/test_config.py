@@ -44,7 +44,7 @@ def test_config_file_unknown_key_and_wrong_type(tmp_path):
 
 def test_precedence_preset_then_file_then_flags(tmp_path):
     f = tmp_path / "run.toml"
-    f.write_text("[train]\nbatch_size = 7\nmax_steps = 9\n")
+    f.write_text("[train]\nbatch_size = 7\nmax_steps = 9\n[optim]\nwarmup_steps = 2\n")  # warmup < max steps
     cfg = resolve("nano", f, {"train.max_steps": 11})
     assert (cfg.model.n_embd, cfg.train.batch_size, cfg.train.max_steps) == (128, 7, 11)
 

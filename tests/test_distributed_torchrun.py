@@ -138,6 +138,21 @@ def test_one_process_checkpoint_resumes_under_two_with_plain_torchrun(tmp_path, 
     assert [e["parallel"] for e in events if e["event"] == "run_started"] == [None, parallel]
 
 
+def test_a_live_toggle_under_torchrun_continues_the_same_curve(tmp_path, one_process_run, reference):
+    """A toggle asked of a 2-process run (toggle.json, as any UI writes it) is taken by rank 0,
+    applied by both ranks at the same step boundary, and the run goes on as a new segment."""
+    from engine import toggle
+
+    run = Path(shutil.copytree(one_process_run, tmp_path / "one"))
+    toggle.request(run, {"data.prefetch": False})
+    _ok(_cli("--resume", str(run), "--nproc", "2", "--max-steps", "8", "--grad-accum", "1"))
+    _assert_same(run, reference, range(5, 9))
+    events = _events(run)
+    segments = [(e["step"], e["reason"], e["changed"]) for e in events if e["event"] == "segment"]
+    assert segments[-2:] == [(4, "resume", {"train.grad_accum": [2, 1]}), (4, "toggle", {"data.prefetch": [True, False]})]
+    assert not (run / toggle.REQUEST).exists() and events[-1]["event"] == "run_finished"
+
+
 def test_fsdp2_trains_checkpoints_full_state_and_resumes_under_one(tmp_path, data, reference, reference_run):
     from engine import checkpoint as ckpt
 

@@ -5,7 +5,6 @@ one report per device and day; a part past its budget; and the real part command
 (--dry-run, tiniest shapes). The GPU figures themselves come from running it on a GPU box.
 """
 
-import argparse
 import datetime
 import sys
 
@@ -34,9 +33,10 @@ def _fake(parts: dict[str, str]):
 
 
 def test_the_flags_are_bench_options():
-    p = argparse.ArgumentParser()
-    bench.add_flags(p)
-    args = vars(p.parse_args(["--gpu-report", "--part", "tests", "--part", "memory", "--dry-run", "--budget", "30",
+    from engine.cli import build_parser
+
+    parser, _ = build_parser()
+    args = vars(parser.parse_args(["bench", "--gpu-report", "--part", "tests", "--part", "memory", "--dry-run", "--budget", "30",
                               "--compile-cache", "warm"]))  # fmt: skip
     opts = BenchOptions.from_flags(args)
     assert (opts.gpu_report, opts.part, opts.dry_run, opts.budget, opts.compile_cache) == (

@@ -12,7 +12,7 @@ from engine import device, memory, rundir, toggle
 from engine.config import resolve
 from engine.events import CallbackSink, read_events
 from engine.errors import UserError
-from engine.start import open_data, start
+from engine.start import open_data, run_live, start
 
 STEPS = 10
 
@@ -28,7 +28,7 @@ def _run(tmp_path: Path, data: Path, name: str, at: int | None = None, switch: d
             toggle.request(run_dir, switch)
 
     trainer = start(resolve("micro", None, flags), run_dir, sinks=[CallbackSink(ask)])
-    assert toggle.run_live(trainer) == "completed"
+    assert run_live(trainer) == "completed"
     events, problems = read_events(run_dir / rundir.EVENTS)
     assert problems == []
     return events

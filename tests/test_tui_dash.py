@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,10 @@ def test_reattached_dashboard_steers_an_own_detached_run(tiny_dataset: Path, tmp
             assert footer(app)["q"] == "next" and "p" not in footer(app)
 
     try:
+        deadline = time.monotonic() + WAIT_S
+        while not (run_dir / rundir.WRITER).exists():  # the run has started (a later attach, as a user would)
+            assert proc.poll() is None and time.monotonic() < deadline, "the headless run did not start"
+            time.sleep(0.1)
         asyncio.run(go())
         assert proc.wait(timeout=WAIT_S) == 0
     finally:
@@ -230,7 +235,7 @@ def test_first_run_builds_the_dataset_visibly_then_the_end_offers_the_form(
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: isinstance(app.screen, SetupScreen), "the form")
             app.screen.query_one("#run-dir", Input).value = str(run_dir)
-            await pilot.pause()
+            await until(pilot, lambda: not app.screen.query_one("#launch").disabled, "the form checked")
             await pilot.press("f6")
             await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
             await until(pilot, lambda: "BUILDING DATASET" in status(app), "the build shown")

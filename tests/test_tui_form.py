@@ -102,7 +102,7 @@ def test_the_form_paints_first_and_the_device_fills_in_when_probed(
         release.wait(60)
         return real_probe()
 
-    monkeypatch.setattr(setup_mod, "torch_loaded", lambda: False)
+    monkeypatch.setattr(setup_mod, "probe_in_background", lambda headless: True)
     monkeypatch.setattr(setup_mod, "probe_device", slow_probe)
 
     async def go() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine import events as ev
+from engine.segments import SegmentReader
 
 XAxis = Literal["step", "tokens", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
@@ -110,6 +111,8 @@ class RunState:
         self.building_since: float | None = None  # the default dataset being built (no event says so)
         self.stop_since: float | None = None  # a stop asked for from this app (no event says so)
         self.segment_steps = 0  # step reports since the last run_started
+        self.segments = SegmentReader()  # the segment table and the charts' markers read it
+        self.segment_events: list[ev.Segment] = []  # as they came (the dashboard toasts live toggles)
         self._ema: float | None = None
         self._pinned = 0
         self._alerts_on: set[str] = set()
@@ -158,7 +161,7 @@ class RunState:
 
     def resuming(self) -> None:
         """The run is being continued: no longer over, waiting for its next run_started."""
-        self.finished = self.failed = self.stop_since = None
+        self.started = self.finished = self.failed = self.stop_since = None
         self.paused = False
         self.version += 1
 
@@ -179,7 +182,7 @@ class RunState:
 
     def eta(self) -> float | None:
         settled, total = self.settled_step_time(), self.max_steps
-        if settled is None or total is None or not self.live:
+        if settled is None or total is None or not self.live or self.stop_since is not None:
             return None
         return max(0, total - self.step) * settled
 
@@ -197,6 +200,7 @@ class RunState:
             return
         self.version += 1
         self.last_event_time = getattr(e, "time", None)
+        self.segments.feed(e)
         match e:
             case ev.RunStarted():
                 self.started, self.finished, self.failed, self.paused = e, None, None, False
@@ -222,6 +226,10 @@ class RunState:
                 del self.samples[:-20]
             case ev.Warning_():
                 self._log(ev.describe(e), e.time, "warning")
+            case ev.Segment():
+                self.segment_events.append(e)
+                if line := ev.describe(e):
+                    self._log(line, e.time)
             case ev.Paused():
                 self.paused = True
                 self._log(ev.describe(e), e.time)

@@ -206,7 +206,7 @@ def start_in_process(
     """`threads`: torch intra-op threads set on the trainer thread (a thread's OpenMP team
     is its own; the overhead benchmark pins it so both of its modes run alike)."""
     from engine.control import Control
-    from engine.start import start
+    from engine.start import run_live, start
 
     rundir.check_new(run_dir)
     session = RunSession(run_dir=run_dir, mode="in-process", control=Control())
@@ -227,7 +227,7 @@ def start_in_process(
                     on_event(session, Building(False))
             sink = ev.CallbackSink(lambda e: on_event(session, e))
             cfg = config.model_copy(update={"out_dir": str(run_dir)})
-            start(cfg, run_dir, sinks=[sink], control=session.control).run()
+            run_live(start(cfg, run_dir, sinks=[sink], control=session.control))  # live toggles continue it
         except UserError as err:  # bad input found at set-up: one line, nothing written
             on_event(session, ev.RunFailed(step=None, error=str(err)))
         except BaseException:  # the trainer has already emitted run_failed
@@ -274,8 +274,9 @@ def start_resume(run_dir: Path, max_steps: int) -> RunSession:
     if rundir.writer_alive(run_dir):
         raise UserError(f"{run_dir} is running; attach to it instead")
     session = RunSession(run_dir=run_dir, mode="detached", tail=EventTail(run_dir / rundir.EVENTS))
-    for e in session.tail.read_new(max_bytes=1 << 62):  # the history, at once; the tail goes on from its end
-        session.state.feed(e)
+    while history := session.tail.read_new():  # the history, at once; the tail goes on from its end
+        for e in history:
+            session.state.feed(e)
     if max_steps <= session.state.step:
         raise UserError(f"{run_dir} is at step {session.state.step}; resume it to more steps than that")
     session.state.resuming()

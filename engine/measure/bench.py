@@ -9,25 +9,8 @@
 
 from __future__ import annotations
 
-import argparse
-
 from engine.measure.common import BenchOptions
 from engine.errors import UserError
-
-
-def add_flags(b: argparse.ArgumentParser) -> None:
-    """The flags of the compile-cache timing and the GPU report (engine.cli's bench parser calls this)."""
-    from engine.measure.gpu_report import PARTS
-
-    b.add_argument("--compile-cache", choices=["cold", "warm", "both"], default=None,
-                   help="ladder and --config: time the first step with torch.compile's caches empty (cold), "
-                   "filled by a run of the same config (warm), or both")  # fmt: skip
-    b.add_argument("--gpu-report", action="store_true", help="on a CUDA box: tests, ladder, best, memory and "
-                   "dashboard overhead, written to docs/gpu/DEVICE-DATE.md and .json (about 9 minutes)")  # fmt: skip
-    b.add_argument("--part", action="append", default=[], choices=PARTS, metavar="PART",
-                   help=f"--gpu-report: only this part (repeatable), merged into the day's report: {', '.join(PARTS)}")  # fmt: skip
-    b.add_argument("--dry-run", action="store_true", help="--gpu-report on CPU with the tiniest shapes (the plumbing)")
-    b.add_argument("--budget", type=int, metavar="S", help="--gpu-report: seconds each part may take (default: its own)")
 
 
 def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from engine import compile_cache
 from engine import events as ev
 from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_STEPS, MAX_VOCAB, RunConfig
 from engine.data import Dataset
@@ -51,7 +52,7 @@ class BenchOptions(BaseModel):
     gpu_report: bool = False
     part: list[str] = []
     dry_run: bool = False
-    budget: int | None = Field(None, ge=1)
+    budget: int | None = Field(None, ge=1, le=10**6)
 
     @classmethod
     def from_flags(cls, values: dict[str, Any]) -> BenchOptions:
@@ -132,8 +133,8 @@ def time_config(
         elif isinstance(event, ev.RunFinished):
             finished.append(event)
 
-    if config.speed.compile:
-        torch._dynamo.reset()  # each compiled rung compiles from scratch, as a fresh process would
+    if config.speed.compile:  # a compile starts from the cache directory alone, as in a fresh process
+        compile_cache.forget_loaded()
     trainer = start(
         config, run_dir, sinks=[ev.CallbackSink(collect)], control=control, force=True, dataset=dataset,
         trainer_class=BenchTrainer,
@@ -185,8 +186,6 @@ def time_compile_cache(
     (the user's compile cache, as any run)."""
     if mode is None or not config.speed.compile:
         return time_config(config, dataset, run_dir, control, on_step), []
-    from engine import compile_cache
-
     one = config.model_copy(update={"train": config.train.model_copy(update={"max_steps": 1, "log_interval": 1})})
     runs = {"cold": [config], "warm": [one, config], "both": [config, one]}[mode]
     firsts, timing = [], None

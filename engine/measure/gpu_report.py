@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ValidationError
 
 from engine.checkpoint import atomic_write_bytes
@@ -76,9 +75,8 @@ class Report(BaseModel):
 def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
     """Each part's command (argv), or why it cannot run here."""
     python = [sys.executable, "-m"]
-    given = [*(["--data", str(opts.data)] if opts.data else []),
-             *(["--vocab-size", str(opts.vocab_size)] if opts.vocab_size else [])]  # fmt: skip
-    bench = [*python, "engine.cli", "bench", *given]
+    data = ["--data", str(Path(opts.data).resolve())] if opts.data else []  # the parts run from the checkout
+    bench = [*python, "engine.cli", "bench", *data, *(["--vocab-size", str(opts.vocab_size)] if opts.vocab_size else [])]
     tests = [*python, "pytest", "tests/test_gpu.py", "-q", "-rfE", "-p", "no:cacheprovider"]
     if opts.dry_run:
         tiny = ["--preset", "micro", "--device", "cpu", "--steps", "1", "--warmup", "1"]
@@ -96,15 +94,12 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
                   "--compile", "off"]  # fmt: skip
         overhead = ["--preset", "nano", "--max-steps", "200", "--rounds", "2"]
     missing = [m for m in ("textual", "textual_plotext", "plotext") if importlib.util.find_spec(m) is None]
-    return {
-        "tests": tests,
-        "ladder": [*ladder, "--out", str(work / "ladder")],
-        "best": [*best, "--out", str(work / "best")],
-        "memory": memory,
-        "overhead": (f"skipped: {', '.join(missing)} not installed here, and the dashboard is what it measures "
-                     "(docs/gpu/README.md says how to bring them)") if missing  # fmt: skip
-        else [*python, "tui.measure_overhead", *overhead, *(["--data", str(opts.data)] if opts.data else [])],
-    }
+    dashboard: list[str] | str = [*python, "tui.measure_overhead", *overhead, *data]
+    if missing:
+        dashboard = (f"skipped: {', '.join(missing)} not installed here, and the dashboard is what it measures "
+                     "(docs/gpu/README.md says how to bring them)")  # fmt: skip
+    return {"tests": tests, "ladder": [*ladder, "--out", str(work / "ladder")],
+            "best": [*best, "--out", str(work / "best")], "memory": memory, "overhead": dashboard}  # fmt: skip
 
 
 def shown(argv: list[str]) -> str:
@@ -119,9 +114,9 @@ def shown(argv: list[str]) -> str:
     return shlex.join(out)
 
 
-def run_part(argv: list[str], budget_s: int, log: Path) -> tuple[int | None, float, str]:
-    """Run argv from the checkout, its output echoed and logged; past budget_s, interrupt it
-    (SIGINT, then SIGKILL) with everything it started. (exit status or None, seconds, output)."""
+def run_part(argv: list[str], budget_s: int) -> tuple[int | None, float, str]:
+    """Run argv from the checkout, its output echoed; past budget_s, interrupt it (SIGINT,
+    then SIGKILL) with everything it started. (exit status or None, seconds, output)."""
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -148,9 +143,7 @@ def run_part(argv: list[str], budget_s: int, log: Path) -> tuple[int | None, flo
             except (subprocess.TimeoutExpired, ProcessLookupError):
                 continue
     reader.join(timeout=10)
-    text = "".join(lines)
-    atomic_write_bytes(log, text.encode())
-    return rc, time.perf_counter() - t0, text
+    return rc, time.perf_counter() - t0, "".join(lines)
 
 
 def figures(part: str, out: Path, text: str, command: str) -> tuple[dict[str, Any], str, str]:
@@ -180,7 +173,12 @@ def figures(part: str, out: Path, text: str, command: str) -> tuple[dict[str, An
     lines = text.splitlines()
     heads = [i for i, ln in enumerate(lines) if start and ln.startswith(start)]
     kept = lines[heads[-1] :] if heads else [ln for ln in lines if ln.startswith("|")]
-    return {"tables": md_tables(kept)}, "\n".join(kept) + "\n", ""
+    spaced: list[str] = []  # markdown wants a blank line between a table and the text around it
+    for i, ln in enumerate(kept):
+        if i and ln.startswith("|") != kept[i - 1].startswith("|") and ln and kept[i - 1]:
+            spaced.append("")
+        spaced.append(ln)
+    return {"tables": md_tables(kept)}, "\n".join(spaced) + "\n", ""
 
 
 def md_tables(lines: list[str]) -> list[list[list[str]]]:
@@ -201,6 +199,8 @@ def md_tables(lines: list[str]) -> list[list[list[str]]]:
 
 
 def describe(dry_run: bool) -> Report:
+    import torch  # here, not at the top: engine.cli's parser reads PARTS without loading torch
+
     cuda = not dry_run and torch.cuda.is_available()
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -259,6 +259,8 @@ def save(r: Report, out: Path) -> None:
 
 def check(opts: BenchOptions) -> None:
     """Bad input, found before anything runs or is written."""
+    import torch
+
     if not opts.dry_run and not torch.cuda.is_available():
         raise UserError("no CUDA GPU here: --gpu-report measures a CUDA box; "
                         "--dry-run runs its plumbing on CPU with the tiniest shapes")  # fmt: skip
@@ -294,7 +296,7 @@ def run(opts: BenchOptions, command: str) -> int:
                 result = PartResult(command="-", status=argv, budget_s=budget, ran_at=ran_at)
             else:
                 print(f"[{part}] {shown(argv)}  (budget {budget} s)", flush=True)
-                rc, wall, text = run_part(argv, budget, work / f"{part}.log")
+                rc, wall, text = run_part(argv, budget)
                 status = "ok" if rc == 0 else f"timed out after {budget} s" if rc is None else f"failed (exit {rc})"
                 figs, md, note = figures(part, work / part, text, shown(argv))
                 status += f"; {note}" if note else ""

@@ -18,15 +18,20 @@ from textual.containers import Grid, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
 
+from engine import events as ev
 from engine import rundir
+from engine.config import build
+from engine.errors import UserError
 from engine.memory import human
 from tui.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
 from tui.widgets.gpu_panel import GpuPanel
+from tui.widgets.segments import SegmentTable
 
 MIN_INTERVAL = 0.5  # s between redraws: at most 2 Hz
 MAX_INTERVAL = 10.0
+TOAST_WITHIN_S = 60.0  # a toggle's segment event this recent is news (older: an attached run's history)
 UI_SHARE = 0.03  # aim: the UI thread busy (GIL held, a core taken) at most this share of the time
 
 
@@ -118,6 +123,7 @@ class DashboardScreen(Screen):
         Binding("q", "next", "What next"),  # once the run is over: form, resume, another run
         Binding("l", "logy", "Log-y"),
         Binding("x", "xaxis", "X-axis"),
+        Binding("o", "switches", "Switches"),  # the live run's optimizations (tui/screens/toggle.py)
         Binding("question_mark", "help", "Help", key_display="?"),
     ]
 
@@ -136,6 +142,8 @@ class DashboardScreen(Screen):
         self._steer: tuple[bool, str] = (session.control is not None, "")
         self._bindings_key: Any = None
         self._end_noted = False
+        self._segments_seen = 0  # segment events turned into markers/toasts
+        self._segments_drawn = -1  # the state version the segment table shows
 
     @property
     def state(self) -> RunState:
@@ -165,6 +173,8 @@ class DashboardScreen(Screen):
             with TabPane("Sample", id="tab-sample"):
                 with VerticalScroll():
                     yield Static("(a short generation appears at each eval when the dataset has a tokenizer)", id="sample", markup=False)
+            with TabPane("Segments", id="tab-segments"):  # one row per set of switches the run trained with
+                yield SegmentTable(refresh_s=0, id="segments")
             with TabPane("GPU", id="tab-gpu"):
                 with VerticalScroll():
                     yield GpuPanel(unavailable=self._gpu_unavailable(), id="gpu")
@@ -201,7 +211,7 @@ class DashboardScreen(Screen):
         self.feed(self.session.poll())
         if self.state is not self._state_seen:  # the events file started over: so does the view
             self._state_seen = self.state
-            self._log_seen = self._samples_seen = self._gpu_seen = 0
+            self._log_seen = self._samples_seen = self._gpu_seen = self._segments_seen = 0
             self._ckpt_key = self._status_key = None
             self.query_one("#log", RichLog).clear()
             for chart in self.query(MetricChart):
@@ -229,6 +239,7 @@ class DashboardScreen(Screen):
                 self._steer = self.session.steering()
             self.query_one("#status", Static).update(status_text(state, self.session, steering=self._steer))
             self._update_bindings()
+        self._note_segments()
         clip = state.grad_clip
         self.query_one("#chart-norm", MetricChart).hline = clip or None
         tabs = self.query_one("#tabs", TabbedContent)
@@ -240,6 +251,8 @@ class DashboardScreen(Screen):
             self._update_checkpoints()
         elif tabs.active == "tab-sample":
             self._update_sample()
+        elif tabs.active == "tab-segments":
+            self._update_segments()
         self._update_gpu()
         self._update_log()
 
@@ -260,6 +273,8 @@ class DashboardScreen(Screen):
             return self.state.live and self._steer[0]
         if action == "next":
             return not self.state.live
+        if action == "switches":  # shown while the run is live; a watch-only run's key says why
+            return self.state.live
         return True
 
     def _update_unmeasured(self) -> None:
@@ -304,6 +319,25 @@ class DashboardScreen(Screen):
             marks = " ".join(m for m, on in (("best", row.best), ("latest", latest)) if on)
             val = "-" if row.val_loss is None else f"{row.val_loss:.4f}"
             table.add_row(str(row.step), val, human(row.size_bytes), _dur(now - row.time), marks)
+
+    def _note_segments(self) -> None:
+        """Segment starts become markers on the speed charts; a live toggle that took also
+        gets a toast (not the ones in an attached run's history)."""
+        new = self.state.segment_events[self._segments_seen :]
+        if not new:
+            return
+        self._segments_seen = len(self.state.segment_events)
+        markers = [(e.step, ev.change_text(e.changed) or e.reason) for e in self.state.segment_events if e.reason != "start"]
+        for chart in (self.query_one("#chart-steptime", MetricChart), self.query_one("#chart-toks", MetricChart)):
+            chart.markers = markers
+        for e in new:
+            if e.reason == "toggle" and time.time() - e.time < TOAST_WITHIN_S:
+                self.notify(ev.describe(e), timeout=10)
+
+    def _update_segments(self) -> None:
+        if self.state.version != self._segments_drawn:
+            self._segments_drawn = self.state.version
+            self.query_one("#segments", SegmentTable).show([("", self.state.segments.segments(), self.state.best_val_loss)])
 
     def _update_sample(self) -> None:
         if len(self.state.samples) != self._samples_seen:
@@ -377,7 +411,24 @@ class DashboardScreen(Screen):
                 self.app.push_screen(RunsScreen())
 
         summary = f"{run_dir}: {state.state} at step {state.step}/{state.max_steps or '?'}"
-        self.app.push_screen(RunEndScreen(summary), answer)
+        self.app.push_screen(RunEndScreen(summary, can_resume=(run_dir / rundir.CONFIG).is_file()), answer)
+
+    def action_switches(self) -> None:
+        """The live run's switches: change them at the next step boundary (engine/toggle.py)."""
+        from tui.screens.toggle import ToggleScreen
+
+        if not self._steerable("toggle"):
+            return
+        started = self.state.started
+        try:
+            config = build(started.config) if started else rundir.load_config(self.session.run_dir)
+        except UserError as err:
+            self.notify(str(err), severity="error")
+            return
+        world, parallel = (started.world_size, started.parallel) if started else (1, "ddp")
+        self.app.push_screen(ToggleScreen(self.session.run_dir, config, world_size=world,
+                                          sharding="fsdp" if parallel == "fsdp" else "ddp",
+                                          steerable=lambda: self._steerable("toggle")))  # fmt: skip
 
     def action_logy(self) -> None:
         self.logy = not self.logy

@@ -129,7 +129,15 @@ def back_to_form(app, run_dir: Path) -> None:
     """The setup form, filled in with this run's config (and a new run directory)."""
     from tui.screens.setup import SetupScreen
 
-    config = rundir.load_config(Path(run_dir)).model_copy(update={"out_dir": None})
+    try:
+        config = rundir.load_config(Path(run_dir)).model_copy(update={"out_dir": None})
+    except UserError:  # refused at set-up, nothing written: the form it was launched from, as it was
+        config = None
+    form = next((s for s in app.screen_stack if isinstance(s, SetupScreen)), None)
+    if config is None and form is not None:
+        while app.screen is not form:
+            app.pop_screen()
+        return
     while len(app.screen_stack) > 1:
         app.pop_screen()
     app.push_screen(SetupScreen(config))

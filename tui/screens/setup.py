@@ -46,9 +46,11 @@ def on_off(value: bool) -> str:
     return "on" if value else "off"
 
 
-def torch_loaded() -> bool:
-    """Already imported (tests, a second form): nothing to wait for."""
-    return "torch" in sys.modules
+def probe_in_background(headless: bool) -> bool:
+    """Probe on a worker thread (the form paints first) unless torch is imported already
+    (nothing to wait for) or the app is headless (Pilot tests: no one waits for a frame, and
+    a form that is complete at once keeps them deterministic)."""
+    return not ("torch" in sys.modules or headless)
 
 
 def probe_device() -> Capabilities:
@@ -185,7 +187,7 @@ class SetupScreen(Screen):
     def on_mount(self) -> None:
         self.title = "gpt2-tui - set up a run"
         self.query_one("#nproc-row").display = False
-        if torch_loaded():
+        if not probe_in_background(self.app.is_headless):
             self.device_known(probe_device())
             return
         self.query_one("#dataset-info", Static).update("checking the dataset once torch has loaded...")
@@ -271,6 +273,8 @@ class SetupScreen(Screen):
                 errors.setdefault("train.block_size", f"the dataset is shorter than one block of {T} tokens")
         self.errors, self.general = errors, general
         self.config = config if not errors else None
+        if self.config is not None and self.caps is not None:  # the vocab the run gets, for the estimate
+            self.config = memory.with_dataset_vocab(self.config)  # (F2 and launch leave it to the data)
         for dotted in F.ALL_FIELDS:
             self._show_error("err-" + wid(dotted), errors.get(dotted), "#" + wid(dotted))
         self.query_one("#general", Static).update("\n".join(general))
@@ -286,7 +290,7 @@ class SetupScreen(Screen):
         if self.caps is None:
             panel.waiting()
         elif self.config is not None and (self.dataset_info is not None or vals["data.path"] is None):
-            panel.show(memory.with_dataset_vocab(self.config), vals.get("speed.device", "auto"))
+            panel.show(self.config, vals.get("speed.device", "auto"))
         else:
             panel.show(None)
         self._update_launch()
@@ -499,6 +503,8 @@ class SetupScreen(Screen):
         files, which carry none)."""
         assert self.config is not None
         data = self.config.model_dump(mode="json", exclude_none=True)
+        if self.base["model"].get("vocab_size") is None:
+            data["model"].pop("vocab_size", None)
         headerless = self.dataset_info is not None and self.dataset_info.format != "gpt2-tui"
         if "vocab_size" in data["model"] or not headerless:
             data["data"].pop("vocab_size", None)

@@ -11,6 +11,7 @@ raised so that its rows hold no data.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass
@@ -91,6 +92,8 @@ class MetricChart(PlotextPlot):
         self.title_text, self.lines, self.unit = title, lines, unit
         self.unmeasured = unmeasured  # why a device may report nothing for it (the dashboard says so instead)
         self.hline: float | None = None  # e.g. the grad clip
+        self.markers: list[tuple[int, str]] = []  # (step, label): a vertical line each, e.g. segment starts
+        self.markers_drawn: list[tuple[float, str]] = []  # (x, label) at the last draw, for tests
         self._drawn: tuple[int, str, bool, int, int] | None = None
 
     def series_of(self, state: RunState, name: str) -> Series:
@@ -142,6 +145,7 @@ class MetricChart(PlotextPlot):
             h = math.log10(self.hline) if logy else self.hline
             plt.hline(h, color="red")
             all_y.append(h)
+        self._draw_markers(state, axis, all_y)
         if all_y and (logy or legend):
             lo, hi = log_range(all_y) if logy else (min(all_y), max(all_y))
             if legend:
@@ -152,6 +156,23 @@ class MetricChart(PlotextPlot):
                 plt.yticks(ticks, labels)
         plt.title(f"{self.title_text}  {latest}".rstrip())
         plt.xlabel({"step": "step", "tokens": "tokens", "time": "seconds"}[axis])
+
+    def _draw_markers(self, state: RunState, axis: XAxis, all_y: list[float]) -> None:
+        """A vertical line and a short label at each marker's step, on this chart's x axis (a
+        step maps to the tokens or time of the first point at or after it)."""
+        self.markers_drawn = []
+        if not self.markers or not all_y or not self.lines:
+            return
+        s = self.series_of(state, self.lines[0].series)
+        for step, label in self.markers:
+            i = bisect.bisect_left(s.step, step)
+            if i >= len(s):
+                continue  # no point there yet
+            x = float(step) if axis == "step" else s.xs(axis)[i]
+            plt = self.plt
+            plt.vline(x, color="magenta")
+            plt.text(label[:24], x, max(all_y), color="magenta")
+            self.markers_drawn.append((x, label))
 
     def _above_legend(self, lo: float, hi: float) -> tuple[float, float]:
         """A top for the y range that leaves the legend's rows (one per line, at the top of

@@ -1,0 +1,242 @@
+"""The live run's switches (issue 14): change speed switches of a running run from its dashboard.
+
+Each switch of engine.segments.SWITCHES gets the widget its setting's kind calls for
+(engine.settings), with the run's current value; micro-batch x grad-accum is one choice of
+the pairs that keep the tokens per optimizer step. What this machine cannot use is disabled
+with engine.device's reason. As the user edits, the memory estimate of the new set is shown
+against the budget the trainer will check it against; Apply runs the engine's own toggle
+check (engine.toggle.check) and writes the request (engine.toggle.request) only when it
+passes, so the screen refuses exactly what the trainer would, and nothing is written then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Select, Static, Switch
+
+from engine import device, memory, toggle
+from engine.config import RunConfig, build, merge, set_dotted
+from engine.errors import UserError
+from engine.events import change_text
+from engine.segments import SWITCHES, changed, switches
+from engine.settings import setting
+from tui.fields import tui_words
+from tui.widgets.memory import MemoryPanel
+
+BATCH = "train.batch_size"  # with train.grad_accum: one widget, the pairs of the same product
+ACCUM = "train.grad_accum"
+TRISTATE = [("auto", "auto"), ("on", "on"), ("off", "off")]
+_TRI = {"auto": None, "on": True, "off": False}
+
+
+def wid(dotted: str) -> str:
+    return "sw-" + dotted.replace(".", "-").replace("_", "-")
+
+
+def pairs(batch: int, accum: int) -> list[tuple[int, int]]:
+    """(micro-batch, grad-accum) with the same product: the same tokens per optimizer step."""
+    n = batch * accum
+    return [(d, n // d) for d in range(n, 0, -1) if n % d == 0]
+
+
+def pair_text(b: int, a: int) -> str:
+    return f"{b} x {a}"
+
+
+def with_switches(config: RunConfig, values: dict[str, Any]) -> RunConfig:
+    """`config` with `values` ({dotted: value}) set, validated as a config file would be."""
+    nested: dict[str, Any] = {}
+    for dotted, value in values.items():
+        set_dotted(nested, dotted, value)
+    return build(merge(config.model_dump(mode="json", exclude_none=True), nested))
+
+
+class ToggleScreen(ModalScreen[dict[str, Any] | None]):
+    """Dismissed with the switches requested ({dotted: new value}), or None if cancelled."""
+
+    DEFAULT_CSS = """
+    ToggleScreen { align: center middle; }
+    ToggleScreen #toggle-dialog { width: 100; max-width: 100%; height: 90%; border: thick $primary;
+                                  background: $surface; padding: 0 1; }
+    ToggleScreen #toggle-title { text-style: bold; }
+    ToggleScreen #toggle-rows { height: 1fr; }
+    ToggleScreen .row .name { width: 22; }
+    ToggleScreen .row Select { width: 30; }
+    ToggleScreen #toggle-verdict { height: auto; padding: 0 1; }
+    ToggleScreen #toggle-verdict.over { color: $error; border-left: thick $error; }
+    ToggleScreen #toggle-verdict.ok { border-left: thick $success; }
+    ToggleScreen #toggle-memory { height: auto; padding: 0 1; color: $text-muted; }
+    ToggleScreen .buttons { height: auto; }
+    ToggleScreen Button { margin-right: 2; }
+    """
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, run_dir: Path, config: RunConfig, *, world_size: int = 1, sharding: memory.Sharding = "ddp",
+                 steerable: Callable[[], bool] = lambda: True) -> None:  # fmt: skip
+        """`config`: what the run trains with now; `steerable`: asked again at Apply (the run
+        may have ended, or its writer gone, while this screen was open)."""
+        super().__init__()
+        self.run_dir, self.config = Path(run_dir), memory.with_dataset_vocab(config)
+        self.world_size, self.sharding, self.steerable = world_size, sharding, steerable
+        self.current = switches(self.config)
+        self.caps = device.capabilities()
+        self.off = device.disabled(self.caps)  # switch -> why this machine cannot use it
+        self.problem: str | None = "nothing changed yet"  # why Apply is refused now (None: it may go)
+        self.fits: bool | None = None
+
+    # ----------------------------------------------------------------- building
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="toggle-dialog"):
+            yield Static("Switches of the live run", id="toggle-title")
+            yield Static(f"{self.run_dir}: applied at the next step boundary, from a checkpoint of exactly "
+                         "that state, as a new segment of the run", classes="help-line", markup=False)  # fmt: skip
+            with VerticalScroll(id="toggle-rows"):
+                for dotted in SWITCHES:
+                    if dotted == ACCUM:
+                        continue
+                    yield from self._row(dotted)
+                yield Static("", id="toggle-memory", markup=False)
+            yield Static("", id="toggle-verdict", markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Apply", id="apply", variant="primary")
+                yield Button("Cancel [esc]", id="cancel")
+
+    def _row(self, dotted: str) -> ComposeResult:
+        value, why = self.current[dotted], self.off.get(dotted)
+        if dotted == BATCH:
+            b, a = self.current[BATCH], self.current[ACCUM]
+            label, help_ = "micro-batch x accum", "same tokens per optimizer step; a smaller micro-batch needs less memory"
+            options = [(pair_text(p, q), pair_text(p, q)) for p, q in pairs(b, a)]
+            widget: Any = Select(options, value=pair_text(b, a), allow_blank=False, id=wid(dotted))
+        else:
+            sp = setting(dotted)
+            label, help_ = sp.label, sp.help
+            if sp.kind == "bool":
+                widget = Switch(value=bool(value), id=wid(dotted))
+            elif sp.kind == "tristate":
+                widget = Select(TRISTATE, value={None: "auto", True: "on", False: "off"}[value], allow_blank=False, id=wid(dotted))
+            else:
+                widget = Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted))
+        widget.disabled = why is not None
+        with Horizontal(classes="row"):
+            yield Label(label, classes="name")
+            yield widget
+            yield Static(f"cannot change here: {why}" if why else help_, classes="help", markup=False,
+                         id=wid(dotted) + "-help")  # fmt: skip
+
+    def on_mount(self) -> None:
+        self.evaluate()
+
+    # ----------------------------------------------------------------- judging
+
+    def values(self) -> dict[str, Any]:
+        """Every switch as the widgets have it now."""
+        out = dict(self.current)
+        for dotted in SWITCHES:
+            if dotted == ACCUM:
+                continue
+            w = self.query_one("#" + wid(dotted))
+            if dotted == BATCH:
+                b, a = str(w.value).split(" x ")
+                out[BATCH], out[ACCUM] = int(b), int(a)
+            elif isinstance(w, Switch):
+                out[dotted] = w.value
+            elif setting(dotted).kind == "tristate":
+                out[dotted] = _TRI[str(w.value)]
+            else:
+                out[dotted] = w.value
+        return out
+
+    def changes(self) -> dict[str, Any]:
+        """{dotted: new value} of the switches the user changed."""
+        return {n: new for n, (_, new) in changed(self.current, self.values()).items()}
+
+    def on_switch_changed(self, _: Switch.Changed) -> None:
+        self.evaluate()
+
+    def on_select_changed(self, _: Select.Changed) -> None:
+        self.evaluate()
+
+    def evaluate(self) -> None:
+        """The memory estimate of the new set, and why Apply would be refused (if it would)."""
+        changes = self.changes()
+        self.problem, self.fits = self._judge(changes)
+        verdict = self.query_one("#toggle-verdict", Static)
+        if self.problem is None:
+            verdict.update(f"Apply: {change_text(changed(self.current, self.values()))}")
+        else:
+            verdict.update(f"cannot apply: {self.problem}")
+        verdict.set_class(self.problem is not None and bool(changes), "over").set_class(self.problem is None, "ok")
+
+    def _judge(self, changes: dict[str, Any]) -> tuple[str | None, bool | None]:
+        mem = self.query_one("#toggle-memory", Static)
+        try:
+            new = with_switches(self.config, changes)
+            est = memory.estimate(new, self.world_size, self.sharding)
+        except UserError as err:
+            mem.update("")
+            return tui_words(str(err)), None
+        total, source = device.budget(est.target)
+        mem.update(f"memory of the new set [{source}]\n{memory.format_table(est, total)}")
+        fits = None if total is None else est.fits(total)
+        if not changes:
+            return "nothing changed: pick a switch to change first", fits
+        if fits is False:
+            assert total is not None
+            return self._memory_fix(new, total), False
+        refused = {n: why for n, why in device.refuse({"speed.device": new.speed.device, **self.values()}, self.caps).items()
+                   if n in changes}  # fmt: skip
+        if refused:
+            return "; ".join(f"{setting(n).label}: {why}" for n, why in refused.items()), fits
+        try:
+            toggle.check(self.config, changes)  # the trainer's own check: what passes here passes there
+        except UserError as err:
+            return tui_words(str(err)), fits
+        return None, fits
+
+    def _memory_fix(self, new: RunConfig, total: int) -> str:
+        """Why the new set does not fit, and what to change, in this screen's words."""
+        head = f"the new set needs {memory.human(memory.estimate(new, self.world_size, self.sharding).peak_bytes)}, " \
+               f"more than the {memory.human(total)} available"  # fmt: skip
+        fix = memory.suggest_fit(new, total, self.world_size, self.sharding)
+        if fix is not None:
+            return f"{head}; choose {MemoryPanel.fix_text(fix)}"
+        return f"{head}; even micro-batch 1 does not fit: turn grad checkpointing on, or the chunked loss, or bf16"
+
+    # ----------------------------------------------------------------- keys
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "apply":
+            self.action_apply()
+        else:
+            self.action_cancel()
+
+    def action_apply(self) -> None:
+        self.evaluate()
+        if self.problem is not None:
+            self.notify(f"not applied: {self.problem}", severity="error", timeout=10)
+            return
+        if not self.steerable():  # it said why
+            return
+        changes = self.changes()
+        try:
+            toggle.request(self.run_dir, changes)
+        except (UserError, OSError) as err:
+            self.notify(f"not applied: {err}", severity="error", timeout=10)
+            return
+        self.app.notify(f"applies at the next step boundary: {change_text(changed(self.current, self.values()))}")
+        self.dismiss(changes)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+__all__ = ["ToggleScreen", "pairs"]
