@@ -69,9 +69,12 @@ BENCH_DATA_FLAGS = (
 BENCH_DATA_ARGS = ("--data", *(f for f, _, _ in BENCH_DATA_FLAGS))
 
 
-def add_setting_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per config setting, with the setting's own description; booleans get --x / --no-x."""
+def add_setting_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One flag per config setting (or per setting in `only`), with the setting's own
+    description; booleans get --x / --no-x."""
     for s in settings.flags():
+        if only is not None and s.dotted not in only:
+            continue
         help_ = s.help.replace("%", "%%")
         if s.kind in ("bool", "tristate"):
             p.add_argument(s.flag, dest=s.dotted, action=argparse.BooleanOptionalAction, default=None, help=help_)
@@ -80,6 +83,19 @@ def add_setting_flags(p: argparse.ArgumentParser) -> None:
         else:
             kind = {"int": int, "float": float}.get(s.kind, str)
             p.add_argument(s.flag, dest=s.dotted, type=kind, metavar=s.metavar, default=None, help=help_)
+
+
+def as_flags(overrides: dict[str, Any]) -> list[str]:
+    """The flags that give these config values: overrides_from's inverse, for advice that runs as printed."""
+    by_name = {s.dotted: s for s in settings.flags()}
+    out: list[str] = []
+    for dotted, value in overrides.items():
+        flag = by_name[dotted].flag
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    return out
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,6 +192,12 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
                    help=f"--gpu-report: only this part (repeatable), merged into the day's report: {', '.join(PARTS)}")  # fmt: skip
     b.add_argument("--dry-run", action="store_true", help="--gpu-report on CPU with the tiniest shapes (the plumbing)")
     b.add_argument("--budget", type=Bounded(1, 10**6), metavar="S", help="--gpu-report: seconds each part may take (default: its own)")
+
+    from engine.segments import SWITCHES
+
+    g = sub.add_parser("toggle", help="change a live run's speed switches at its next step boundary (a new segment)")
+    g.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory of a run training now")
+    add_setting_flags(g, only=SWITCHES)
 
     c = sub.add_parser("compare", help="runs and their segments side by side: settled speed, switches, best val loss")
     c.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN", help="run directories (live or finished)")
@@ -316,6 +338,31 @@ def cmd_bench(args: argparse.Namespace, command: str) -> int:
 # ---------------------------------------------------------------- entry
 
 
+def cmd_toggle(args: argparse.Namespace) -> int:
+    """Ask a live run for new switches: checked here first (as a launch is), applied by the
+    run at its next step boundary, which checks again (engine/toggle.py)."""
+    from engine import rundir, toggle
+    from engine.events import change_text
+    from engine.segments import changed, switches
+
+    config = rundir.load_config(args.run_dir)
+    overrides = overrides_from(args)
+    if not overrides:
+        raise UserError("name the switches to change, e.g. --compile or --no-prefetch; see `gpt2-tui toggle --help`")
+    if rundir.writer_alive(args.run_dir) is not True:
+        raise UserError(
+            f"no live run writes {args.run_dir}; change a stopped run's switches as you resume it: "
+            f"gpt2-tui train --resume {args.run_dir} {' '.join(as_flags(overrides))}"
+        )
+    diff = changed(switches(config), switches(toggle.check(config, overrides)))
+    if not diff:
+        raise UserError(f"{args.run_dir} already runs with those switches; nothing to change")
+    toggle.request(args.run_dir, {name: new for name, (_, new) in diff.items()})
+    print(f"asked {args.run_dir} to switch {change_text(diff)}: it applies at the next step boundary "
+          f"(`gpt2-tui attach {args.run_dir}` shows the new segment)")
+    return 0
+
+
 def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> int:
     """Dispatch a parsed headless command (raises UserError on bad input)."""
     if args.command == "train":
@@ -333,6 +380,8 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
         return batching.main([a for flag, v in given.items() if v is not None for a in (flag, str(v))])
     if args.command == "bench":
         return cmd_bench(args, "gpt2-tui " + " ".join(argv))
+    if args.command == "toggle":
+        return cmd_toggle(args)
     if args.command == "compare":
         from engine import compare
 

@@ -76,3 +76,46 @@ def test_a_toggle_must_keep_the_tokens_per_step_and_name_a_switch(tmp_path, tiny
     with pytest.raises(UserError, match="cannot change on a live run"):
         toggle.request(tmp_path, {"optim.lr": 1.0})
     assert not (tmp_path / toggle.REQUEST).exists()
+
+
+def test_gpt2_tui_toggle_switches_a_detached_run(tmp_path, tiny_dataset):
+    """The headless way: `gpt2-tui toggle RUN --no-prefetch` on a run training in another process."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "engine.cli"]
+    train = subprocess.Popen([*cmd, "train", "--preset", "micro", "--device", "cpu", "--data", str(tiny_dataset),
+                              "--out", str(run), "--max-steps", "100000", "--eval-interval", "100000"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    def events() -> list[dict]:
+        path = run / rundir.EVENTS
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+    def wait(pred, what: str) -> list[dict]:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if pred(got := events()):
+                return got
+            time.sleep(0.2)
+        raise AssertionError(f"no {what} within 120 s: {train.stderr.read() if train.poll() is not None else ''}")
+
+    try:
+        wait(lambda es: any(e["event"] == "step" for e in es), "first step")
+        asked = subprocess.run([*cmd, "toggle", str(run), "--no-prefetch"], capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0, asked.stderr
+        assert "prefetch on -> off" in asked.stdout
+        got = wait(lambda es: any(e["event"] == "segment" and e["reason"] == "toggle" for e in es), "toggle segment")
+        seg = next(e for e in got if e["event"] == "segment" and e["reason"] == "toggle")
+        assert seg["changed"] == {"data.prefetch": [True, False]}
+        wait(lambda es: any(e["event"] == "step" and e["step"] > seg["step"] for e in es), "a step after the toggle")
+        assert rundir.load_config(run).data.prefetch is False
+    finally:
+        train.terminate()
+        train.wait(timeout=60)
+    refused = subprocess.run([*cmd, "toggle", str(run), "--compile"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: no live run writes")
+    assert f"gpt2-tui train --resume {run} --compile" in refused.stderr
