@@ -214,6 +214,8 @@ def _optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer | None) -> s
     ids = [i for g in groups for i in g["params"]]
     if len(set(ids)) != len(ids):
         return "optimizer param_groups repeat a parameter"
+    if not all(_hyper(v) for g in groups for k, v in g.items() if k != "params"):
+        return "optimizer hyper-parameters are not numbers"
     for key, entry in saved["state"].items():
         if key not in ids or not isinstance(entry, dict) or not all(
             isinstance(k, str) and isinstance(v, (torch.Tensor, int, float)) for k, v in entry.items()
@@ -232,6 +234,13 @@ def _optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer | None) -> s
     return None
 
 
+def _hyper(v: Any) -> bool:
+    """A value torch's optimizers keep per group: a number, a flag, None, or a tuple of numbers (betas)."""
+    if isinstance(v, (tuple, list)):
+        return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    return v is None or isinstance(v, (bool, int, float))
+
+
 def _resume_problem(state: dict[str, Any], optimizer: torch.optim.Optimizer | None) -> str | None:
     """What a resume cannot use in a checkpoint that loaded: RNG states, data position, optimizer."""
     missing = [k for k in RESUME if k not in state]
@@ -246,10 +255,10 @@ def _resume_problem(state: dict[str, Any], optimizer: torch.optim.Optimizer | No
     rng = state["rng"]
     if not isinstance(rng, dict) or not all(k in rng for k in ("python", "numpy", "torch", "cuda")):
         return "rng is not the RNG states"
-    torch_rng = rng["torch"]
-    if not isinstance(torch_rng, torch.Tensor) or torch_rng.dtype != torch.uint8 or torch_rng.numel() != torch.get_rng_state().numel():
+    cpu = rng["torch"]
+    if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8 or cpu.numel() != torch.get_rng_state().numel():
         return "rng.torch is not a CPU generator state"
-    if not isinstance(rng["numpy"], str) or not isinstance(rng["python"], (tuple, list)) or not isinstance(rng["cuda"], list):
+    if not (isinstance(rng["numpy"], str) and isinstance(rng["python"], (tuple, list)) and isinstance(rng["cuda"], list)):
         return "rng states have the wrong types"
     try:
         position = json.loads(state["data"]) if isinstance(state["data"], str) else None

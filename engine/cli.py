@@ -25,7 +25,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
 from engine import settings  # noqa: E402
-from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_STEPS, MAX_VOCAB, SEED_LIMIT  # noqa: E402
+from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_VOCAB, SEED_LIMIT  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 
 
@@ -39,7 +39,8 @@ class Parser(argparse.ArgumentParser):
 
 class Bounded:
     """An argparse type: a whole number in [lo, hi], else argparse's one-line error. Every integer
-    flag that is not a config setting (those are bounded by engine.config) uses one."""
+    flag uses one, except config settings (bounded in engine.config) and bench's numbers (bounded
+    in BenchOptions): tests/test_input_checks.py holds every flag to that."""
 
     def __init__(self, lo: int, hi: int) -> None:
         self.lo, self.hi = lo, hi
@@ -56,7 +57,6 @@ class Bounded:
 
 
 SEED = Bounded(0, SEED_LIMIT - 1)
-RUNS = Bounded(1, 1000)  # rounds, processes
 # `bench-data`'s flags (engine.measure.batching has the defaults): checked before it runs
 BENCH_DATA_FLAGS = (
     ("--batch-size", Bounded(1, MAX_BATCH), "sequences per batch (default 64)"),
@@ -160,27 +160,28 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     for flag, kind, help_ in BENCH_DATA_FLAGS:
         d.add_argument(flag, type=kind, metavar="N", default=argparse.SUPPRESS, help=help_)
 
+    # bench's numbers are bounded and checked by engine.measure.common.BenchOptions
     b = sub.add_parser("bench", help="the speed ladder: what each optimization buys here")
     mode = b.add_mutually_exclusive_group()
     mode.add_argument("--preset", default=None, help="model preset for the ladder (default nano)")
     mode.add_argument("--config", type=Path, metavar="FILE", help="time this run config over time (compile warm-up)")
     b.add_argument("--plain", action="store_true", help="our Trainer vs an independent plain PyTorch GPT-2 loop")
     b.add_argument("--best", action="store_true", help="every optimization on; sweep micro-batch x compile mode")
-    b.add_argument("--steps", type=Bounded(1, MAX_STEPS), metavar="N", help="timed steps per rung (default 20; --config: 100)")
-    b.add_argument("--warmup", type=Bounded(1, MAX_STEPS), default=5, metavar="N", help="untimed steps first (compile happens here)")
+    b.add_argument("--steps", type=int, metavar="N", help="timed steps per rung (default 20; --config: 100)")
+    b.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed steps first (compile happens here)")
     b.add_argument("--out", type=Path, metavar="DIR", help="new directory for the tables (default runs/bench-NAME-TIME)")
     b.add_argument("--data", metavar="DIR", help="dataset directory (default: the stdlib corpus)")
     b.add_argument("--device", choices=["auto", "cuda", "mps", "cpu"], default="auto")
-    b.add_argument("--vocab-size", type=Bounded(2, MAX_VOCAB), metavar="N", help="model vocab (ladder default 50257, GPT-2's)")
-    b.add_argument("--batch-size", type=Bounded(1, MAX_BATCH), metavar="N", help="micro-batch (default: the preset's)")
-    b.add_argument("--block-size", type=Bounded(1, MAX_CONTEXT), metavar="N", help="tokens per sequence (default: the context)")
-    b.add_argument("--grad-accum", type=Bounded(1, MAX_BATCH), default=1, metavar="N", help="micro-batches per step")
-    b.add_argument("--log-interval", type=Bounded(1, MAX_STEPS), metavar="N", help="steps per timed interval (default 1; --best: 10)")
+    b.add_argument("--vocab-size", type=int, metavar="N", help="model vocab (ladder default 50257, GPT-2's)")
+    b.add_argument("--batch-size", type=int, metavar="N", help="micro-batch (default: the preset's)")
+    b.add_argument("--block-size", type=int, metavar="N", help="tokens per sequence (default: the context)")
+    b.add_argument("--grad-accum", type=int, default=1, metavar="N", help="micro-batches per step")
+    b.add_argument("--log-interval", type=int, metavar="N", help="steps per timed interval (default 1; --best: 10)")
     b.add_argument("--batch-sizes", metavar="LIST", help="--best: comma-separated micro-batches (default 8,16,32)")
     b.add_argument("--compile-modes", metavar="LIST", help="--best: comma-separated compile modes, 'eager' = none")
     b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:], metavar="RUNG",
                    help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}")  # fmt: skip
-    b.add_argument("--rounds", type=RUNS, default=3, metavar="N", help="--plain: alternating rounds of each loop")
+    b.add_argument("--rounds", type=int, default=3, metavar="N", help="--plain: alternating rounds of each loop")
     from engine.measure.gpu_report import PARTS
 
     b.add_argument("--compile-cache", choices=["cold", "warm", "both"], default=None,

@@ -6,7 +6,7 @@ launcher and the form ask here, so they can never disagree.
   CUDA GPU, fp32 elsewhere. Planning for CUDA from a machine without one assumes bf16.
 - The memory budget a run is checked against: GPU memory on CUDA, the recommended working
   set on MPS, the RAM available now on CPU (the machine is shared).
-- What this machine can run (compile, fused AdamW, pinned memory, bf16), with the reason
+- What this machine can run (compile, pinned memory, bf16), with the reason
   when it cannot: the form disables those switches and says why.
 """
 
@@ -196,7 +196,6 @@ def disabled(caps: Capabilities) -> dict[str, str]:
     """Switches the hardware can't use -> why (shown beside the disabled switch)."""
     out = {}
     if not caps.cuda:
-        out["optim.fused"] = "CUDA only: no CUDA GPU here"
         out["data.pin_memory"] = "CUDA only: no CUDA GPU here"
     if caps.compile_reason:
         out["speed.compile"] = caps.compile_reason
@@ -217,6 +216,4 @@ def refuse(values: dict[str, Any], caps: Capabilities) -> dict[str, str]:
         out["speed.precision"] = "this GPU has no bf16; choose fp16 (with its GradScaler) or tf32"
     if values.get("speed.compile") and caps.compile_reason:
         out["speed.compile"] = caps.compile_reason
-    if values.get("optim.fused") is True and not on_cuda:
-        out["optim.fused"] = "fused AdamW is CUDA-only; leave it on auto"
     return out

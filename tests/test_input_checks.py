@@ -59,29 +59,38 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_every_integer_flag_has_an_upper_bound() -> None:
-    """Config settings are bounded in engine.config (the flags are generated from it); every
-    other integer flag parses with cli.Bounded. A bare `type=int` lets 2**63 through."""
+    """Config settings are bounded in engine.config (the flags are generated from it), bench's
+    numbers in BenchOptions; every other integer flag parses with cli.Bounded. A bare `type=int`
+    with no bound behind it lets 2**63 through to torch or numpy."""
     from engine import cli, settings
+    from engine.measure.common import BenchOptions
 
-    settings_by_dest = {s.dotted: s for s in settings.flags()}
     for s in settings.all_settings():
         if s.kind == "int":
             assert "<" in s.bounds, f"{s.dotted} has no upper bound ({s.bounds})"
+    setting_dests = {s.dotted for s in settings.flags()}
+    bench_bounded = {
+        name for name, f in BenchOptions.model_fields.items() if any(getattr(m, "le", None) for m in f.metadata)
+    }
     for name, parser in _parsers().items():
         for action in parser._actions:
-            if action.type is int and action.dest not in settings_by_dest:  # settings: checked above
-                pytest.fail(f"`{name} {action.option_strings[0]}` is an unbounded int")
+            flag = f"`{name} {action.option_strings[0] if action.option_strings else action.dest}`"
             if isinstance(action.type, cli.Bounded):
-                assert action.type.hi < 2**63, f"{name} {action.option_strings[0]}"
+                assert action.type.hi < 2**63, flag
+            elif action.type is int:
+                checked = action.dest in setting_dests or (name == "bench" and action.dest in bench_bounded)
+                assert checked, f"{flag} is an unbounded int"
 
 
 def _int_flags() -> list[tuple[str, str]]:
-    from engine import cli
+    """Every integer flag that is not a config setting (those: test_..._for_config_settings)."""
+    from engine import cli, settings
 
+    setting_dests = {s.dotted for s in settings.flags()}
     out = []
     for name, parser in _parsers().items():
         for action in parser._actions:
-            if isinstance(action.type, cli.Bounded) and action.option_strings:
+            if (isinstance(action.type, cli.Bounded) or action.type is int) and action.dest not in setting_dests:
                 out.append((name, action.option_strings[-1]))
     return out
 
@@ -320,7 +329,9 @@ def test_resume_refuses_optimizer_state_that_would_not_load(tmp_path, tiny_datas
         ckpt.check_resumable(state, path, one_group)
     assert "optimizer" in (ckpt._malformed(state | {"optimizer": "adam"}) or "")
     bad = {"state": {0: {"exp_avg": "x"}}, "param_groups": [{"params": [0]}]}
-    for optimizer, words in (({"state": {}, "param_groups": []}, "empty"), (bad, "malformed"), ({}, "param_groups")):
+    betas = {"state": {}, "param_groups": [{"params": [0], "betas": "fast"}]}
+    for optimizer, words in (({"state": {}, "param_groups": []}, "empty"), (bad, "malformed"), ({}, "param_groups"),
+                             (betas, "hyper-parameters")):  # fmt: skip
         with pytest.raises(UserError, match=words) as err:
             ckpt.check_resumable(state | {"optimizer": optimizer}, path)
         assert len(str(err.value).splitlines()) == 1

@@ -1,11 +1,13 @@
 """How long the bare `gpt2-tui` takes to paint the setup form, in a real terminal (tmux).
 
-    python -m tui.measure_first_paint [--rounds 5] [--size 120x40]
+    python -m tui.measure_first_paint [--rounds 5] [--size 120x40] [--baseline CMD]
 
 Starts the installed command in a fresh tmux server, polls the screen every 20 ms until the
 form's first fields are on it, quits, and prints each round and the median. The figure
 includes the interpreter's start and every import before the first frame: what a user
-waits for. Recorded in docs/benchmarks.md (with device, date, torch version).
+waits for. With --baseline, each round also times CMD (e.g. an older checkout's
+`PYTHONPATH=OLD python -m gpt2_tui`), the two alternating so both see the same load.
+Recorded in docs/benchmarks.md (with device, date, torch version).
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ def _tmux(sock: str, *args: str) -> str:
     return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, env=env, timeout=30).stdout
 
 
-def one_round(cols: int, rows: int) -> float:
-    """Seconds from starting `gpt2-tui` to the form on screen (in an empty working directory)."""
+def one_round(cols: int, rows: int, command: str = str(GPT2_TUI)) -> float:
+    """Seconds from starting `command` to the form on screen (in an empty working directory)."""
     sock = f"paint-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as cwd:
         t0 = time.monotonic()
-        _tmux(sock, "new-session", "-d", "-s", "t", "-x", str(cols), "-y", str(rows), f"cd {cwd} && {GPT2_TUI}")
+        _tmux(sock, "new-session", "-d", "-s", "t", "-x", str(cols), "-y", str(rows), f"cd {cwd} && {command}")
         try:
             while True:
                 screen = _tmux(sock, "capture-pane", "-t", "t", "-p")
@@ -56,17 +58,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--size", default="120x40", help="terminal COLSxROWS")
+    p.add_argument("--baseline", metavar="CMD", help="also time this command, alternating with gpt2-tui")
     args = p.parse_args(argv)
     if shutil.which("tmux") is None:
         print("tmux is not installed (apt-get install tmux)", file=sys.stderr)
         return 2
     cols, rows = (int(x) for x in args.size.split("x"))
-    times = []
+    runs = {"gpt2-tui": str(GPT2_TUI)} | ({"baseline": args.baseline} if args.baseline else {})
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(args.rounds):
-        times.append(one_round(cols, rows))
-        print(f"round {i + 1}: form on screen after {times[-1]:.2f} s", flush=True)
-    print(f"median {statistics.median(times):.2f} s (min {min(times):.2f}, max {max(times):.2f}) "
-          f"at {cols}x{rows}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # paired: the order flips each round
+        for name in order:
+            times[name].append(one_round(cols, rows, runs[name]))
+            print(f"round {i + 1}, {name}: form on screen after {times[name][-1]:.2f} s", flush=True)
+    for name, ts in times.items():
+        print(f"{name}: median {statistics.median(ts):.2f} s (min {min(ts):.2f}, max {max(ts):.2f}) "
+              f"at {cols}x{rows}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     return 0
 
 

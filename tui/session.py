@@ -183,12 +183,12 @@ class RunSession:
 
     def request_stop(self) -> None:
         """Graceful: the trainer saves a checkpoint at the next step boundary and ends."""
-        self.stopping = True
-        self.state.note_stop()
         if self.control is not None:
             self.control.stop()
         else:
             self._signal(signal.SIGTERM)
+        self.stopping = True
+        self.state.note_stop()
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """For quitting the app: stop an in-process run and wait at most `timeout`.

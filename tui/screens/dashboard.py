@@ -4,6 +4,11 @@ Everything on it is drawn from a RunState at a slow, adaptive rate: events only 
 the state (cheap); a timer redraws what changed and is visible. The redraw interval
 grows when drawing gets expensive, so the UI thread never takes more than a small share
 of the time the trainer needs (the GIL is shared with an in-process run).
+
+The footer offers only what works: p/s/q while the run can be steered from here (this
+app's run, or any run of this user on this host, by signals: tui/session.py), the status
+line naming whom they reach or why the run is watch-only; once the run is over, q asks
+what next (tui/screens/run_end.py).
 """
 
 from __future__ import annotations
@@ -359,14 +364,20 @@ class DashboardScreen(Screen):
     def action_pause(self) -> None:
         if not self._steerable("pause"):
             return
-        if self.session.toggle_pause():
-            self.notify("pausing at the next step boundary")
-        else:
-            self.notify("resuming")
+        pausing = self._steer_now(self.session.toggle_pause)
+        if pausing is not None:
+            self.notify("pausing at the next step boundary" if pausing else "resuming")
+
+    def _steer_now(self, act: Any) -> Any:
+        """Do it; a writer that went away since the check is a notice, not a crash."""
+        try:
+            return act()
+        except (UserError, OSError) as err:
+            self.notify(f"could not reach the run: {err}", severity="warning")
+            return None
 
     def action_save(self) -> None:
-        if self._steerable("save"):
-            self.session.save_now()
+        if self._steerable("save") and self._steer_now(lambda: self.session.save_now() or True):
             if self.state.paused:
                 self.notify("saving a checkpoint now (the run stays paused)")
             else:
@@ -389,8 +400,7 @@ class DashboardScreen(Screen):
             return
 
         def answer(yes: bool | None) -> None:
-            if yes and self._steerable("stop"):
-                self.session.request_stop()
+            if yes and self._steerable("stop") and self._steer_now(lambda: self.session.request_stop() or True):
                 self.notify("stopping: eval, sample and a checkpoint at the next step boundary")
 
         self.app.push_screen(ConfirmScreen("Stop the run? It saves a checkpoint at the next step boundary."), answer)

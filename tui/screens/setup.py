@@ -102,6 +102,8 @@ class SetupScreen(Screen):
         self.general: list[str] = []
         self.dataset_info: Any = None
         self._loading = False
+        self._pending = False  # a revalidation is queued (_soon)
+        self._dataset_dirty = False
 
     # ----------------------------------------------------------------- layout
 
@@ -379,23 +381,34 @@ class SetupScreen(Screen):
 
     # ----------------------------------------------------------------- events
 
-    @on(Input.Changed)
-    def _input_changed(self, event: Input.Changed) -> None:
-        if self._loading:
-            return
-        if event.input.id == "dataset":
+    def _soon(self, dataset: bool = False) -> None:
+        """Check the form once for a burst of Changed messages (mounting posts one per field,
+        a preset or a loaded TOML one per value): one revalidation, not one each."""
+        self._dataset_dirty |= dataset
+        if not self._pending:
+            self._pending = True
+            self.call_later(self._settle)
+
+    def _settle(self) -> None:
+        self._pending = False
+        if self._dataset_dirty:
+            self._dataset_dirty = False
             self._check_dataset()
             if self.caps is not None:
                 self._refresh_presets()
-        if event.input.id == "toml-path":
-            return
         self.revalidate()
+
+    @on(Input.Changed)
+    def _input_changed(self, event: Input.Changed) -> None:
+        if self._loading or event.input.id == "toml-path":
+            return
+        self._soon(dataset=event.input.id == "dataset")
 
     @on(Switch.Changed)
     def _switch_changed(self, event: Switch.Changed) -> None:
         self.query_one("#state-" + (event.switch.id or ""), Static).update(on_off(event.value))
         if not self._loading:
-            self.revalidate()
+            self._soon()
 
     @on(Select.Changed)
     def _select_changed(self, event: Select.Changed) -> None:
@@ -406,7 +419,7 @@ class SetupScreen(Screen):
         if event.select.id == "preset" and event.value != self.base.get("preset"):
             self._apply_preset(str(event.value))
             return
-        self.revalidate()
+        self._soon()
 
     def _apply_preset(self, name: str) -> None:
         """A new preset: its model shape and its train/optim values; speed and data kept."""

@@ -90,6 +90,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         self.off = device.disabled(self.caps)  # switch -> why this machine cannot use it
         self.problem: str | None = "nothing changed yet"  # why Apply is refused now (None: it may go)
         self.fits: bool | None = None
+        self.memory_line = ""  # the estimate's verdict in one line (the table is in the scroll)
 
     # ----------------------------------------------------------------- building
 
@@ -115,20 +116,23 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             b, a = self.current[BATCH], self.current[ACCUM]
             label, help_ = "micro-batch x accum", "same tokens per optimizer step; a smaller micro-batch needs less memory"
             options = [(pair_text(p, q), pair_text(p, q)) for p, q in pairs(b, a)]
-            widget: Any = Select(options, value=pair_text(b, a), allow_blank=False, id=wid(dotted))
+            widget: Any = Select(options, value=pair_text(b, a), allow_blank=False, id=wid(dotted), compact=True)
         else:
             sp = setting(dotted)
             label, help_ = sp.label, sp.help
             if sp.kind == "bool":
                 widget = Switch(value=bool(value), id=wid(dotted))
             elif sp.kind == "tristate":
-                widget = Select(TRISTATE, value={None: "auto", True: "on", False: "off"}[value], allow_blank=False, id=wid(dotted))
+                tri = {None: "auto", True: "on", False: "off"}[value]
+                widget = Select(TRISTATE, value=tri, allow_blank=False, id=wid(dotted), compact=True)
             else:
-                widget = Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted))
+                widget = Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted), compact=True)
         widget.disabled = why is not None
         with Horizontal(classes="row"):
             yield Label(label, classes="name")
             yield widget
+            if isinstance(widget, Switch):  # on/off in words: visible without colour
+                yield Static("on" if value else "off", id=wid(dotted) + "-state", classes="state")
             yield Static(f"cannot change here: {why}" if why else help_, classes="help", markup=False,
                          id=wid(dotted) + "-help")  # fmt: skip
 
@@ -159,7 +163,8 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         """{dotted: new value} of the switches the user changed."""
         return {n: new for n, (_, new) in changed(self.current, self.values()).items()}
 
-    def on_switch_changed(self, _: Switch.Changed) -> None:
+    def on_switch_changed(self, event: Switch.Changed) -> None:
+        self.query_one(f"#{event.switch.id}-state", Static).update("on" if event.value else "off")
         self.evaluate()
 
     def on_select_changed(self, _: Select.Changed) -> None:
@@ -171,9 +176,10 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         self.problem, self.fits = self._judge(changes)
         verdict = self.query_one("#toggle-verdict", Static)
         if self.problem is None:
-            verdict.update(f"Apply: {change_text(changed(self.current, self.values()))}")
+            line = f"Apply: {change_text(changed(self.current, self.values()))}"
         else:
-            verdict.update(f"cannot apply: {self.problem}")
+            line = f"cannot apply: {self.problem}"
+        verdict.update(f"memory: {self.memory_line}\n{line}" if self.memory_line else line)
         verdict.set_class(self.problem is not None and bool(changes), "over").set_class(self.problem is None, "ok")
 
     def _judge(self, changes: dict[str, Any]) -> tuple[str | None, bool | None]:
@@ -183,8 +189,10 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             est = memory.estimate(new, self.world_size, self.sharding)
         except UserError as err:
             mem.update("")
+            self.memory_line = ""
             return tui_words(str(err)), None
         total, source = device.budget(est.target)
+        self.memory_line = memory.verdict(est, total)
         mem.update(f"memory of the new set [{source}]\n{memory.format_table(est, total)}")
         fits = None if total is None else est.fits(total)
         if not changes:
