@@ -239,7 +239,7 @@ class Trainer:
         if path is None:  # stopped before its first checkpoint: the config is all there is; start over
             return
         state = ckpt.load(path)
-        ckpt.check_resumable(state, path)
+        ckpt.check_resumable(state, path, self.optimizer)
         self._resumed_from_config = state.get("config")  # the switches it trained with: a segment's "before"
         _check_shapes(self.model, state["model"], path)
         distributed.load_full_state(self.model, self.optimizer, state)
@@ -501,6 +501,8 @@ class Trainer:
             self.setup()
         except BaseException:
             self._close()  # bad input found in set-up: nothing is written to the run
+            if self.dist.is_main:
+                rundir.release_writer(self.run_dir)  # start() locked it; an in-app retry must not be refused
             raise
         if self.dist.is_main:
             self.sinks.insert(0, ev.JsonlSink(self.run_dir / rundir.EVENTS))
@@ -532,8 +534,9 @@ class Trainer:
                 reason = self._loop_or_oom()
             finally:
                 self._stop_gpu_sampler()  # its last reading lands before run_finished
-            if reason == "toggle":  # not the end: toggle.run_live continues the run in a new segment
+            if reason == "toggle":  # not the end: start.run_live continues the run in a new segment
                 self.model = self.forward = self.optimizer = None  # its memory goes to the next segment
+                self._keep_lock = True  # held across the hand-over: no other writer slips in between
                 return reason
             self.emit(
                 ev.RunFinished(step=self.step, reason=reason, best_val_loss=self.best_val_loss, summary=self.summary())
@@ -544,7 +547,7 @@ class Trainer:
             self.emit(ev.RunFailed(step=self.step, error=f"{type(err).__name__}: {message}"))
             raise
         finally:
-            if self.dist.is_main:
+            if self.dist.is_main and not getattr(self, "_keep_lock", False):
                 rundir.release_writer(self.run_dir)
             self._close()
 

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-collect_ignore = ["redteam"]  # the issue-12 bar, failing by design until fixed: tests/redteam/README.md
 
 LLMC_MAGIC = 20240520
 

@@ -84,7 +84,7 @@ def test_a_few_nan_steps_are_skipped_and_the_run_goes_on(tmp_path, tiny_dataset,
 
 
 def test_nan_for_max_bad_steps_stops_with_the_last_good_weights(tmp_path, tiny_dataset, poison_loss):
-    common = {"train.ckpt_interval": 100, "train.eval_interval": 100}
+    common = {"train.ckpt_interval": 100, "train.eval_interval": 100, "optim.decay_steps": 50}  # one LR schedule for both
     good = _trainer(tmp_path, tiny_dataset, "good", **common, **{"train.max_steps": 3})
     good.run()
     poison_loss.update(range(4 + 3, 100))  # the good run above made 3 training calls

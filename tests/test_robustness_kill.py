@@ -40,8 +40,10 @@ def _latest_step(run: Path) -> int:
     return ckpt.load(path)["step"]  # loadable, or this raises
 
 
+# warmup 1: these runs are resumed with a small --max-steps, which a warmup must stay below
 SLOW_NANO = ["--preset", "nano", "--device", "cpu", "--precision", "fp32", "--max-steps", "100000",
-             "--batch-size", "16", "--grad-accum", "4", "--eval-batches", "4"]  # fmt: skip
+             "--batch-size", "16", "--grad-accum", "4", "--eval-batches", "4",
+             "--warmup-steps", "1"]  # fmt: skip
 
 
 def test_sigterm_stops_with_a_checkpoint_and_resumes(tmp_path, tiny_dataset, capsys):
@@ -88,7 +90,7 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, tiny_dataset, capsys):
     ckdir = run / rundir.CHECKPOINTS
     argv = ["--preset", "nano", "--device", "cpu", "--precision", "fp32", "--data", str(tiny_dataset),
             "--out", str(run), "--max-steps", "100000", "--batch-size", "2", "--ckpt-interval", "1",
-            "--eval-interval", "100000", "--eval-batches", "1", "--keep-last", "2"]  # fmt: skip
+            "--eval-interval", "100000", "--eval-batches", "1", "--keep-last", "2", "--warmup-steps", "1"]  # fmt: skip
     kills, mid_write = 4, 0
     for round_ in range(kills):
         proc = _start(argv if round_ == 0 else ["--resume", str(run)])

@@ -38,10 +38,10 @@ def _slow_saves(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     began = threading.Event()
     save = Trainer.save_checkpoint
 
-    def slow(self: Trainer) -> None:
+    def slow(self: Trainer, final: bool = False) -> None:
         began.set()
         time.sleep(SLOW_SAVE_S)
-        save(self)
+        save(self, final)
 
     monkeypatch.setattr(Trainer, "save_checkpoint", slow)
     # the old code gave the run a fixed wait, then left under the training thread
