@@ -27,7 +27,7 @@ def test_preset_param_count_matches_the_model(name: str) -> None:
 
 
 def test_fields_come_from_pydantic_and_errors_land_on_their_field() -> None:
-    assert fields.setting("train.batch_size").bounds == ">= 1"
+    assert fields.setting("train.batch_size").bounds == ">= 1, <= 65536"
     assert fields.setting("speed.precision").choices == ("auto", "fp32", "tf32", "bf16", "fp16")
     assert fields.setting("optim.fused").kind == "tristate"
     assert "1.5-2.3x" in fields.setting("speed.compile").help  # the config's own description

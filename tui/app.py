@@ -140,9 +140,10 @@ class GPT2App(App):
 
             ask_and_resume(self.screen, path, pop=True)
             return
-        if message.action != "attach":
-            how = f"gpt2-tui train --resume {path}" if message.action == "resume" else "one dashboard per run for now"
-            self.notify(f"{message.action} from here is not there yet: {how}", severity="warning")
+        if message.action == "compare":
+            from tui.screens.compare import CompareScreen
+
+            self.push_screen(CompareScreen(message.paths))
             return
         own = next((s for s in self.sessions if s.run_dir.resolve() == path.resolve()), None)
         try:

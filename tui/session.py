@@ -95,6 +95,16 @@ class RunSession:
     _console_pos: int = 0  # where this launch's lines start in the console log
 
     @property
+    def label(self) -> str:
+        """Where the run lives, in words: "in this app", "own process PID" (launched from here,
+        F5 or resume) or "attached"."""
+        if self.mode == "in-process":
+            return "in this app"
+        if self.process is not None:
+            return f"own process {self.process.pid}"
+        return "attached"
+
+    @property
     def steerable(self) -> bool:
         return self.steering()[0]
 

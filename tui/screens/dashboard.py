@@ -102,7 +102,7 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     if state.live and session.control is None:
         ok, who = steering or session.steering()
         steer = f", steering {who}" if ok else f", watch only: {who}"
-    line2 = f"{speed}  MFU {mfu}  on {where}  [{session.mode}: {session.run_dir}{steer}]"
+    line2 = f"{speed}  MFU {mfu}  on {where}  [{session.label}: {session.run_dir}{steer}]"
     if state.failed:
         line2 = f"FAILED: {state.failed.error}"
     return f"{line1}\n{line2}"

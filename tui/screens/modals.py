@@ -20,11 +20,15 @@ Dashboard
   p  pause/resume                  s  save a checkpoint now
   q  stop the run (asks first)     l  log-y on/off
   x  x-axis: step / tokens / time  ?  this help
+  o  switches of the live run: change compile, precision, ...
+     at the next step; the Segments tab shows what each bought
+  q  (once the run is over) what next: form, resume, another run
   Left/Right  switch tabs while the tab bar has focus: it has when
               the dashboard opens; shift+Tab goes back to it
   Tab / shift+Tab  move between the panels
 Anywhere
-  F7  the runs list (attach)       F8  the speed ladder
+  F7  the runs list: attach, resume, compare (space marks)
+  F8  the speed ladder
   F1  this help                    ctrl+p  the command palette
   ctrl+q  quit: a run in this app saves a checkpoint first
           (ctrl+q again: quit now, losing the steps since it);
