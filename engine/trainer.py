@@ -239,9 +239,9 @@ class Trainer:
         if path is None:  # stopped before its first checkpoint: the config is all there is; start over
             return
         state = ckpt.load(path)
+        _check_shapes(self.model, state["model"], path)  # first: "another model shape" says the most
         ckpt.check_resumable(state, path, self.optimizer)
         self._resumed_from_config = state.get("config")  # the switches it trained with: a segment's "before"
-        _check_shapes(self.model, state["model"], path)
         distributed.load_full_state(self.model, self.optimizer, state)
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

@@ -194,7 +194,8 @@ def test_config_mode_times_one_config_over_time(tmp_path, tiny_dataset, capsys):
     assert main(["bench", "--config", str(toml), "--steps", "4", "--out", str(out)]) == 0
     data = json.loads((out / "timeline.json").read_text())
     assert len(data["step_times_s"]) == 4 and data["settled_step_s"] > 0
-    assert data["step_times_s"][0] == read_events(out / "run" / rundir.EVENTS)[0][1].step_time_s
+    first_step = next(e for e in read_events(out / "run" / rundir.EVENTS)[0] if e.event == "step")
+    assert data["step_times_s"][0] == first_step.step_time_s
     assert "| 4 |" in (out / "timeline.md").read_text()
 
 

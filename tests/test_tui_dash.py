@@ -136,8 +136,15 @@ def test_others_runs_are_watch_only_and_the_footer_says_why(tmp_path: Path) -> N
     text, keys = attach_with_writer("elsewhere.example 4242")
     assert "watch only: written by pid 4242 on elsewhere.example, another host" in text
     assert not {"p", "s", "q"} & keys.keys()
-    text, keys = attach_with_writer(f"{socket.gethostname()} {os.getpid()}")
-    assert f"watch only: pid {os.getpid()} takes no steering signals" in text and "RUNNING" in text
+    # a process of ours that catches no steering signal (this test's own pid would depend on what
+    # handlers earlier tests left installed in the pytest process)
+    deaf = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        text, keys = attach_with_writer(f"{socket.gethostname()} {deaf.pid}")
+    finally:
+        deaf.kill()
+        deaf.wait()
+    assert f"watch only: pid {deaf.pid} takes no steering signals" in text and "RUNNING" in text
     assert not {"p", "s", "q"} & keys.keys()
 
 
