@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,8 @@ def test_a_non_logging_step_reads_nothing_from_the_device(tmp_path, tiny_dataset
     assert {s: n for s, n in reads.items() if s not in logging} == {s: 0 for s in reads if s not in logging}
 
 
-def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_dataset, monkeypatch):
+def _scale_loss(monkeypatch, factor: Callable[[int], float]) -> None:
+    """Multiply the training loss of the n-th training forward (1-based) by factor(n)."""
     original = GPT.forward
     calls = [0]
 
@@ -75,11 +77,14 @@ def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_data
         logits, loss = original(self, idx, targets)
         if self.training and loss is not None:
             calls[0] += 1
-            if calls[0] in (2, 3):
-                loss = loss * float("nan")
+            loss = loss * factor(calls[0])
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", forward)
+
+
+def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_dataset, monkeypatch):
+    _scale_loss(monkeypatch, lambda n: float("nan") if n in (2, 3) else 1.0)
     seen = []
     t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(seen.append)],
                  **{"train.max_steps": 8, "train.log_interval": 4, "train.max_bad_steps": 3,
@@ -168,18 +173,7 @@ def test_healthy_is_the_spike_rule() -> None:
 def test_a_finite_loss_spike_is_skipped_and_stops_the_run_in_a_row(tmp_path, tiny_dataset, monkeypatch):
     """Loss x1000 (finite) from the 6th step on: no NaN anywhere, still caught as divergence;
     the skipped updates left the weights healthy, so they are saved before the stop."""
-    original = GPT.forward
-    calls = [0]
-
-    def forward(self, idx, targets=None):
-        logits, loss = original(self, idx, targets)
-        if self.training and loss is not None:
-            calls[0] += 1
-            if calls[0] >= 6:
-                loss = loss * 1000.0
-        return logits, loss
-
-    monkeypatch.setattr(GPT, "forward", forward)
+    _scale_loss(monkeypatch, lambda n: 1000.0 if n >= 6 else 1.0)
     t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 30, "train.max_bad_steps": 3,
                                             "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
     with pytest.raises(guard.Diverged, match="the loss spiked far above its recent level for 3 steps"):
