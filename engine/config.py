@@ -313,7 +313,13 @@ def resolve(
     data: dict[str, Any] = load_preset(preset) if preset else {}
     if file is not None:
         data = merge(data, read_toml(file))
+    return overlay(data, overrides or {})
+
+
+def overlay(data: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+    """`data` (a nested config dict) with dotted `overrides` on top, validated: flags over a
+    preset, flags at resume over the run's config, a live toggle over the running one."""
     nested: dict[str, Any] = {}
-    for dotted, value in (overrides or {}).items():
+    for dotted, value in overrides.items():
         set_dotted(nested, dotted, value)
     return build(merge(data, nested))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from engine import device, distributed, events, memory, rundir
-from engine.config import RunConfig, build, merge, resolve, set_dotted
+from engine.config import RunConfig, overlay, resolve
 from engine.control import Control
 from engine.data import Dataset, open_dataset
 from engine.errors import UserError
@@ -38,11 +38,7 @@ def new_config(
 
 def resumed_config(run_dir: Path, overrides: dict[str, Any]) -> RunConfig:
     """The run's own config with the flags given at resume on top."""
-    base = rundir.load_config(run_dir).model_dump(mode="json", exclude_none=True)
-    nested: dict[str, Any] = {}
-    for dotted, value in overrides.items():
-        set_dotted(nested, dotted, value)
-    return build(merge(base, nested))
+    return overlay(rundir.load_config(run_dir).model_dump(mode="json", exclude_none=True), overrides)
 
 
 def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.config import RunConfig, build, merge, set_dotted
+from engine.config import RunConfig, overlay
 from engine.errors import UserError
 from engine.segments import SWITCHES
 
@@ -58,10 +58,7 @@ def check(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     unknown = sorted(set(overrides) - set(SWITCHES))
     if unknown:
         raise UserError(f"{', '.join(unknown)} cannot change on a live run")
-    nested: dict[str, Any] = {}
-    for dotted, value in overrides.items():
-        set_dotted(nested, dotted, value)
-    new = build(merge(config.model_dump(mode="json", exclude_none=True), nested))
+    new = overlay(config.model_dump(mode="json", exclude_none=True), overrides)
     if new.tokens_per_step != config.tokens_per_step:
         t = config.train
         raise UserError(

@@ -371,7 +371,9 @@ class Trainer:
         clock.restart()
         while self.step < max_steps:
             if self.dist.is_main:
-                pending = toggle.take(self.run_dir)  # a UI's request (in-app, attach or torchrun alike)
+                # a UI's request (in-app, attach or torchrun alike): one failed open() a step when
+                # there is none (microseconds), so a toggle lands at the very next step boundary
+                pending = toggle.take(self.run_dir)
                 if pending is not None:
                     ctl.request_toggle(pending)
             distributed.agree(ctl, self.dist)  # a stop/save/toggle reaches all ranks at the same step
