@@ -115,7 +115,7 @@ class DataConfig(_Strict):
         True, description="build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)"
     )
     pin_memory: bool = Field(True, description="pinned host buffers + non_blocking copies (CUDA)")
-    prefetch: bool = Field(True, description="build the next batch on a background thread")
+    prefetch: bool = Field(True, description="build the next batch on a background thread while a GPU computes (ignored on CPU)")
 
 
 class OptimConfig(_Strict):

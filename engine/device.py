@@ -6,7 +6,7 @@ launcher and the form ask here, so they can never disagree.
   CUDA GPU, fp32 elsewhere. Planning for CUDA from a machine without one assumes bf16.
 - The memory budget a run is checked against: GPU memory on CUDA, the recommended working
   set on MPS, the RAM available now on CPU (the machine is shared).
-- What this machine can run (compile, pinned memory, bf16), with the reason
+- What this machine can run (compile, pinned memory, prefetch, bf16), with the reason
   when it cannot: the form disables those switches and says why.
 """
 
@@ -192,11 +192,23 @@ def _compiler_problem(env: str, name: str, what: str) -> str | None:
     return None
 
 
+def idle_data_switches(device_kind: str) -> dict[str, str]:
+    """The data switches that do nothing on this device kind -> why. Both overlap host work
+    with an accelerator's: pinned buffers let the copy run beside the step, the prefetch
+    thread builds the next batch while the GPU computes. On CPU the host is the device: the
+    thread only takes cores from the math (measured in docs/benchmarks.md), so the batch is
+    built inline there. The trainer, the estimator, the ladder and the form all ask here."""
+    out = {}
+    if device_kind != "cuda":
+        out["data.pin_memory"] = "pinned memory needs CUDA"
+    if device_kind == "cpu":
+        out["data.prefetch"] = "the prefetch thread needs an accelerator: on CPU it takes cores from the math"
+    return out
+
+
 def disabled(caps: Capabilities) -> dict[str, str]:
     """Switches the hardware can't use -> why (shown beside the disabled switch)."""
-    out = {}
-    if not caps.cuda:
-        out["data.pin_memory"] = "CUDA only: no CUDA GPU here"
+    out = idle_data_switches("cuda" if caps.cuda else "mps" if caps.mps else "cpu")
     if caps.compile_reason:
         out["speed.compile"] = caps.compile_reason
         out["speed.compile_mode"] = caps.compile_reason

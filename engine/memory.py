@@ -291,7 +291,8 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         )
     block_full = layer_activations(s, low, target) + (2 * 12 * s.C * s.C if low else 0)
     block_bwd = (8 * a + 8) * B * T * s.C  # gradients of the widest activations while a block runs backward
-    batch = 2 * 8 * B * T * (2 if config.data.prefetch else 1)
+    prefetched = config.data.prefetch and "data.prefetch" not in device.idle_data_switches(target)
+    batch = 2 * 8 * B * T * (2 if prefetched else 1)  # x and y int64; the prefetch thread holds the next pair
     opt_tmp = _optimizer_transient(config, s, target, N)
     grads_fwd = grads if accum > 1 or grads_persist else 0  # zero_grad(set_to_none) frees them each step
     prev_logits = logits_held if accum > 1 else 0  # the previous micro-batch's, until reassigned

@@ -184,7 +184,11 @@ class Trainer:
 
         T, B = cfg.seq_len, cfg.train.batch_size
         sampler = distributed.train_sampler(self.dataset.train, B, T, cfg.train.seed, cfg.data.vectorized, self.dist)
-        self.loader = BatchLoader(sampler, self.device, pin_memory=cfg.data.pin_memory, prefetch=cfg.data.prefetch)
+        idle = devices.idle_data_switches(self.device.type)  # switches that do nothing on this device
+        self.loader = BatchLoader(
+            sampler, self.device, pin_memory=cfg.data.pin_memory and "data.pin_memory" not in idle,
+            prefetch=cfg.data.prefetch and "data.prefetch" not in idle,
+        )  # fmt: skip
         val = BatchSampler(self.dataset.val, B, T, seed=cfg.train.seed + 1, vectorized=True)
         self.val_batches = distributed.val_share(val, cfg.train.eval_batches, self.dist)  # same set every eval
 

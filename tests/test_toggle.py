@@ -38,7 +38,7 @@ def _losses(events) -> dict[int, float]:
     return {e.step: e.loss for e in events if e.event == "step"}
 
 
-@pytest.mark.parametrize("switch", [{"data.prefetch": False, "data.pin_memory": False}, {"optim.fused": False}])
+@pytest.mark.parametrize("switch", [{"data.preload": False, "data.vectorized": False}, {"optim.fused": False}])
 def test_a_toggle_that_keeps_the_math_keeps_the_curve(tmp_path, tiny_dataset, switch):
     plain = _losses(_run(tmp_path, tiny_dataset, "plain"))
     events = _run(tmp_path, tiny_dataset, "toggled", at=4, switch=switch)

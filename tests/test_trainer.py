@@ -189,3 +189,21 @@ def test_queue_sink_gets_what_the_jsonl_gets(tmp_path, tiny_dataset):
     while not sink.queue.empty():
         queued.append(sink.queue.get_nowait())
     assert [e.model_dump() for e in queued] == [e.model_dump() for e in events]
+
+
+def test_on_cpu_the_batch_is_built_inline_and_the_estimate_says_so(tmp_path, tiny_dataset):
+    """prefetch=True (the default) starts no thread when the host is the device: on 2 cores the
+    thread took a core from the math (docs/benchmarks.md); the estimator counts one batch, not two."""
+    from engine import memory
+
+    config = resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu"})
+    assert config.data.prefetch and config.data.pin_memory
+    trainer = start(config, tmp_path / "inline")
+    trainer.setup()  # what run() does before step 1
+    try:
+        assert trainer.loader.prefetch is False and trainer.loader.pin is False
+        assert not [t for t in threading.enumerate() if t.name == "batch-prefetch"]
+    finally:
+        trainer.loader.close()
+    off = config.model_copy(update={"data": config.data.model_copy(update={"prefetch": False})})
+    assert memory.estimate(config).peak_bytes == memory.estimate(off).peak_bytes

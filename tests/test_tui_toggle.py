@@ -1,6 +1,6 @@
 """Live toggles from the dashboard (issue 14), the real app driving real micro runs on CPU:
-`o` opens the live run's switches; turning prefetch off (it does not change the math, and
-costs nothing, unlike compile) continues the run from the same step as a new segment, for
+`o` opens the live run's switches; turning RAM preload off (the same token bytes, read
+through np.memmap instead; it costs nothing, unlike compile) continues the run from the same step as a new segment, for
 a run in this app and for a detached one watched from an attached dashboard alike; the
 dashboard then shows the segment table's second row, a marker on the speed charts and a
 toast. A set that does not fit the memory budget, or no change at all, is refused on the
@@ -85,14 +85,15 @@ async def open_switches(pilot, app: GPT2App) -> ToggleScreen:
     return app.screen
 
 
-async def turn_prefetch_off(pilot, app: GPT2App) -> None:
+async def turn_preload_off(pilot, app: GPT2App) -> None:
     screen = await open_switches(pilot, app)
-    prefetch = screen.query_one("#sw-data-prefetch", Switch)
-    assert prefetch.value is True and not prefetch.disabled
-    prefetch.value = False
+    assert screen.query_one("#sw-data-prefetch", Switch).disabled  # on CPU the batch is built inline
+    preload = screen.query_one("#sw-data-preload", Switch)
+    assert preload.value is True and not preload.disabled
+    preload.value = False
     await pilot.pause()
     said = text(screen.query_one("#toggle-verdict")).splitlines()
-    assert said[0].startswith("memory: fits: peak") and said[1] == "Apply: prefetch on -> off"
+    assert said[0].startswith("memory: fits: peak") and said[1] == "Apply: preload on -> off"
     await pilot.click("#apply")
     await until(pilot, lambda: not isinstance(app.screen, ToggleScreen), "the screen dismissed")
 
@@ -102,10 +103,10 @@ async def check_toggled(pilot, app: GPT2App, dash: DashboardScreen, notes: list[
     state = app.session.state
     await until(pilot, lambda: any(e.reason == "toggle" for e in state.segment_events), "the toggle's segment event")
     (seg,) = [e for e in state.segment_events if e.reason == "toggle"]
-    assert seg.changed == {"data.prefetch": [True, False]}
+    assert seg.changed == {"data.preload": [True, False]}
     await until(pilot, lambda: state.step > seg.step + 2, "steps of the new segment")
-    assert "applies at the next step boundary: prefetch on -> off" in notes
-    await until(pilot, lambda: f"segment from step {seg.step}: prefetch on -> off (toggle)" in notes, "the toast")
+    assert "applies at the next step boundary: preload on -> off" in notes
+    await until(pilot, lambda: f"segment from step {seg.step}: preload on -> off (toggle)" in notes, "the toast")
 
     dash.query_one("#tabs").active = "tab-segments"
     table = dash.query_one("#segments", SegmentTable)
@@ -117,7 +118,7 @@ async def check_toggled(pilot, app: GPT2App, dash: DashboardScreen, notes: list[
     for chart_id in ("#chart-steptime", "#chart-toks"):
         chart = dash.query_one(chart_id, MetricChart)
         await until(pilot, lambda c=chart: bool(c.markers_drawn), f"the marker on {chart_id}")
-        assert chart.markers_drawn == [(float(seg.step), "prefetch on -> off")]
+        assert chart.markers_drawn == [(float(seg.step), "preload on -> off")]
     return seg.step
 
 
@@ -130,7 +131,7 @@ def check_continued(run_dir: Path, at: int) -> None:
     assert starts == [0, at]
     segs = [(e["step"], e["reason"]) for e in evs if e["event"] == "segment"]
     assert segs == [(0, "start"), (at, "toggle")]
-    assert rundir.load_config(run_dir).data.prefetch is False
+    assert rundir.load_config(run_dir).data.preload is False
     assert not (run_dir / toggle.REQUEST).exists()
 
 
@@ -144,7 +145,7 @@ def test_toggle_an_in_app_run(tiny_dataset: Path, tmp_path: Path) -> None:
             notes = record_notes(app)
             dash = await launch_in_app(pilot, app, run_dir)
             assert app.session.mode == "in-process"
-            await turn_prefetch_off(pilot, app)
+            await turn_preload_off(pilot, app)
             return await check_toggled(pilot, app, dash, notes)
 
     try:
@@ -169,7 +170,7 @@ def test_toggle_a_detached_run_from_an_attached_dashboard(tiny_dataset: Path, tm
             dash = app.screen
             await until(pilot, lambda: app.session.state.step >= 3, "steps tailed")
             await until(pilot, lambda: f"steering pid {proc.pid}" in text(dash.query_one("#status")), "steerable")
-            await turn_prefetch_off(pilot, app)
+            await turn_preload_off(pilot, app)
             at = await check_toggled(pilot, app, dash, notes)
             await pilot.press("q", "y")
             await until(pilot, lambda: app.session.state.state == "stopped", "stopped by SIGTERM")

@@ -32,7 +32,7 @@ from engine.config import resolve
 from engine.data import Dataset
 from engine.errors import UserError
 from engine.control import Control
-from engine.device import describe as describe_device, pick as pick_device
+from engine.device import describe as describe_device, idle_data_switches, pick as pick_device
 from engine.measure.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
 from engine.start import open_data
 
@@ -179,8 +179,8 @@ def applicable(name: str, value: Any, device: torch.device, vocab: int) -> tuple
         return _amp_precision(device), None
     if name == "optim.fused" and value:
         return value, _fused_adamw_reason(device)
-    if name == "data.pin_memory" and value and device.type != "cuda":
-        return value, "pinned memory needs CUDA"
+    if name in ("data.pin_memory", "data.prefetch") and value:
+        return value, idle_data_switches(device.type).get(name)
     if name == "model.pad_vocab" and value and vocab % 64 == 0:
         return value, f"vocab {vocab} is already a multiple of 64"
     return value, None
