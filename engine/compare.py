@@ -44,8 +44,7 @@ def best_val_loss(events: Sequence[Any]) -> float | None:
 
 def read_run(run_dir: Path) -> list[Any]:
     """A run directory's events, or UserError with one line naming the problem and the fix."""
-    if not run_dir.is_dir():
-        raise UserError(f"run directory {run_dir} does not exist; check the path")
+    rundir.require_dir(run_dir)
     path = run_dir / rundir.EVENTS
     if not path.is_file():
         raise UserError(f"{run_dir} is not a run directory (no {rundir.EVENTS}); give the directory of a run")

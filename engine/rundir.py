@@ -158,9 +158,17 @@ def write_config(path: Path, config: RunConfig) -> None:
     atomic_write_bytes(path / CONFIG, config.to_toml().encode())
 
 
+def require_dir(path: Path) -> None:
+    """UserError unless `path` is a directory, saying what it is instead."""
+    if path.is_dir():
+        return
+    if path.exists():
+        raise UserError(f"{path} is a file, not a run directory; give the directory a run wrote (its --out)")
+    raise UserError(f"run directory {path} does not exist; check the path")
+
+
 def load_config(path: Path) -> RunConfig:
-    if not path.is_dir():
-        raise UserError(f"run directory {path} does not exist; check the path")
+    require_dir(path)
     if not (path / CONFIG).is_file():
         raise UserError(f"{path} is not a run directory (no {CONFIG}); give the --out of a run")
     return build(read_toml(path / CONFIG))

@@ -1001,6 +1001,26 @@ def _cases() -> list[Case]:
     add(Case("attach/symlink-loop", ["attach", "loop"], setup=_symlink_loop()))
     add(Case("attach/no-run-dir-arg", ["attach"]))
 
+    # --- toggle, compare, runs: read-only on what they are given; toggle writes only to a live run
+    for cmd in ("toggle", "compare"):
+        extra = ["--compile"] if cmd == "toggle" else []
+        add(Case(f"{cmd}/missing", [cmd, "nothere", *extra], mention=("does not exist",)))
+        add(Case(f"{cmd}/a-file", [cmd, "notes.txt", *extra], mention=("is a file",)))
+        add(Case(f"{cmd}/non-run-dir", [cmd, "mine", *extra], setup=_user_dir))
+        add(Case(f"{cmd}/symlink-loop", [cmd, "loop", *extra], setup=_symlink_loop()))
+        add(Case(f"{cmd}/no-run-dir-arg", [cmd]))
+    add(Case("compare/one-good-one-missing", ["compare", "good", "nothere"], mention=("nothere",)))
+    add(Case("compare/events-garbage", ["compare", "good"], setup=_write("good/events.jsonl", b"\xff\xfe[[[\n")))
+    add(Case("toggle/no-switch", ["toggle", "good"], mention=("switch",)))
+    add(Case("toggle/not-a-switch", ["toggle", "good", "--lr", "1"]))
+    add(Case("toggle/finished-run", ["toggle", "good", "--compile"], mention=("resume",)))
+    for v in ("0", "-1", HUGE):
+        add(Case(f"toggle/batch-size={v}", ["toggle", "good", "--batch-size", v], mention=("batch_size",)))
+    add(Case("toggle/grad-accum=0", ["toggle", "good", "--grad-accum", "0"], mention=("grad_accum",)))
+    add(Case("toggle/precision=fp64", ["toggle", "good", "--precision", "fp64"]))
+    add(Case("runs/missing", ["runs", "nothere"], mention=("not a directory",)))
+    add(Case("runs/a-file", ["runs", "notes.txt"], mention=("not a directory",)))
+
     # --- the bare TUI with --config: must fail before a screen opens
     for name in ("syntax", "unknown-key", "lr-nan", "binary", "deep-nesting"):
         add(
