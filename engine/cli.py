@@ -135,7 +135,8 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     add_setting_flags(e)
 
     p = sub.add_parser("prepare", help="tokenize text files into a dataset")
-    p.add_argument("paths", nargs="+", type=Path, metavar="PATHS", help="text files or directories (recursed)")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATHS", help="text files (read whatever their name) or directories, "
+                   "walked for text files: by suffix (.txt .md .py ...), none (README), or gzipped (.txt.gz)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="new (or empty) dataset directory")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--vocab-size", type=Bounded(257, MAX_VOCAB), default=DEFAULT_VOCAB, metavar="N",
@@ -299,7 +300,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from engine.prepare import prepare_report
+    from engine.prepare import prepare_report, skipped_text
 
     report = prepare_report(
         list(args.paths), args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
@@ -309,22 +310,25 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     print(
         f"wrote {info.path}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens "
         f"({info.dtype}), vocab {info.vocab_size}, eot id {info.eot_id}; "
-        f"{report.train_docs} train / {report.val_docs} val documents, {report.skipped} files skipped; "
+        f"{report.train_docs} train / {report.val_docs} val documents, {len(report.skipped)} files skipped; "
         f"{report.seconds:.1f} s"
     )
+    if report.skipped:
+        print(f"skipped {len(report.skipped)} files: {skipped_text(report.skipped)}")
     return 0
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
     import math
 
-    from engine.sample import find_tokenizer, generate_text, load_model, load_tokenizer
+    from engine.sample import find_tokenizer, generate_text, load_model, load_tokenizer, source_text
 
     if args.max_new_tokens < 1 or args.top_k < 1 or not (math.isfinite(args.temperature) and args.temperature > 0):
         raise UserError("--max-new-tokens and --top-k must be >= 1 and --temperature a number > 0")
-    model, _, path = load_model(args.path, args.device)
-    tokenizer = load_tokenizer(args.tokenizer or find_tokenizer(args.path, path))
-    print(generate_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))
+    loaded = load_model(args.path, args.device)
+    tokenizer = load_tokenizer(args.tokenizer or find_tokenizer(args.path, loaded.path))
+    print(source_text(loaded), file=sys.stderr, flush=True)  # stderr: stdout is the text alone, for pipes
+    print(generate_text(loaded.model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))
     return 0
 
 
@@ -343,6 +347,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     """Ask a live run for new switches: checked here first (as a launch is), applied by the
     run at its next step boundary, which checks again (engine/toggle.py)."""
     from engine import rundir, toggle
+    from engine.config import overlay
     from engine.events import change_text
     from engine.segments import changed, switches
 
@@ -350,6 +355,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     overrides = overrides_from(args)
     if not overrides:
         raise UserError("name the switches to change, e.g. --compile or --no-prefetch; see `gpt2-tui toggle --help`")
+    overlay(config.model_dump(mode="json", exclude_none=True), overrides)  # the values are valid at all
     if rundir.writer_alive(args.run_dir) is not True:
         raise UserError(
             f"no live run writes {args.run_dir}; change a stopped run's switches as you resume it: "

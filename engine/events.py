@@ -222,6 +222,45 @@ def settled_step_time(times: list[float]) -> float | None:
     return statistics.median(times[len(times) // 2 :]) if times else None
 
 
+ETA_MIN_REPORTS = 3  # the first report carries the warm-up (compile); from the third, the settled median skips it
+
+
+def eta_seconds(times: list[float], step: int, max_steps: int | None) -> float | None:
+    """Time left to max_steps at the settled step time; None until there is a basis for it."""
+    if max_steps is None or len(times) < ETA_MIN_REPORTS:
+        return None
+    return max(0, max_steps - step) * settled_step_time(times)  # type: ignore[operator]
+
+
+def duration_text(seconds: float) -> str:
+    """'42s', '12m34s', '1h02m': short enough for a log line."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def printable(text: str) -> str:
+    """Model output may hold control characters (ESC, CR, C1, bidi overrides); a terminal must
+    never receive them raw: each becomes a middle dot. Newlines and tabs stay."""
+    return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text.replace("\r\n", "\n"))
+
+
+SAMPLE_LINES, SAMPLE_CHARS = 6, 400  # a console sample: a glance at the model, not a page
+
+
+def sample_text(text: str, indent: str = "    ") -> str:
+    """A sample for a log: made safe, its first lines only, indented under its header."""
+    safe = printable(text).rstrip()
+    head = safe[:SAMPLE_CHARS].split("\n")[:SAMPLE_LINES]
+    lines = [indent + line.rstrip() for line in head] if safe else [indent + "(empty)"]
+    if len("\n".join(head)) < len(safe):
+        lines.append(indent + "...")
+    return "\n".join(lines)
+
+
 def short(name: str) -> str:
     """'speed.compile' -> 'compile': the sections are noise in a table or a log line."""
     return name.rsplit(".", 1)[-1]
@@ -237,8 +276,11 @@ def change_text(diff: dict[str, list[Any]]) -> str:
     return ", ".join(f"{short(n)} {value_text(a)} -> {value_text(b)}" for n, (a, b) in diff.items())
 
 
-def describe(e: _Event, max_steps: int | None = None) -> str:
-    """One human-readable line per event: the console's, the dashboard log's, `attach`'s."""
+def describe(e: _Event, max_steps: int | None = None, eta: float | None = None) -> str:
+    """The human-readable text of an event: the console's, the dashboard log's, `attach`'s.
+    One line, except a run's end (its settled speed follows) and a sample (its text follows,
+    indented; the dashboard draws samples in a panel of their own). `eta`: seconds to the
+    end, for a step line (eta_seconds)."""
     from engine.memory import human
 
     match e:
@@ -254,7 +296,7 @@ def describe(e: _Event, max_steps: int | None = None) -> str:
                 f"step {e.step:>6}/{max_steps} | loss {e.loss:.4f} | lr {e.lr:.2e} | "
                 f"norm {e.grad_norm:.3f} | {1000 * e.step_time_s:.1f} ms | "
                 f"{e.tokens_per_s:,.0f} tok/s | mfu {mfu} | mem {human(e.mem_bytes)}"
-            )
+            ) + (f" | eta {duration_text(eta)}" if eta else "")
         case Eval():
             return f"eval step {e.step}: val loss {e.val_loss:.4f}"
         case Checkpoint():
@@ -283,22 +325,33 @@ def describe(e: _Event, max_steps: int | None = None) -> str:
             if e.reason == "start":
                 return ""  # run_started already said it all
             return f"segment from step {e.step}: {change_text(e.changed) or 'switches unchanged'} ({e.reason})"
+        case Sample():
+            return f"sample at step {e.step}:\n{sample_text(e.text)}"
         case Gpu():
             return ""  # a reading a second: the GPU tab draws them, the log and console do not
     return ""
 
 
 class ConsoleSink:
-    """One human-readable line per event, for headless runs and logs."""
+    """Each event's text (describe), for headless runs and logs; step lines carry an ETA from
+    the step times of the current segment (a toggle changes the speed, so it starts afresh)."""
 
     def __init__(self, stream: TextIO | None = None):
         self._out = stream or sys.stdout
         self._max_steps: int | None = None
+        self._times: list[float] = []
 
     def emit(self, event: _Event) -> None:
+        eta = None
         if isinstance(event, RunStarted):
             self._max_steps = event.config["train"]["max_steps"]
-        line = describe(event, self._max_steps)
+            self._times = []
+        elif isinstance(event, Segment) and event.reason != "start":
+            self._times = []
+        elif isinstance(event, Step):
+            self._times.append(event.step_time_s)
+            eta = eta_seconds(self._times, event.step, self._max_steps)
+        line = describe(event, self._max_steps, eta)
         if line:
             print(line, file=self._out, flush=True)
 

@@ -12,6 +12,7 @@ and renamed into place, and every input is checked before anything is written.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import shutil
 import sys
 import sysconfig
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,16 +40,25 @@ TEXT_SUFFIXES = frozenset(
     ".txt .text .md .markdown .rst .py .pyi .json .jsonl .toml .yaml .yml .ini .cfg .csv .tsv "
     ".c .h .cc .cpp .hpp .cu .cuh .rs .go .java .js .ts .html .htm .css .xml .tex .sh .sql".split()
 )
+SKIPPED_NAMED = 10  # skipped files named in a summary; the rest are counted
 _SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", ".tox"})
 _ENCODE_CHUNK_CHARS = 1 << 20  # text per encode_batch call: big enough for the thread pool
 
 
 @dataclass
+class Skipped:
+    """A file passed over, and why: the user must be able to tell which and fix it."""
+
+    path: Path
+    reason: str
+
+
+@dataclass
 class _Corpus:
-    """Documents read from the inputs, and how many files were passed over."""
+    """Documents read from the inputs, and the files passed over."""
 
     texts: list[str]
-    skipped: int
+    skipped: list[Skipped]
 
 
 @dataclass
@@ -57,37 +68,57 @@ class PrepareReport:
     info: DatasetInfo
     train_docs: int
     val_docs: int
-    skipped: int
+    skipped: list[Skipped]
     seconds: float
+
+
+def _name(path: Path) -> str:
+    """A file name safe for one terminal line: control characters and undecodable bytes escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(path))
+
+
+def skipped_text(skipped: list[Skipped], limit: int = SKIPPED_NAMED) -> str:
+    """'a.bin (binary), notes (not UTF-8) and 3 more': the first `limit` named, the rest counted."""
+    text = ", ".join(f"{_name(s.path)} ({s.reason})" for s in skipped[:limit])
+    return text + (f" and {len(skipped) - limit} more" if len(skipped) > limit else "")
 
 
 # --------------------------------------------------------------------------- progress
 
 
 class _Progress:
-    """rich's progress bar on stderr (textual brings rich); when stderr is not a terminal
-    (logs, CI) only the final state is written."""
+    """rich's progress on stderr (textual brings rich): a bar for a known total, else a spinner
+    with the time so far. When stderr is not a terminal (logs, CI) a start line and a done
+    line with the time it took. Never stdout: that is the command's result."""
 
-    def __init__(self, label: str, total: int, enabled: bool) -> None:
+    def __init__(self, label: str, total: int | None, enabled: bool) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
+        from rich.progress import TimeElapsedColumn, TimeRemainingColumn
 
         self.label, self.quiet_summary = label, enabled and not sys.stderr.isatty()
+        self._t0 = time.perf_counter()
         live = enabled and sys.stderr.isatty()
-        self._bar = Progress(
-            "[progress.description]{task.description}", BarColumn(), TaskProgressColumn(), TimeRemainingColumn(),
-            console=Console(stderr=True), disable=not live, transient=False,
-        )  # fmt: skip
-        self._task = self._bar.add_task(label, total=max(total, 1))
+        text = "[progress.description]{task.description}"
+        columns = (text, BarColumn(), TaskProgressColumn(), TimeRemainingColumn()) if total is not None else (
+            SpinnerColumn(), text, TimeElapsedColumn())  # fmt: skip
+        self._bar = Progress(*columns, console=Console(stderr=True), disable=not live, transient=False)
+        self._task = self._bar.add_task(label, total=None if total is None else max(total, 1))
+        if self.quiet_summary:
+            print(f"{label}...", file=sys.stderr, flush=True)
         self._bar.start()
 
     def update(self, n: int) -> None:
         self._bar.advance(self._task, n)
 
-    def close(self) -> None:
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        """Stop the display (and give the cursor back) however the work ended; 'done' only if it did."""
         self._bar.stop()
-        if self.quiet_summary:
-            print(f"{self.label}: done", file=sys.stderr, flush=True)
+        if self.quiet_summary and kind is None:
+            print(f"{self.label}: done in {time.perf_counter() - self._t0:.1f} s", file=sys.stderr, flush=True)
 
 
 def _say(message: str, enabled: bool) -> None:
@@ -98,9 +129,20 @@ def _say(message: str, enabled: bool) -> None:
 # --------------------------------------------------------------------------- inputs
 
 
-def _collect_files(paths: list[Path]) -> list[Path]:
-    """Files named directly are taken as they are; directories are walked for text files."""
+def _wanted(name: str) -> bool:
+    """In a directory walk: a text suffix, or none (README, LICENSE: read, then checked like any
+    file), or one of those gzipped (notes.txt.gz, corpus.gz)."""
+    path = Path(name.lower())
+    if path.suffix == ".gz":
+        path = Path(path.stem)
+    return path.suffix in TEXT_SUFFIXES or not path.suffix
+
+
+def _collect_files(paths: list[Path]) -> tuple[list[Path], list[Skipped]]:
+    """Files named directly are taken as they are; directories are walked for text files, and
+    the others found there are returned as skipped. Hidden files and folders are left out unsaid."""
     files: list[Path] = []
+    skipped: list[Skipped] = []
     for path in paths:
         path = Path(path).expanduser()
         if not path.exists():
@@ -110,11 +152,11 @@ def _collect_files(paths: list[Path]) -> list[Path]:
             continue
         for dirpath, dirnames, filenames in os.walk(path):
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-            files.extend(
-                Path(dirpath) / name
-                for name in sorted(filenames)
-                if Path(name).suffix.lower() in TEXT_SUFFIXES and not name.startswith(".")
-            )
+            for name in sorted(n for n in filenames if not n.startswith(".")):
+                if _wanted(name):
+                    files.append(Path(dirpath) / name)
+                else:
+                    skipped.append(Skipped(Path(dirpath) / name, "not a text type"))
     seen: set[Path] = set()
     unique = []
     for file in files:
@@ -122,23 +164,38 @@ def _collect_files(paths: list[Path]) -> list[Path]:
         if key not in seen:
             seen.add(key)
             unique.append(file)
-    return unique
+    return unique, skipped
+
+
+def _read_text(file: Path) -> str | Skipped:
+    """A file's text (gunzipped when it ends in .gz), or why it is not text."""
+    try:
+        data = file.read_bytes()
+        if file.suffix.lower() == ".gz":
+            data = gzip.decompress(data)
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        return Skipped(file, "not a valid gzip file")
+    except OSError as exc:
+        return Skipped(file, f"unreadable: {exc.strerror or type(exc).__name__}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return Skipped(file, "binary" if b"\x00" in data else "not UTF-8")
+    if "\x00" in text:
+        return Skipped(file, "binary")
+    return text if text else Skipped(file, "empty")
 
 
 def _read_corpus(files: list[Path]) -> _Corpus:
-    """UTF-8 text only: binary, undecodable, unreadable and empty files are skipped and counted."""
-    texts, skipped = [], 0
+    """UTF-8 text only: binary, undecodable, unreadable and empty files are skipped, with why."""
+    texts: list[str] = []
+    skipped: list[Skipped] = []
     for file in files:
-        try:
-            data = file.read_bytes()
-            text = data.decode("utf-8")
-        except (OSError, UnicodeDecodeError):
-            skipped += 1
-            continue
-        if not text or "\x00" in text:
-            skipped += 1
-            continue
-        texts.append(text)
+        got = _read_text(file)
+        if isinstance(got, Skipped):
+            skipped.append(got)
+        else:
+            texts.append(got)
     return _Corpus(texts, skipped)
 
 
@@ -177,7 +234,7 @@ def _train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokeni
         vocab_size=vocab_size,
         special_tokens=[EOT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,  # its bars write stray newlines to stdout when not on a TTY
+        show_progress=False,  # its bars write stray newlines to stdout, TTY or not (tokenizers 0.23)
     )
     tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tokenizer
@@ -270,11 +327,13 @@ def prepare_report(
         tok = None
     else:
         tok = _load_tokenizer(tokenizer)
-    files = _collect_files(paths)
+    files, passed_over = _collect_files(paths)
     corpus = _read_corpus(files)
+    corpus.skipped = passed_over + corpus.skipped
     if not corpus.texts:
+        named = f": {skipped_text(corpus.skipped, 3)}" if corpus.skipped else ""
         raise UserError(
-            f"no readable UTF-8 text among the inputs ({len(files)} files, {corpus.skipped} skipped); "
+            f"no readable UTF-8 text among the inputs ({len(corpus.skipped)} files skipped{named}); "
             f"pass text files (.txt .md .py ...) or directories holding them"
         )
     if len(corpus.texts) < 2:
@@ -295,8 +354,10 @@ def prepare_report(
         raise UserError(f"--out {out}: cannot write in {out.parent} ({exc.strerror}); choose another --out") from None
     try:
         if tok is None:
-            _say(f"training a {vocab_size}-token BPE on {len(train_texts)} documents...", progress)
-            tok = _train_tokenizer(train_texts, vocab_size)
+            # tokenizers' own bars (show_progress) also write newlines to stdout; the training
+            # releases the GIL, so rich's spinner thread keeps ticking meanwhile
+            with _Progress(f"training a {vocab_size}-token BPE on {len(train_texts)} documents", None, progress):
+                tok = _train_tokenizer(train_texts, vocab_size)
             tok.save(str(tmp / "tokenizer.json"))
         else:
             shutil.copyfile(Path(tokenizer).expanduser(), tmp / "tokenizer.json")
@@ -305,12 +366,11 @@ def prepare_report(
         if eot_id is None:
             _say(f"note: the tokenizer has no {EOT} token; documents are joined without one", progress)
         dtype = dtype_for_vocab(vocab)
-        bar = _Progress("encoding", sum(map(len, corpus.texts)), progress)
-        counts = {
-            name: _encode_to_file(tok, texts, eot_id, dtype, tmp / f"{name}.bin", bar)
-            for name, texts in (("train", train_texts), ("val", val_texts))
-        }
-        bar.close()
+        with _Progress("encoding", sum(map(len, corpus.texts)), progress) as bar:
+            counts = {
+                name: _encode_to_file(tok, texts, eot_id, dtype, tmp / f"{name}.bin", bar)
+                for name, texts in (("train", train_texts), ("val", val_texts))
+            }
         sidecar = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,

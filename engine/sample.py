@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tokenizers import Tokenizer
@@ -14,8 +15,25 @@ from engine.errors import UserError
 from engine.model import GPT
 
 
-def load_model(run_or_file: Path, device: str = "cpu") -> tuple[GPT, RunConfig, Path]:
-    """The model of a checkpoint, its config, and the checkpoint's path."""
+class Loaded(NamedTuple):
+    """A checkpoint's model, config and file, and the step (and val loss) it was saved at."""
+
+    model: GPT
+    config: RunConfig
+    path: Path
+    step: int
+    val_loss: float | None  # None when the checkpoint was not saved at an eval
+
+
+def source_text(loaded: Loaded) -> str:
+    """'sampling from runs/x/checkpoints/step_000300.pt (step 300, val loss 4.1234)': which
+    weights made the text, since a run directory stands for its latest checkpoint."""
+    loss = "" if loaded.val_loss is None else f", val loss {loaded.val_loss:.4f}"
+    return f"sampling from {loaded.path} (step {loaded.step}{loss})"
+
+
+def load_model(run_or_file: Path, device: str = "cpu") -> Loaded:
+    """The model of a checkpoint (a file, or a run directory's latest), with where it came from."""
     from engine.device import pick
 
     target = pick(device)  # a device this machine lacks is said as such, not as a corrupt file
@@ -37,7 +55,10 @@ def load_model(run_or_file: Path, device: str = "cpu") -> tuple[GPT, RunConfig, 
         model.load_state_dict(state["model"])
     except (RuntimeError, TypeError, ValueError):
         raise UserError(f"{path}: its weights do not load into its own config; the file is damaged") from None
-    return model.to(device).eval(), config, path
+    val_loss = state.get("val_loss")
+    if not isinstance(val_loss, (int, float)) or isinstance(val_loss, bool):
+        val_loss = None  # ckpt.load checked the step, not this optional number
+    return Loaded(model.to(device).eval(), config, path, state["step"], val_loss)
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -185,7 +186,7 @@ def test_crash_leaves_no_half_dataset(corpus: Path, tmp_path: Path, monkeypatch)
 def test_cli_arguments(corpus: Path, tmp_path: Path, capsys) -> None:
     assert main(["prepare", str(corpus), "--out", str(tmp_path / "d"), "--vocab-size", "300", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    assert str(tmp_path / "d") in out and "train" in out and "2 files skipped" in out
+    assert str(tmp_path / "d") in out and "train" in out and "3 files skipped" in out
     from engine.cli import build_parser
 
     parser, _ = build_parser()
@@ -238,3 +239,75 @@ def test_default_dataset_builds_once_and_is_reused(tmp_path: Path, monkeypatch, 
     assert tok.decode(tok.encode(text).ids) == text
     # An explicit cache_dir wins over the environment.
     assert default_dataset(cache_dir=tmp_path / "cache", progress=False) == path
+
+
+def test_extensionless_and_gzipped_text_is_read_and_every_skip_is_named(tmp_path: Path, capsys) -> None:
+    import gzip
+
+    root = tmp_path / "in"
+    (root / "sub").mkdir(parents=True)
+    kept = {
+        "README": "A readme without a suffix, plain UTF-8 text.\n" * 5,
+        "sub/notes.txt.gz": "gzipped notes, to be read as text\n" * 5,
+        "sub/corpus.gz": "a gzipped file whose inner name has no suffix\n" * 5,
+        "a.txt": "ordinary text file\n" * 5,
+    }
+    for name, text in kept.items():
+        data = text.encode()
+        (root / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    (root / "sub" / "broken.gz").write_bytes(b"not gzip at all")
+    (root / "image.png").write_bytes(b"\x89PNG\r\n" * 10)
+    (root / "tool").write_bytes(b"\x7fELF\x00\x00\x01" * 10)  # extensionless, binary
+    (root / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (root / "empty.md").write_text("")
+    out = tmp_path / "data"
+    assert main(["prepare", str(root), "--out", str(out), "--vocab-size", "300", "--val-fraction", "0.25"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "5 files skipped" in lines[0]
+    assert lines[1] == (
+        f"skipped 5 files: {root / 'image.png'} (not a text type), {root / 'empty.md'} (empty), "
+        f"{root / 'latin1.txt'} (not UTF-8), {root / 'tool'} (binary), "
+        f"{root / 'sub' / 'broken.gz'} (not a valid gzip file)"
+    )  # those of a type not read, then those read and found wanting, in walk order
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    docs = [
+        tok.decode(d.tolist())
+        for split in ("train", "val")
+        for d in split_docs(np.fromfile(out / f"{split}.bin", dtype="<u2"), 0)
+    ]
+    assert sorted(docs) == sorted(kept.values())
+
+
+def test_skipped_list_is_capped_and_names_are_one_safe_line(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(2):
+        (root / f"doc{i}.txt").write_text(f"document {i}\n" * 20)
+    for i in range(12):
+        (root / f"blob{i:02d}.bin").write_bytes(b"\x00")
+    (root / "a\nb\x1b[2J.bin").write_bytes(b"\x00")
+    assert main(["prepare", str(root), "--out", str(tmp_path / "d"), "--vocab-size", "300"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("skipped 13 files: ")
+    assert lines[1].count("(not a text type)") == prep.SKIPPED_NAMED and lines[1].endswith(" and 3 more")
+    assert f"{root}/a\\nb\\x1b[2J.bin (not a text type)" in lines[1]  # sorted first; escaped, not raw
+
+
+def test_no_text_error_names_what_was_skipped(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "x.bin").write_bytes(b"\0\1")
+    (root / "y.txt").write_bytes(b"\0\1")
+    with pytest.raises(UserError) as err:
+        prepare([root], tmp_path / "out", vocab_size=300, progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg and f"2 files skipped: {root / 'x.bin'} (not a text type), {root / 'y.txt'} (binary)" in msg
+
+
+def test_bpe_training_says_when_it_starts_and_how_long_it_took(corpus: Path, tmp_path: Path, capsys) -> None:
+    """stderr is no terminal here: a start line and a done line with the time (never on stdout)."""
+    assert main(["prepare", str(corpus), "--out", str(tmp_path / "d"), "--vocab-size", "300"]) == 0
+    got = capsys.readouterr()
+    assert re.search(r"^training a 300-token BPE on \d+ documents\.\.\.$", got.err, re.M), got.err
+    assert re.search(r"^training a 300-token BPE on \d+ documents: done in \d+\.\d s$", got.err, re.M), got.err
+    assert "BPE" not in got.out and got.out.startswith("wrote ")
