@@ -182,7 +182,7 @@ class TrainConfig(_Strict):
     seed: int = Field(
         1337, ge=0, lt=SEED_LIMIT, description="random seed (same seed + config on CPU = same loss curve)"
     )
-    sample_tokens: int = Field(48, ge=0, le=MAX_SAMPLE_TOKENS, description="tokens generated at each eval for the dashboard (0 = none)")
+    sample_tokens: int = Field(48, ge=0, le=MAX_SAMPLE_TOKENS, description="tokens generated at each eval, shown in the dashboard and the console (0 = none)")
     on_save_error: Literal["continue", "stop"] = Field(
         "continue", description="a checkpoint write fails (disk full, no permission): warn and retry "
         "at the next interval, or stop the run"
