@@ -46,7 +46,10 @@ def test_fields_come_from_pydantic_and_errors_land_on_their_field() -> None:
 def test_cpu_capabilities_disable_cuda_only_switches() -> None:
     caps = capabilities.Capabilities(cuda=False, mps=False, bf16=True, device="cpu", device_name="CPU", compile_reason=None)
     off = capabilities.disabled(caps)
-    assert "optim.fused" not in off and "CUDA only" in off["data.pin_memory"]  # fused AdamW runs on CPU too
+    assert "optim.fused" not in off and "needs CUDA" in off["data.pin_memory"]  # fused AdamW runs on CPU too
+    assert "accelerator" in off["data.prefetch"]  # on CPU the batch is built inline
+    mps = capabilities.Capabilities(cuda=False, mps=True, bf16=True, device="mps", device_name="M2", compile_reason=None)
+    assert set(capabilities.disabled(mps)) == {"data.pin_memory"}  # the prefetch thread runs beside the GPU
     assert "speed.compile" not in off
     assert "no CUDA" in capabilities.refuse({"speed.device": "cuda"}, caps)["speed.device"]
     gpu = capabilities.Capabilities(cuda=True, mps=False, bf16=False, device="cuda", device_name="T4", compile_reason="no triton")

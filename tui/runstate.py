@@ -181,10 +181,9 @@ class RunState:
         return max(0.0, (end or self.t0) - self.t0)
 
     def eta(self) -> float | None:
-        settled, total = self.settled_step_time(), self.max_steps
-        if settled is None or total is None or not self.live or self.stop_since is not None:
+        if not self.live or self.stop_since is not None:
             return None
-        return max(0, total - self.step) * settled
+        return ev.eta_seconds(self.series["step_time"].y, self.step, self.max_steps)  # the console's rule
 
     # ----------------------------------------------------------------- feeding
 

@@ -51,11 +51,6 @@ def _tokens(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
 
 
-def printable(text: str) -> str:
-    """Model output may hold control characters; a terminal must never receive them raw."""
-    return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text)
-
-
 SPINNER = "|/-\\"
 PHASES = {  # long phases no step report shows: a spinner, the seconds so far, and what is going on
     "building dataset": "first run: the default dataset is built once, about 5-15 s",
@@ -348,7 +343,7 @@ class DashboardScreen(Screen):
         if len(self.state.samples) != self._samples_seen:
             self._samples_seen = len(self.state.samples)
             step, text = self.state.samples[-1]
-            self.query_one("#sample", Static).update(f"step {step}:\n{printable(text)}")
+            self.query_one("#sample", Static).update(f"step {step}:\n{ev.printable(text)}")
 
     def _update_log(self) -> None:
         log = self.query_one("#log", RichLog)
