@@ -37,8 +37,9 @@ async def set_input(pilot, screen, selector: str, text: str) -> None:
 
 
 def err_text(screen, dotted: str) -> str:
-    w = screen.query_one("#err-" + wid(dotted))
-    return str(w.render()) if w.display else ""
+    """The error line below a field ("" when it shows none; it is mounted when first needed)."""
+    found = screen.query("#err-" + wid(dotted))
+    return str(found.only_one().render()) if found and found.only_one().display else ""
 
 
 def test_setup_validates_budget_fix_then_launch_in_app_and_watch(tiny_dataset: Path, tmp_path: Path) -> None:

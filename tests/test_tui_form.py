@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.widgets import Input, Select, Switch
 
 from engine import memory
 from engine.cli import main as cli_main
 from engine.config import resolve
 from engine.errors import UserError
+from tui import fields as F
 from tui.app import GPT2App
 from tui.screens import setup as setup_mod
 from tui.screens.modals import HELP, ConfirmScreen, HelpScreen, PickDirectory
@@ -56,6 +58,8 @@ def notes(app: GPT2App) -> list[str]:
 
 
 def text_of(screen, selector: str) -> str:
+    if selector.startswith("#err-") and not screen.query(selector):
+        return ""  # an error line is mounted below its field the first time it has something to say
     w = screen.query_one(selector)
     return str(w.render()) if w.display else ""
 
@@ -102,7 +106,7 @@ def test_the_form_paints_first_and_the_device_fills_in_when_probed(
         release.wait(60)
         return real_probe()
 
-    monkeypatch.setattr(setup_mod, "probe_in_background", lambda headless: True)
+    monkeypatch.setattr(setup_mod, "paint_first", lambda headless: True)
     monkeypatch.setattr(setup_mod, "probe_device", slow_probe)
 
     async def go() -> None:
@@ -120,6 +124,12 @@ def test_the_form_paints_first_and_the_device_fills_in_when_probed(
             release.set()
             await until(pilot, lambda: form.caps is not None, "the probe's answer")
             await pilot.pause()
+            # the first frame's stand-ins and the rows below it gave way to the whole form, in order
+            assert not form.query(setup_mod.SelectStandIn)
+            fields = [w.id for w in form.query("#form Input, #form Select, #form Switch")]
+            assert [f for f in fields if f in {wid(d) for d in F.ALL_FIELDS}] == [wid(d) for d in F.ALL_FIELDS]
+            assert all(isinstance(form.query_one("#" + wid(d)), (Select, Input, Switch)) for d in F.ALL_FIELDS)
+            assert fields[-1] == "toml-path"  # the actions row, mounted last, is at the bottom
             assert form.query_one(MemoryPanel).fits is True  # the estimate filled in
             assert "vocab 64" in text_of(form, "#dataset-info")
             assert form.query_one("#launch").disabled is False
@@ -367,6 +377,39 @@ def test_the_footer_keeps_f7_f8_and_quit_at_80_columns(attach: bool) -> None:
                 assert key in keys, key
                 r = keys[key].region
                 assert r.width > 0 and r.right <= 80, (key, r)
+
+    run(go)
+
+
+def test_a_live_runs_footer_keeps_its_keys_at_80_columns(tiny_dataset: Path, tmp_path: Path) -> None:
+    """A live in-app run's dashboard shows more keys than a finished one (pause, save, stop,
+    switches): at 80 columns every one stays on screen, with F7/F8 and Quit, and the status
+    lines wrap rather than run off the edge."""
+    from tui.screens.dashboard import DashboardScreen
+
+    async def go() -> None:
+        app = GPT2App(micro(tiny_dataset, **{"train.max_steps": 100000, "train.ckpt_interval": 100000}))
+        async with app.run_test(size=(80, 24)) as pilot:
+            form = await open_form(pilot, app)
+            await set_value(pilot, form, "#run-dir", str(tmp_path / "run"))
+            await pilot.press("f6")
+            await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
+            await until(pilot, lambda: app.session.state.step >= 1, "a step")
+            await pilot.pause()
+            keys = _footer_keys(app)
+            for key in ("p", "s", "q", "o", "question_mark", "f7", "f8", "ctrl+q"):
+                assert key in keys, key
+                r = keys[key].region
+                assert r.width > 0 and r.right <= 80, (key, r)
+            status = app.screen.query_one("#status")
+            text = str(status.render())
+            assert "[in this app]" in text and status.region.right <= 80
+            width = status.content_size.width
+            needed = sum(-(-len(line) // width) for line in text.splitlines())
+            assert status.content_size.height >= needed  # every line shown whole (wrapped, never cut)
+            await pilot.press("ctrl+q")  # the run saves and stops, then the app quits
+            await until(pilot, lambda: app.return_code is not None, "the app's exit")
+        assert (tmp_path / "run" / "checkpoints").is_dir()
 
     run(go)
 

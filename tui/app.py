@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -23,7 +23,9 @@ from textual.screen import Screen
 from engine.config import RunConfig
 from engine.errors import UserError
 from tui.fields import tui_words
-from tui.session import RunSession, attach, start_detached, start_in_process
+
+if TYPE_CHECKING:  # a run's session is imported when one opens: not before the form's first frame
+    from tui.session import RunSession
 
 
 def open_runs() -> Screen:
@@ -44,6 +46,15 @@ EXTRA_SCREENS: list[tuple[str, str, Callable[[], Screen], str]] = [
     ("f7", "Runs", open_runs, "every run under runs/: attach to one, resume or compare"),
     ("f8", "Ladder", open_ladder, "the speed ladder: what each optimization buys on this machine"),
 ]
+
+
+def breakpoint_classes(app: App) -> dict[str, bool]:
+    """The width classes Textual gives a screen of the app's size (its HORIZONTAL_BREAKPOINTS
+    rule: the highest breakpoint at or below the width), for a screen to set before it mounts."""
+    points = sorted(app.HORIZONTAL_BREAKPOINTS or [], reverse=True)
+    chosen = next((name for width, name in points if app.size.width >= width), None)
+    return {name: name == chosen for _, name in points}
+
 
 STOP_POLL_S = 0.2  # how often a quit that waits for the run's checkpoint looks at the thread
 QUIT_NOW_STATUS = 3  # the exit status when the user chose to quit without the run's checkpoint
@@ -103,15 +114,26 @@ class GPT2App(App):
         from tui.screens.setup import SetupScreen
 
         if self.attach_dir is not None:
+            from tui.session import attach
+
             self.open_dashboard(attach(self.attach_dir))
         else:
-            self.push_screen(SetupScreen(self.initial_config))
+            form = SetupScreen(self.initial_config)
+            if self.is_headless:  # no frames to show: the form is there as soon as the app is
+                self.push_screen(form)
+            else:
+                # from the message loop, once the app's start batch is over: pushed here, inside
+                # it, the form lays out and renders once for a frame Textual then drops, and
+                # again for the frame that shows (0.2-0.4 s of the first paint on a 2-core VM)
+                self.call_later(self.push_screen, form)
 
     # ----------------------------------------------------------------- runs
 
     def launch(
         self, config: RunConfig, run_dir: Path, detached: bool = False, threads: int | None = None, nproc: int = 1
     ) -> None:
+        from tui.session import start_detached, start_in_process
+
         try:
             if detached:
                 session = start_detached(config, run_dir, nproc)
@@ -145,6 +167,8 @@ class GPT2App(App):
 
             self.push_screen(CompareScreen(message.paths))
             return
+        from tui.session import attach
+
         own = next((s for s in self.sessions if s.run_dir.resolve() == path.resolve()), None)
         try:
             session = own or attach(path)
@@ -179,7 +203,9 @@ class GPT2App(App):
         since the last checkpoint. A run in its own process is left running."""
         live = self.running_in_process()
         if not live:
-            self.exit()
+            hold = getattr(self.screen, "hold_quit", None)  # the form, still mounting its rows
+            if hold is None or not hold():
+                self.exit()
             return
         if self.stopping:
             self.exit(return_code=QUIT_NOW_STATUS)  # run_app ends the process without waiting

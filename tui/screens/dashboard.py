@@ -69,8 +69,8 @@ def state_label(state: RunState, now: float | None = None) -> str:
 
 def status_text(state: RunState, session: RunSession, now: float | None = None,
                 steering: tuple[bool, str] | None = None) -> str:  # fmt: skip
-    """Two status lines (also what tests and the tmux check read). `steering`: the session's
-    (computed here when not given)."""
+    """Two status lines (also what tests and the tmux check read; wrapped, not cut, where the
+    terminal is narrower). `steering`: the session's (computed here when not given)."""
     total = state.max_steps
     last = state.last_step
     settled = state.settled_step_time()
@@ -97,7 +97,7 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     if state.live and session.control is None:
         ok, who = steering or session.steering()
         steer = f", steering {who}" if ok else f", watch only: {who}"
-    line2 = f"{speed}  MFU {mfu}  on {where}  [{session.label}: {session.run_dir}{steer}]"
+    line2 = f"{speed}  MFU {mfu}  on {where}  [{session.label}{steer}]"  # the run dir: in the title
     if state.failed:
         line2 = f"FAILED: {state.failed.error}"
     return f"{line1}\n{line2}"
@@ -116,13 +116,14 @@ def checkpoint_due_text(state: RunState, now: float | None = None) -> str:
 
 
 class DashboardScreen(Screen):
-    BINDINGS = [
-        Binding("p", "pause", "Pause/resume"),
-        Binding("s", "save", "Save now"),
+    BINDINGS = [  # short labels: at 80 columns a live run's footer keeps every key shown, and
+        # F7/F8/Quit (x is in the help, ?, with every key)
+        Binding("p", "pause", "Pause"),
+        Binding("s", "save", "Save"),
         Binding("q", "stop", "Stop"),
         Binding("q", "next", "What next"),  # once the run is over: form, resume, another run
         Binding("l", "logy", "Log-y"),
-        Binding("x", "xaxis", "X-axis"),
+        Binding("x", "xaxis", "X-axis", show=False),
         Binding("o", "switches", "Switches"),  # the live run's optimizations (tui/screens/toggle.py)
         Binding("question_mark", "help", "Help", key_display="?"),
     ]

@@ -7,26 +7,32 @@ while anything is refused or the memory estimate says it will not fit.
 The form paints before torch is imported (that import alone takes seconds): a thread
 worker imports it and reads what this machine can run, then posts DeviceProbed; the
 switches the hardware cannot use, the dataset check and the memory estimate fill in then.
+The first frame holds only the rows the terminal shows; the rest of the form mounts right
+after it (docs/benchmarks.md, "The form's first paint").
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
+from textual.widget import MountError, Widget
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
 
-from engine import memory, rundir
+from engine import rundir
 from engine.config import RunConfig, merge, preset_names, read_toml, resolve
 from engine.errors import UserError
 from tui import fields as F
+from tui.app import breakpoint_classes
 from tui.widgets.memory import MemoryPanel
 
 if TYPE_CHECKING:
@@ -46,11 +52,24 @@ def on_off(value: bool) -> str:
     return "on" if value else "off"
 
 
-def probe_in_background(headless: bool) -> bool:
-    """Probe on a worker thread (the form paints first) unless torch is imported already
-    (nothing to wait for) or the app is headless (Pilot tests: no one waits for a frame, and
-    a form that is complete at once keeps them deterministic)."""
+CHROME_ROWS = 2  # the header and the footer
+PRESET_HELP = "model shape; train/schedule values reset to the preset's"
+
+
+def paint_first(headless: bool) -> bool:
+    """Paint the rows the terminal shows first, then mount the rest of the form and probe
+    the device on a worker thread; unless torch is imported already (nothing to wait for)
+    or the app is headless (Pilot tests: no one waits for a frame, and a form that is
+    complete at once keeps them deterministic)."""
     return not ("torch" in sys.modules or headless)
+
+
+def lines(help_: str, width: int) -> int:
+    """About how many lines a field's row takes at this terminal width: its help wraps beside
+    the name (20 columns) and the control (24, tui/app.tcss), inside the form's padding and
+    scrollbar. Word wrap leaves lines short, hence 6/5."""
+    room = max(width - 2 - 20 - 24 - 2 - 2, 10)
+    return max(1, -(-len(help_) * 6 // (5 * room)))
 
 
 def probe_device() -> Capabilities:
@@ -81,6 +100,36 @@ def text_file_advice(path: Path) -> str:
     )
 
 
+class SelectStandIn(Static):
+    """What a compact Select draws (its value, then its arrow, on $surface), for the first
+    frame only: a Select costs ~30 ms to mount on a 2-core VM, 4-6x a plain widget, and the
+    form shows five. The real selects replace these right after that frame, before the form
+    takes input (SetupScreen._after_first_frame)."""
+
+    DEFAULT_CSS = """
+    SelectStandIn { width: 24; height: 1; background: $surface; color: $foreground; }
+    """
+
+    def __init__(self, label: str, id: str):
+        super().__init__(id=id)
+        self.label = label
+
+    def render(self) -> Content:
+        width = self.size.width or 24
+        return Content.assemble((self.label[: width - 3]).ljust(width - 3), " ", ("▼", "$foreground 50%"), " ")
+
+
+class KeysFooter(Footer):
+    """Textual's footer, with its keys in the form's first frame: Footer composes empty until
+    the screen's first bindings signal, which comes only after that frame (and the footer a
+    few hundred ms later, behind the rest of the form)."""
+
+    def compose(self) -> ComposeResult:
+        if hasattr(Footer, "_bindings_ready"):  # Textual's flag; without it, Footer's own timing
+            self.set_reactive(Footer._bindings_ready, True)
+        yield from super().compose()
+
+
 class SetupScreen(Screen):
     """Configure a run. `base` is the config the form starts from (preset, or --config file)."""
 
@@ -91,6 +140,9 @@ class SetupScreen(Screen):
         Binding("f2", "save_config", "Save"),
         Binding("f3", "load_config", "Load"),
     ]
+    # No focus while the form's widgets mount: focusing the scrolling form restyles every
+    # widget in it (~0.1-0.2 s on a 2-core VM); _after_first_frame focuses it instead.
+    AUTO_FOCUS = ""
 
     def __init__(self, base: RunConfig | None = None):
         super().__init__()
@@ -104,74 +156,130 @@ class SetupScreen(Screen):
         self._loading = False
         self._pending = False  # a revalidation is queued (_soon)
         self._dataset_dirty = False
+        self._resumed = False
+        self._later: list[Callable[[], list[Widget]]] = []  # rows below the first screen
+        self._complete = False  # every row mounted: the form can be read
+        self._preset_asked: str | None = None  # a preset chosen before that
+        self._error_lines: dict[str, Static] = {}  # the error lines mounted so far, by id
+        self._standing_in = False  # composing the first frame: selects drawn by stand-ins
+        self._swaps: list[tuple[Widget, Callable[[], Select]]] = []  # each stand-in, its select
+        self._probed: Capabilities | None = None  # the probe's answer, if it came before that
+        self._quit_asked = False  # ctrl+q before that: quit when it is
 
     # ----------------------------------------------------------------- layout
 
     def compose(self) -> ComposeResult:
+        # the width class (-narrow/-wide) now, while the screen is empty: set at the first
+        # resize, as Textual does, it would restyle every widget of the form a second time
+        for name, wanted in breakpoint_classes(self.app).items():
+            self.set_class(wanted, name)
         yield Header()
+        items = self._form_items()
+        if paint_first(self.app.is_headless):  # the rows the first screen shows; the rest after it
+            room, shown = self.app.size.height - CHROME_ROWS + 1, 0
+            while shown < len(items) and room > 0:
+                room -= items[shown][0]
+                shown += 1
+            items, self._later = items[:shown], [build for _, build in items[shown:]]
+        self._standing_in = paint_first(self.app.is_headless)
+        widgets = [w for _, build in items for w in build()]
+        self._standing_in = False
         with VerticalScroll(id="form"):
-            with Horizontal(classes="row"):
-                yield Label("preset", classes="name")
-                yield Select(self._preset_options(), value=self._preset_value(), allow_blank=False, id="preset", compact=True)
-                yield Static("model shape; train/schedule values reset to the preset's", classes="help")
-            with Horizontal(classes="row"):
-                yield Label("dataset", classes="name")
-                yield Input(self.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset", compact=True)
-                yield Button("Browse", id="browse", compact=True)
-            yield Static("", id="dataset-info", classes="help-line")
-            yield Static("", id="err-dataset", classes="error")
-            with Horizontal(classes="row"):
-                yield Label("run directory", classes="name")
-                yield Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir", compact=True)
-            yield Static("", id="err-run-dir", classes="error")
-            with Horizontal(classes="row", id="nproc-row"):  # shown once the probe finds > 1 GPU
-                yield Label("GPUs", classes="name")
-                yield Select([("1", 1)], value=1, allow_blank=False, id="nproc", compact=True)
-                yield Static(
-                    "processes, one per GPU, under torchrun (DDP, or FSDP2 when only a shard fits); "
-                    "more than 1 launches in its own process (F5)",
-                    classes="help",
-                )
-            for title, names in F.SECTIONS:
-                yield Static(title, classes="section")
-                for dotted in names:
-                    yield from self._field_row(dotted)
-                    if dotted == "train.grad_accum":
-                        yield Static("", id="tokens-per-step", classes="help-line")
-            yield Static("Memory budget", classes="section")
-            yield MemoryPanel(id="memory")
-            yield Static("", id="general", classes="error")
-            with Horizontal(id="actions"):
-                yield Button("Launch [F5]", id="launch", variant="success", compact=True)
-                yield Button("Launch in-app [F6]", id="launch-in-app", compact=True)
-                yield Button("Fit memory [F4]", id="fix", compact=True)
-                yield Input("run.toml", id="toml-path", compact=True)
-                yield Button("Save [F2]", id="save", compact=True)
-                yield Button("Load [F3]", id="load", compact=True)
-        yield Footer()
+            yield from widgets
+        yield KeysFooter()
 
-    def _field_row(self, dotted: str) -> ComposeResult:
+    def _form_items(self) -> list[tuple[int, Callable[[], list[Widget]]]]:
+        """The form, top to bottom: (about how many lines it takes, what builds its widgets).
+        Error lines are not here: each is mounted below its field the first time it has
+        something to say (most forms never show one), and the GPUs row once the probe finds
+        more than one."""
+        width = self.app.size.width
+        top: list[tuple[int, Callable[[], list[Widget]]]] = [
+            (2, lambda: [Horizontal(  # its help below it: beside a select wide enough for the sizes, 80
+                Label("preset", classes="name"),  # columns left it 10 (it wrapped mid-word)
+                self._select(self._preset_options(), self._preset_value(), "preset"),
+                classes="row",
+            ), Static(PRESET_HELP, classes="help-line")]),
+            (1, lambda: [Horizontal(
+                Label("dataset", classes="name"),
+                Input(self.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset", compact=True),
+                Button("Browse", id="browse", compact=True),
+                classes="row",
+            )]),
+            (1, lambda: [Static("", id="dataset-info", classes="help-line")]),
+            (1, lambda: [Horizontal(
+                Label("run directory", classes="name"),
+                Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir", compact=True),
+                classes="row", id="row-run-dir",
+            )]),
+        ]  # fmt: skip
+        for title, names in F.SECTIONS:
+            top.append((2, lambda title=title: [Static(title, classes="section")]))
+            for dotted in names:
+                sp = F.setting(dotted)
+                top.append((lines(sp.help, width), lambda d=dotted: [self._field_row(d)]))
+                if dotted == "train.grad_accum":
+                    top.append((1, lambda: [Static("", id="tokens-per-step", classes="help-line")]))
+        top.append((1, lambda: [
+            Static("Memory budget", classes="section"),
+            MemoryPanel(id="memory"),
+            Static("", id="general", classes="error"),
+            Horizontal(
+                Button("Launch [F5]", id="launch", variant="success", compact=True),
+                Button("Launch in-app [F6]", id="launch-in-app", compact=True),
+                Button("Fit memory [F4]", id="fix", compact=True),
+                Input("run.toml", id="toml-path", compact=True),
+                Button("Save [F2]", id="save", compact=True),
+                Button("Load [F3]", id="load", compact=True),
+                id="actions",
+            ),
+        ]))  # fmt: skip
+        return top
+
+    def _field_row(self, dotted: str) -> Horizontal:
         sp = F.setting(dotted)
         value = F.get_value(self.base, dotted)
-        with Horizontal(classes="row"):
-            yield Label(sp.label, classes="name")
-            if sp.kind == "bool":
-                yield Switch(bool(value), id=wid(dotted))
-                yield Static(on_off(bool(value)), id="state-" + wid(dotted), classes="state")
-            elif sp.kind == "tristate":
-                yield Select(TRISTATE, value=_TRI_FROM[value], allow_blank=False, id=wid(dotted), compact=True)
-            elif sp.kind == "choice":
-                yield Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted), compact=True)
-            else:
-                yield Input(F.to_text(value), placeholder="model context" if sp.optional else sp.bounds, id=wid(dotted), compact=True)
-            yield Static(sp.help, id="help-" + wid(dotted), classes="help", markup=False)
-        yield Static("", id="err-" + wid(dotted), classes="error")
+        parts: list[Widget] = [Label(sp.label, classes="name")]
+        if sp.kind == "bool":
+            parts += [Switch(bool(value), id=wid(dotted)), Static(on_off(bool(value)), id="state-" + wid(dotted), classes="state")]
+        elif sp.kind == "tristate":
+            parts.append(self._select(TRISTATE, _TRI_FROM[value], wid(dotted)))
+        elif sp.kind == "choice":
+            parts.append(self._select([(c, c) for c in sp.choices], str(value), wid(dotted)))
+        else:
+            parts.append(Input(F.to_text(value), placeholder="model context" if sp.optional else sp.bounds, id=wid(dotted), compact=True))
+        parts.append(Static(sp.help, id="help-" + wid(dotted), classes="help", markup=False))
+        return Horizontal(*parts, classes="row", id="row-" + wid(dotted))
+
+    def _select(self, options: Any, value: Any, id: str) -> Widget:
+        """A compact Select; in the first frame, a stand-in drawn the same (SelectStandIn)."""
+        options = list(options)
+        if not self._standing_in:
+            return Select(options, value=value, allow_blank=False, id=id, compact=True)
+        label = next(text for text, v in options if v == value)
+        stand_in = SelectStandIn(label, id=id + "-stand-in")
+        self._swaps.append((stand_in, lambda: Select(options, value=value, allow_blank=False, id=id, compact=True)))
+        return stand_in
+
+    def _nproc_row(self, gpus: int) -> Horizontal:
+        return Horizontal(
+            Label("GPUs", classes="name"),
+            Select([(str(n), n) for n in range(1, gpus + 1)], value=gpus, allow_blank=False, id="nproc", compact=True),
+            Static(
+                "processes, one per GPU, under torchrun (DDP, or FSDP2 when only a shard fits); "
+                "more than 1 launches in its own process (F5)",
+                classes="help",
+            ),
+            classes="row", id="nproc-row",
+        )  # fmt: skip
 
     def _preset_options(self) -> list[tuple[str, str]]:
         """Each preset with its size and the vocab that size assumes (memory.size_text, the
         rule `estimate` and the ladder use): the dataset's, once the probe has loaded torch."""
         if self.caps is None:
             return [(name, name) for name in preset_names()]
+        from engine import memory
+
         path = self.query_one("#dataset", Input).value.strip() or None
         data = {"data.path": path, "data.vocab_size": self.base["data"].get("vocab_size", 50257)}
         return [(f"{name}  {memory.size_text(resolve(name, overrides=data))}", name) for name in preset_names()]
@@ -186,22 +294,78 @@ class SetupScreen(Screen):
         p = self.base.get("preset")
         return p if p in preset_names() else "nano"
 
+    def on_screen_resume(self, event: events.ScreenResume) -> None:
+        """The first resume follows the mount, which has just styled every widget: skip
+        Textual's second pass over them (a ~0.1-0.2 s share of the first paint). Handlers run
+        along the class hierarchy, this one before Screen's, which reads the flag."""
+        if not self._resumed:
+            self._resumed = True
+            event.refresh_styles = False
+
     def on_mount(self) -> None:
         self.title = "gpt2-tui - set up a run"
-        self.query_one("#nproc-row").display = False
-        if not probe_in_background(self.app.is_headless):
+        if not paint_first(self.app.is_headless):  # complete already: check it all now
+            self._complete = True
             self.device_known(probe_device())
+        else:  # what the first frame can show before the whole form is checked
+            self.query_one("#dataset-info", Static).update("checking the dataset once torch has loaded...")
+            self._show_tokens_per_step(self.base_config)
+        self.call_after_refresh(self._after_first_frame)
+
+    async def _after_first_frame(self) -> None:
+        """Start the torch import (seconds: Launch waits for it), then focus the form (see
+        AUTO_FOCUS), put the real selects in, mount the rows below the first screen and
+        check the form. All of it waited for the first frame: the import holds the GIL for
+        long stretches, and the rest would have delayed that frame."""
+        form = self.query_one("#form")
+        if not self._complete:
+            self.run_worker(self._probe, thread=True, exclusive=True, group="probe")
+        form.focus()
+        if self._complete:
             return
-        self.query_one("#dataset-info", Static).update("checking the dataset once torch has loaded...")
-        self.revalidate()
-        # after the first frame: the import holds the GIL much of the time it runs
-        self.call_after_refresh(self.run_worker, self._probe, thread=True, exclusive=True, group="probe")
+        try:
+            if self._swaps:  # the real selects, in one update (no frame shows both, or neither)
+                with self.app.batch_update():
+                    done = [aw for stand_in, make in self._swaps
+                            for aw in (stand_in.parent.mount(make(), after=stand_in), stand_in.remove())]  # fmt: skip
+                for aw in done:
+                    await aw
+                self._swaps = []
+            if self._later:
+                await form.mount_all([w for build in self._later for w in build()])
+                self._later = []
+        except MountError:  # the app is quitting (ctrl+q before the form was complete)
+            return
+        if not (self.query("#actions") and self.query("#" + wid(F.ALL_FIELDS[-1]))):
+            return  # the same: a closing app's mount adds nothing
+        self._complete = True
+        if self._quit_asked:
+            self.app.exit()
+            return
+        if self._preset_asked is not None:
+            self._apply_preset(self._preset_asked)
+        if self._probed is not None:  # torch was quicker than the form
+            self.device_known(self._probed)
+        else:
+            self.revalidate()
+
+    def hold_quit(self) -> bool:
+        """ctrl+q before the rows below the first screen have mounted: quit once they have
+        (GPT2App.action_quit asks). A Select whose mount the app's teardown cuts short fails
+        inside Textual, and the app would exit with a traceback."""
+        if self._complete:
+            return False
+        self._quit_asked = True
+        return True
 
     def _probe(self) -> None:  # on a worker thread
         self.post_message(DeviceProbed(probe_device()))
 
     def on_device_probed(self, message: DeviceProbed) -> None:
-        self.device_known(message.caps)
+        if self._complete:
+            self.device_known(message.caps)
+        else:  # applied once every field is mounted
+            self._probed = message.caps
 
     def device_known(self, caps: Capabilities) -> None:
         """The machine is known: disable what it cannot run (saying why), offer its GPUs,
@@ -214,10 +378,8 @@ class SetupScreen(Screen):
                 self.query_one("#" + wid(dotted)).disabled = True
                 self.query_one("#help-" + wid(dotted), Static).update(f"{F.setting(dotted).help} [disabled: {why}]")
         if caps.gpus > 1:
-            nproc = self.query_one("#nproc", Select)
-            nproc.set_options([(str(n), n) for n in range(1, caps.gpus + 1)])
-            nproc.value = caps.gpus
-            self.query_one("#nproc-row").display = True
+            after = "#err-run-dir" if "err-run-dir" in self._error_lines else "#row-run-dir"
+            self.query_one("#form").mount(self._nproc_row(caps.gpus), after=after)
         self._check_dataset()
         self._refresh_presets()
         self.revalidate()
@@ -260,6 +422,8 @@ class SetupScreen(Screen):
     # ----------------------------------------------------------------- validation
 
     def revalidate(self) -> None:
+        if not self._complete:  # checked once the rest of the form has mounted
+            return
         vals = self.values()
         field_vals = {k: v for k, v in vals.items() if k in F.ALL_FIELDS}
         base = merge(self.base, {"data": {"path": vals["data.path"]}})
@@ -276,18 +440,13 @@ class SetupScreen(Screen):
         self.errors, self.general = errors, general
         self.config = config if not errors else None
         if self.config is not None and self.caps is not None:  # the vocab the run gets, for the estimate
+            from engine import memory
+
             self.config = memory.with_dataset_vocab(self.config)  # (F2 and launch leave it to the data)
         for dotted in F.ALL_FIELDS:
             self._show_error("err-" + wid(dotted), errors.get(dotted), "#" + wid(dotted))
         self.query_one("#general", Static).update("\n".join(general))
-        tps = self.query_one("#tokens-per-step", Static)
-        if config is not None:
-            tps.update(
-                f"effective: {config.train.batch_size} x {config.train.grad_accum} x {config.seq_len} = "
-                f"{config.tokens_per_step:,} tokens per optimizer step"
-            )
-        else:
-            tps.update("")
+        self._show_tokens_per_step(config)
         panel = self.query_one(MemoryPanel)
         if self.caps is None:
             panel.waiting()
@@ -297,12 +456,31 @@ class SetupScreen(Screen):
             panel.show(None)
         self._update_launch()
 
+    def _show_tokens_per_step(self, config: RunConfig | None) -> None:
+        self.query_one("#tokens-per-step", Static).update(
+            ""
+            if config is None
+            else f"effective: {config.train.batch_size} x {config.train.grad_accum} x {config.seq_len} = "
+            f"{config.tokens_per_step:,} tokens per optimizer step"
+        )
+
     def _show_error(self, err_id: str, why: str | None, field_sel: str | None = None) -> None:
-        err = self.query_one("#" + err_id, Static)
-        err.update(f"  ^ {F.tui_words(why)}" if why else "")
-        err.display = bool(why)
+        """The line below a field that says why it is refused; mounted the first time."""
+        err = self._error_lines.get(err_id)
+        if err is None and why:
+            err = self._error_lines[err_id] = Static("", id=err_id, classes="error")
+            anchor = {"err-dataset": "#dataset-info", "err-run-dir": "#row-run-dir"}.get(err_id, "#row-" + err_id[4:])
+            self.query_one("#form").mount(err, after=anchor)
+        if err is not None:
+            err.update(f"  ^ {F.tui_words(why)}" if why else "")
+            err.display = bool(why)
         if field_sel:
             self.query_one(field_sel).set_class(bool(why), "invalid")
+
+    def error_shown(self, err_id: str) -> str:
+        """What the error line `err_id` says now ("" when it says nothing or was never needed)."""
+        err = self._error_lines.get(err_id)
+        return str(err.render()) if err is not None and err.display else ""
 
     def _run_dir_error(self) -> str | None:
         text = self.query_one("#run-dir", Input).value.strip()
@@ -335,7 +513,7 @@ class SetupScreen(Screen):
             return f"fix the fields marked in red first ({F.setting(bad[0]).label}: {F.tui_words(self.errors[bad[0]])})"
         if self.general:
             return f"fix the config first: {self.general[0]}"
-        if self.query_one("#err-dataset", Static).display:
+        if self.error_shown("err-dataset"):
             return "fix the dataset first (marked in red)"
         if self.config is None:
             return "fix the fields marked in red first"
@@ -417,6 +595,9 @@ class SetupScreen(Screen):
         if event.value != event.select.value:  # stale: set_options' pick, already replaced
             return
         if event.select.id == "preset" and event.value != self.base.get("preset"):
+            if not self._complete:  # its fields are not all mounted yet: applied when they are
+                self._preset_asked = str(event.value)
+                return
             self._apply_preset(str(event.value))
             return
         self._soon()
@@ -492,7 +673,15 @@ class SetupScreen(Screen):
     def action_launch_in_app(self) -> None:
         self.action_launch(detached=False)
 
+    def opening(self) -> bool:
+        """True (and says so) while the rows below the first screen are still mounting."""
+        if not self._complete:
+            self.notify("the form is still opening: press again in a moment", severity="warning")
+        return not self._complete
+
     def action_apply_fix(self) -> None:
+        if self.opening():
+            return
         panel = self.query_one(MemoryPanel)
         fix = panel.fix
         if fix is None:
@@ -526,6 +715,8 @@ class SetupScreen(Screen):
         return tomli_w.dumps(data)
 
     def action_save_config(self) -> None:
+        if self.opening():
+            return
         path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
         if self.config is None:
             self.notify("fix the fields marked in red before saving", severity="error")
@@ -553,6 +744,8 @@ class SetupScreen(Screen):
             write()
 
     def action_load_config(self) -> None:
+        if self.opening():
+            return
         path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
         try:
             data = read_toml(path)

@@ -9,13 +9,17 @@ can be overridden (plan a GPU run's batch from here, or leave room for other job
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, Static
 
-from engine import memory
 from engine.config import RunConfig
 from engine.errors import UserError
+
+if TYPE_CHECKING:  # the estimator loads when there is something to estimate (after the form's first frame)
+    from engine import memory
 
 
 class MemoryTable(Static, can_focus=True):
@@ -47,6 +51,8 @@ class MemoryPanel(Vertical):
 
     def budget(self, device_name: str) -> tuple[int | None, str]:
         """The budget typed in, else what `train` checks against (engine.device.budget)."""
+        from engine import memory
+
         text = self.query_one("#mem-budget", Input).value.strip()
         if text:
             return memory.parse_bytes(text), "budget given"
@@ -69,6 +75,8 @@ class MemoryPanel(Vertical):
     def _find_fix(self, config: RunConfig, total: int) -> RunConfig | None:
         """A smaller micro-batch; failing that, grad checkpointing (with the largest micro-batch
         that then fits)."""
+        from engine import memory
+
         fix = memory.suggest_fit(config, total)
         if fix is not None or config.model.grad_checkpointing:
             return fix
@@ -76,6 +84,8 @@ class MemoryPanel(Vertical):
         return ckpt if memory.estimate(ckpt).fits(total) else memory.suggest_fit(ckpt, total)
 
     def show(self, config: RunConfig | None, device: str = "auto") -> None:
+        from engine import memory
+
         table = self.query_one("#mem-table", Static)
         self.fix, self.estimate, self.advice = None, None, ""
         if config is None:
