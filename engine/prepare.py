@@ -40,6 +40,7 @@ TEXT_SUFFIXES = frozenset(
     ".txt .text .md .markdown .rst .py .pyi .json .jsonl .toml .yaml .yml .ini .cfg .csv .tsv "
     ".c .h .cc .cpp .hpp .cu .cuh .rs .go .java .js .ts .html .htm .css .xml .tex .sh .sql".split()
 )
+MAX_GUNZIP_BYTES = 2 << 30  # one .gz input's text, at most (the corpus is held in RAM)
 SKIPPED_NAMED = 10  # skipped files named in a summary; the rest are counted
 _SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", ".tox"})
 _ENCODE_CHUNK_CHARS = 1 << 20  # text per encode_batch call: big enough for the thread pool
@@ -170,9 +171,13 @@ def _collect_files(paths: list[Path]) -> tuple[list[Path], list[Skipped]]:
 def _read_text(file: Path) -> str | Skipped:
     """A file's text (gunzipped when it ends in .gz), or why it is not text."""
     try:
-        data = file.read_bytes()
         if file.suffix.lower() == ".gz":
-            data = gzip.decompress(data)
+            with gzip.open(file) as f:  # read in a bounded amount: a gzip bomb must not fill the RAM
+                data = f.read(MAX_GUNZIP_BYTES + 1)
+            if len(data) > MAX_GUNZIP_BYTES:
+                return Skipped(file, f"unpacks to more than {MAX_GUNZIP_BYTES >> 30} GiB; gunzip it yourself if you mean it")
+        else:
+            data = file.read_bytes()
     except (gzip.BadGzipFile, EOFError, zlib.error):
         return Skipped(file, "not a valid gzip file")
     except OSError as exc:

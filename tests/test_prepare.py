@@ -278,6 +278,25 @@ def test_extensionless_and_gzipped_text_is_read_and_every_skip_is_named(tmp_path
     assert sorted(docs) == sorted(kept.values())
 
 
+def test_a_gzip_that_unpacks_past_the_bound_is_skipped_not_read_whole(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A gzip bomb (1 KiB of zeros' worth here, the bound lowered to match) is named as such;
+    the file is read only up to the bound."""
+    import gzip
+
+    from engine import prepare as prep
+
+    monkeypatch.setattr(prep, "MAX_GUNZIP_BYTES", 4096)
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(2):
+        (root / f"{i}.txt").write_text(f"ordinary text file {i}\n" * 50)
+    (root / "bomb.txt.gz").write_bytes(gzip.compress(b"x" * 100_000))
+    out = tmp_path / "data"
+    assert main(["prepare", str(root), "--out", str(out), "--vocab-size", "300", "--val-fraction", "0.25"]) == 0
+    said = capsys.readouterr().out
+    assert f"{root / 'bomb.txt.gz'} (unpacks to more than" in said
+
+
 def test_skipped_list_is_capped_and_names_are_one_safe_line(tmp_path: Path, capsys) -> None:
     root = tmp_path / "in"
     root.mkdir()
