@@ -47,15 +47,6 @@ EXTRA_SCREENS: list[tuple[str, str, Callable[[], Screen], str]] = [
     ("f8", "Ladder", open_ladder, "the speed ladder: what each optimization buys on this machine"),
 ]
 
-
-def breakpoint_classes(app: App) -> dict[str, bool]:
-    """The width classes Textual gives a screen of the app's size (its HORIZONTAL_BREAKPOINTS
-    rule: the highest breakpoint at or below the width), for a screen to set before it mounts."""
-    points = sorted(app.HORIZONTAL_BREAKPOINTS or [], reverse=True)
-    chosen = next((name for width, name in points if app.size.width >= width), None)
-    return {name: name == chosen for _, name in points}
-
-
 STOP_POLL_S = 0.2  # how often a quit that waits for the run's checkpoint looks at the thread
 QUIT_NOW_STATUS = 3  # the exit status when the user chose to quit without the run's checkpoint
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual import events, on
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
@@ -32,7 +32,6 @@ from engine import rundir
 from engine.config import RunConfig, merge, preset_names, read_toml, resolve
 from engine.errors import UserError
 from tui import fields as F
-from tui.app import breakpoint_classes
 from tui.widgets.memory import MemoryPanel
 
 if TYPE_CHECKING:
@@ -54,6 +53,14 @@ def on_off(value: bool) -> str:
 
 CHROME_ROWS = 2  # the header and the footer
 PRESET_HELP = "model shape; train/schedule values reset to the preset's"
+
+
+def breakpoint_classes(app: App) -> dict[str, bool]:
+    """The width classes Textual gives a screen of the app's size (its HORIZONTAL_BREAKPOINTS
+    rule: the highest breakpoint at or below the width), for a screen to set before it mounts."""
+    points = sorted(app.HORIZONTAL_BREAKPOINTS or [], reverse=True)
+    chosen = next((name for width, name in points if app.size.width >= width), None)
+    return {name: name == chosen for _, name in points}
 
 
 def paint_first(headless: bool) -> bool:
