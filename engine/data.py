@@ -548,21 +548,22 @@ _Item = tuple[torch.Tensor, torch.Tensor, dict] | BaseException
 class BatchLoader:
     """Batches from a sampler as int64 tensors on a device.
 
-    On CUDA the host tensors are pinned and copied with non_blocking=True, so the copy
-    overlaps the previous step's compute; elsewhere both switches are ignored. With
-    prefetch, a daemon thread builds the next batch while the caller trains on this one.
+    With pin_memory the host tensors are pinned and copied with non_blocking=True, so the copy
+    overlaps the previous step's compute; with prefetch, a daemon thread builds the next batch
+    while the caller trains on this one. Both do as asked: which pay on which device is the
+    caller's decision (the trainer asks engine.device.idle_data_switches).
     """
 
     def __init__(
         self,
         sampler: BatchSampler,
         device: torch.device | str,
-        pin_memory: bool = True,
+        pin_memory: bool = False,
         prefetch: bool = True,
     ) -> None:
         self.sampler = sampler
         self.device = torch.device(device)
-        self.pin = pin_memory and self.device.type == "cuda"
+        self.pin = pin_memory
         self.prefetch = prefetch
         self._next_state = sampler.state()
         self._thread: threading.Thread | None = None

@@ -168,6 +168,7 @@ class SetupScreen(Screen):
         self._complete = False  # every row mounted: the form can be read
         self._preset_asked: str | None = None  # a preset chosen before that
         self._error_lines: dict[str, Static] = {}  # the error lines mounted so far, by id
+        self._split = False  # the first frame shows only the rows on screen (paint_first), set in compose
         self._standing_in = False  # composing the first frame: selects drawn by stand-ins
         self._swaps: list[tuple[Widget, Callable[[], Select]]] = []  # each stand-in, its select
         self._probed: Capabilities | None = None  # the probe's answer, if it came before that
@@ -182,13 +183,14 @@ class SetupScreen(Screen):
             self.set_class(wanted, name)
         yield Header()
         items = self._form_items()
-        if paint_first(self.app.is_headless):  # the rows the first screen shows; the rest after it
+        self._split = paint_first(self.app.is_headless)  # decided once: compose and mount agree
+        if self._split:  # the rows the first screen shows; the rest after it
             room, shown = self.app.size.height - CHROME_ROWS + 1, 0
             while shown < len(items) and room > 0:
                 room -= items[shown][0]
                 shown += 1
             items, self._later = items[:shown], [build for _, build in items[shown:]]
-        self._standing_in = paint_first(self.app.is_headless)
+        self._standing_in = self._split
         widgets = [w for _, build in items for w in build()]
         self._standing_in = False
         with VerticalScroll(id="form"):
@@ -311,7 +313,7 @@ class SetupScreen(Screen):
 
     def on_mount(self) -> None:
         self.title = "gpt2-tui - set up a run"
-        if not paint_first(self.app.is_headless):  # complete already: check it all now
+        if not self._split:  # complete already: check it all now
             self._complete = True
             self.device_known(probe_device())
         else:  # what the first frame can show before the whole form is checked
