@@ -4,17 +4,20 @@
     gpt2-tui attach RUN_DIR          the dashboard on any run, live or finished
     gpt2-tui runs [DIR]              every run under DIR (default runs/), newest first
     gpt2-tui compare --tui RUN...    the Compare screen (without --tui: the table, or --json)
-    gpt2-tui train|estimate|prepare|sample|bench|bench-data ...    headless (engine.cli)
+    gpt2-tui train|estimate|prepare|sample|toggle|compare ...    headless (engine.cli)
+    gpt2-tui bench|bench-data ...    the measuring tools (bench.cli)
 
-It sits above both packages: engine/ never imports the UI, and Textual loads only when a
-screen is about to open (bad input is refused before that, in one line, exit status 2).
+It sits above the packages: engine/ never imports the UI or bench/, and Textual loads only
+when a screen is about to open (bad input is refused before that, in one line, exit status 2).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
+from bench import cli as bench_cli
 from engine import cli
 
 
@@ -67,11 +70,10 @@ def _compare(run_dirs: list[Path], as_json: bool) -> int:
     return run_compare(run_dirs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:  # the bare command: open the form at once (building the parser imports torch)
-        return cli.guarded(lambda: _app(None))
+def build_parser() -> tuple[cli.Parser, Any]:
+    """engine.cli's parser with the measuring tools' commands and the UI's added."""
     parser, sub = cli.build_parser()
+    bench_cli.add_parsers(sub)
     parser.add_argument("--config", type=Path, dest="app_config", metavar="FILE",
                         help="open the app with this run config TOML filled in")  # fmt: skip
     a = sub.add_parser("attach", help="open the dashboard on a run directory (live or finished)")
@@ -81,7 +83,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="the directory that holds the runs (default runs/)")  # fmt: skip
     sub.choices["compare"].add_argument("--tui", action="store_true",
                                         help="open the Compare screen (curves overlaid, segment table)")  # fmt: skip
+    return parser, sub
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:  # the bare command: open the form at once (building the parser imports torch)
+        return cli.guarded(lambda: _app(None))
+    parser, _ = build_parser()
     args, rest = cli.parse(parser, argv)
+    if args.command in bench_cli.COMMANDS:
+        return cli.guarded(lambda: bench_cli.run_command(args, argv))
     if args.command == "compare" and args.tui:
         return cli.guarded(lambda: _compare(args.run_dirs, args.json))
     if args.command == "runs":

@@ -12,9 +12,9 @@ import pytest
 from conftest import random_tokens, write_gpt2tui
 
 from engine import rundir
-from engine.measure import ladder as bench
-from engine.measure import plain as bench_plain
-from engine.measure.timeline import settle_point
+from bench import ladder as bench
+from bench import plain as bench_plain
+from bench.timeline import settle_point
 from gpt2_tui import main
 from engine.config import read_toml, resolve
 from engine.events import read_events
@@ -150,7 +150,7 @@ def test_reference_loop_trains_our_shape_on_our_data(tmp_path, tiny_dataset):
     (both near ln(Vp): independent inits, different batches)."""
     import math
 
-    from engine.measure import reference
+    from bench import reference
 
     trainer = start(resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu",
                                             "speed.precision": "fp32", "train.max_steps": 2,
@@ -247,7 +247,7 @@ def test_best_sweeps_batch_and_compile_mode_and_marks_the_fastest(tmp_path, tiny
                  "--vocab-size", "64", "--batch-sizes", "2,4", "--compile-modes", "eager", "--steps", "2",
                  "--warmup", "1", "--log-interval", "1", "--out", str(out)])  # fmt: skip
     assert code == 0, capsys.readouterr().err
-    from engine.measure.best import BestResult
+    from bench.best import BestResult
 
     result = BestResult.model_validate_json((out / "best.json").read_text())
     tried = [(c.batch_size, c.compile_mode, c.status) for c in result.candidates]

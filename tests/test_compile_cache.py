@@ -14,8 +14,8 @@ import torch._inductor.config as inductor_config
 
 from engine import compile_cache
 from engine.config import resolve
-from engine.measure import bench, ladder, timeline
-from engine.measure.common import BenchOptions, FirstStep
+from bench import ladder, run as bench, timeline
+from bench.common import BenchOptions, FirstStep
 
 
 @pytest.fixture

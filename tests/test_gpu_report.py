@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from engine.cli import guarded
-from engine.measure import bench, gpu_report
-from engine.measure.common import BenchOptions
+from bench import gpu_report, run as bench
+from bench.common import BenchOptions
 
 
 def _report(opts: BenchOptions) -> tuple[int, gpu_report.Report]:
@@ -33,7 +33,7 @@ def _fake(parts: dict[str, str]):
 
 
 def test_the_flags_are_bench_options():
-    from engine.cli import build_parser
+    from gpt2_tui import build_parser
 
     parser, _ = build_parser()
     args = vars(parser.parse_args(["bench", "--gpu-report", "--part", "tests", "--part", "memory", "--dry-run", "--budget", "30",
@@ -112,7 +112,7 @@ def test_dry_run_runs_the_real_ladder_and_sweep_commands_on_cpu(tmp_path, tiny_d
     assert code == 0 and report.device == "CPU (dry run)" and report.dry_run
     ladder, best = report.parts["ladder"], report.parts["best"]
     assert ladder.status == best.status == "ok"
-    assert ladder.command.startswith("python -m engine.cli bench --data") and "--out" not in ladder.command
+    assert ladder.command.startswith("python -m gpt2_tui bench --data") and "--out" not in ladder.command
     assert [r["status"] for r in ladder.figures["rungs"]].count("ran") >= 5
     assert ladder.figures["command"] == ladder.command and "| baseline |" in ladder.markdown
     assert [c["status"] for c in best.figures["candidates"]] == ["ran"] and "**best**" in best.markdown

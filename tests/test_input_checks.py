@@ -52,9 +52,9 @@ def refused(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) ->
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
-    from engine import cli
+    from gpt2_tui import build_parser
 
-    _, sub = cli.build_parser()
+    _, sub = build_parser()
     return dict(sub.choices)
 
 
@@ -63,7 +63,7 @@ def test_every_integer_flag_has_an_upper_bound() -> None:
     numbers in BenchOptions; every other integer flag parses with cli.Bounded. A bare `type=int`
     with no bound behind it lets 2**63 through to torch or numpy."""
     from engine import cli, settings
-    from engine.measure.common import BenchOptions
+    from bench.common import BenchOptions
 
     for s in settings.all_settings():
         if s.kind == "int":

@@ -20,7 +20,7 @@ from engine import device, memory
 from gpt2_tui import main
 from engine.config import resolve
 from engine.memory import MemoryEstimate, estimate, suggest_fit
-from engine.measure.memory_measure import measure_saved, measure_state
+from bench.memory_measure import measure_saved, measure_state
 from engine.model import GPT
 
 # three small shapes that differ in every dimension the formulas use (heads, width,
@@ -91,7 +91,7 @@ def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, mak
     the held logits, a recomputed block; with the chunked loss its chunk working set and saved
     gradients instead): the predicted allocated peak vs the profiler's memory timeline of one
     steady-state step of the real Trainer on CPU."""
-    from engine.measure.memory_measure import measure_peak
+    from bench.memory_measure import measure_peak
     from engine.start import open_data
 
     data = make_dataset("gpt2-tui", vocab_size=500)
@@ -278,7 +278,7 @@ def test_force_skips_the_check():
 
 
 def test_memory_check_needs_a_gpu_and_says_so(capsys):
-    from engine.measure.memory_check import main as check_main
+    from bench.memory_check import main as check_main
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the GPU check below runs instead")
@@ -290,7 +290,7 @@ def test_memory_check_needs_a_gpu_and_says_so(capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_total_within_10_percent_of_max_memory_allocated(tmp_path):
     """The acceptance check on a GPU: gpt2, bf16, flash, eager, micro-batch 8, real Trainer."""
-    from engine.measure.memory_check import _gpu_config, _synthetic_dataset, run_peak
+    from bench.memory_check import _gpu_config, _synthetic_dataset, run_peak
 
     data = _synthetic_dataset(tmp_path / "data", tokens=200_000)
     cfg = _gpu_config("gpt2", 8, False, data, steps=2)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.measure import reference
-from engine.measure.reference import ReferenceShape, reference_step_times
+from bench import reference
+from bench.reference import ReferenceShape, reference_step_times
 
 TINY = ReferenceShape(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, batch_size=4)
 

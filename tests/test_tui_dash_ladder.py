@@ -14,7 +14,7 @@ import pytest
 from textual.app import App
 from textual.widgets import Static
 
-from engine.measure import ladder as bench
+from bench import ladder as bench
 from tui.screens.benchmark import BenchmarkScreen
 from pilot_wait import until
 

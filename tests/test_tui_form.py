@@ -323,7 +323,7 @@ def test_f2_writes_the_vocab_once_and_asks_before_overwriting(tmp_path: Path) ->
 
 
 def test_one_parameter_count_rule_with_its_vocab_everywhere(tiny_dataset: Path, capsys) -> None:
-    from engine.measure.ladder import LadderResult, header_lines
+    from bench.ladder import LadderResult, header_lines
 
     gpt2 = resolve("gpt2")
     embedded = memory.size_text(gpt2)  # no dataset: the embedded corpus's vocab

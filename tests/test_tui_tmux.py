@@ -23,7 +23,7 @@ import tomli_w
 
 from engine import rundir
 from engine.config import resolve
-from tui.measure_first_paint import one_round
+from bench.first_paint import one_round
 
 GPT2_TUI = Path(sys.executable).with_name("gpt2-tui")
 DATA = Path(__file__).parent / "data"
@@ -101,7 +101,7 @@ def test_bare_command_opens_the_setup_form(cols: int, rows: int, tmp_path: Path)
 @pytest.mark.parametrize("cols,rows", [(80, 24), (120, 40)])
 def test_first_paint_recorded(cols: int, rows: int, record_property) -> None:
     """The bare command's form in a real terminal: the seconds until its fields and footer are
-    on screen (tui/measure_first_paint.py's round), recorded, not asserted against a target."""
+    on screen (bench/first_paint.py's round), recorded, not asserted against a target."""
     seconds = one_round(cols, rows)
     record_property(f"first_paint_s_{cols}x{rows}", round(seconds, 3))
     print(f"first paint at {cols}x{rows}: {seconds:.2f} s (load average {os.getloadavg()[0]:.2f})")

@@ -1,4 +1,4 @@
-"""The Benchmark screen: runs the speed ladder (engine.measure.ladder) and draws it live.
+"""The Benchmark screen: runs the speed ladder (bench.ladder) and draws it live.
 
 The ladder runs on a worker thread (each rung is the real Trainer; torch.compile is
 fine there). The UI must not slow what it measures, so nothing is posted per step: the
@@ -24,8 +24,8 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, Select, Static, Switch
 from textual_plotext import PlotextPlot
 
-from engine.measure import ladder as bench
-from engine.measure.common import default_out, load_average
+from bench import ladder as bench
+from bench.common import default_out, load_average
 from engine.config import preset_names
 from engine.errors import UserError
 

@@ -1,6 +1,6 @@
 """How long the bare `gpt2-tui` takes to paint the setup form, in a real terminal (tmux).
 
-    python -m tui.measure_first_paint [--rounds 5] [--size 120x40] [--baseline CMD]
+    python -m bench.first_paint [--rounds 5] [--size 120x40] [--baseline CMD]
 
 Starts the installed command in a fresh tmux server, polls the screen every 20 ms until the
 form's first fields and the footer are on it, quits, and prints each round and the median.

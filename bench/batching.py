@@ -1,6 +1,6 @@
 """Benchmark of the data path: prints markdown tables for docs/benchmarks.md.
 
-    python -m engine.measure.batching [--data DIR] [--batch-size 64] [--block-size 512] [--iters N]
+    python -m bench.batching [--data DIR] [--batch-size 64] [--block-size 512] [--iters N]
 
 1. batch construction: one vectorized gather vs the per-row Python loop;
 2. random-batch throughput: token files preloaded in RAM vs np.memmap opened per batch.
@@ -75,7 +75,7 @@ def _reference(sampler: BatchSampler, how: str) -> Callable[[], tuple]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.measure.batching", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.batching", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="dataset directory (default: the stdlib corpus)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=512)

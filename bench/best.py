@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel
 
 from engine import rundir
-from engine.measure.common import BenchOptions, default_out, load_average, time_config
+from bench.common import BenchOptions, default_out, load_average, time_config
 from engine.checkpoint import atomic_write_bytes
 from engine.memory import human
 from engine.config import resolve

@@ -23,7 +23,7 @@ import torch
 from pydantic import BaseModel
 
 from engine import rundir
-from engine.measure.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
+from bench.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
 from engine.checkpoint import atomic_write_bytes
 from engine.config import RunConfig, resolve
 from engine.data import Dataset

@@ -12,7 +12,7 @@ that gives them (its --out left out: the tool then picks a fresh directory):
     ladder    the speed ladder, gpt2 at B16 T1024 (ladder.py)
     best      every optimization on; micro-batch 16, 32 x compile default, reduce-overhead (best.py)
     memory    the estimator vs torch.cuda.max_memory_allocated, gpt2 and gpt2-medium (memory_check.py)
-    overhead  what the dashboard costs the run it shows (tui/measure_overhead.py; needs textual)
+    overhead  what the dashboard costs the run it shows (bench/overhead.py; needs textual)
 
 A part past its budget is interrupted and keeps what it finished (the ladder and the sweep
 save after every rung). The report, docs/gpu/DEVICE-DATE.json and .md, is rewritten after
@@ -39,11 +39,11 @@ from pydantic import BaseModel, ValidationError
 
 from engine.checkpoint import atomic_write_bytes
 from engine.errors import UserError
-from engine.measure.common import BenchOptions
+from bench.common import BenchOptions
 
 PARTS = ("tests", "ladder", "best", "memory", "overhead")
 BUDGET_S = {"tests": 90, "ladder": 200, "best": 120, "memory": 80, "overhead": 50}  # 9 minutes together
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: every part runs from here
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: every part runs from here
 TAIL_LINES = 15  # of a failed or interrupted part's output, kept in the report
 
 
@@ -76,25 +76,25 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
     """Each part's command (argv), or why it cannot run here."""
     python = [sys.executable, "-m"]
     data = ["--data", str(Path(opts.data).resolve())] if opts.data else []  # the parts run from the checkout
-    bench = [*python, "engine.cli", "bench", *data, *(["--vocab-size", str(opts.vocab_size)] if opts.vocab_size else [])]
+    bench = [*python, "gpt2_tui", "bench", *data, *(["--vocab-size", str(opts.vocab_size)] if opts.vocab_size else [])]
     tests = [*python, "pytest", "tests/test_gpu.py", "-q", "-rfE", "-p", "no:cacheprovider"]
     if opts.dry_run:
         tiny = ["--preset", "micro", "--device", "cpu", "--steps", "1", "--warmup", "1"]
         ladder = [*bench, *tiny, "--skip", "compile"]
         best = [*bench, "--best", *tiny, "--batch-sizes", "2", "--compile-modes", "eager", "--log-interval", "1"]
         memory: list[str] | str = ("skipped: it compares with torch.cuda.max_memory_allocated, which needs CUDA "
-                                   "(the CPU check: python -m engine.measure.memory_check --cpu)")  # fmt: skip
+                                   "(the CPU check: python -m bench.memory_check --cpu)")  # fmt: skip
         overhead = ["--preset", "micro", "--max-steps", "10", "--rounds", "1"]
     else:
         gpt2 = ["--preset", "gpt2", "--device", "cuda", "--block-size", "1024"]
         ladder = [*bench, *gpt2, "--batch-size", "16", "--steps", "10", "--warmup", "3"]
         best = [*bench, "--best", *gpt2, "--batch-sizes", "16,32", "--compile-modes", "default,reduce-overhead",
                 "--steps", "20", "--warmup", "5"]  # fmt: skip
-        memory = [*python, "engine.measure.memory_check", "--presets", "gpt2,gpt2-medium", "--batch-sizes", "4,8,16",
+        memory = [*python, "bench.memory_check", "--presets", "gpt2,gpt2-medium", "--batch-sizes", "4,8,16",
                   "--compile", "off"]  # fmt: skip
         overhead = ["--preset", "nano", "--max-steps", "200", "--rounds", "2"]
     missing = [m for m in ("textual", "textual_plotext", "plotext") if importlib.util.find_spec(m) is None]
-    dashboard: list[str] | str = [*python, "tui.measure_overhead", *overhead, *data]
+    dashboard: list[str] | str = [*python, "bench.overhead", *overhead, *data]
     if missing:
         dashboard = (f"skipped: {', '.join(missing)} not installed here, and the dashboard is what it measures "
                      "(docs/gpu/README.md says how to bring them)")  # fmt: skip
@@ -149,7 +149,7 @@ def run_part(argv: list[str], budget_s: int) -> tuple[int | None, float, str]:
 def figures(part: str, out: Path, text: str, command: str) -> tuple[dict[str, Any], str, str]:
     """A part's figures (for the JSON), its tables (for the markdown) and a note on what failed
     inside it, from what it wrote or printed."""
-    from engine.measure import best, ladder
+    from bench import best, ladder
 
     if part == "ladder" and (out / "ladder.json").is_file():
         r = ladder.LadderResult.model_validate_json((out / "ladder.json").read_text())
@@ -199,7 +199,7 @@ def md_tables(lines: list[str]) -> list[list[list[str]]]:
 
 
 def describe(dry_run: bool) -> Report:
-    import torch  # here, not at the top: engine.cli's parser reads PARTS without loading torch
+    import torch  # here, not at the top: bench.cli's parser reads PARTS without loading torch
 
     cuda = not dry_run and torch.cuda.is_available()
     try:

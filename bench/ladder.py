@@ -33,7 +33,7 @@ from engine.data import Dataset
 from engine.errors import UserError
 from engine.control import Control
 from engine.device import describe as describe_device, idle_data_switches, pick as pick_device
-from engine.measure.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
+from bench.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
 from engine.start import open_data
 
 GPT2_VOCAB = 50257

@@ -1,7 +1,7 @@
 """Check the memory estimator against what really happens; print the tables for docs/memory.md.
 
-    python -m engine.measure.memory_check            # on a CUDA GPU: the GPU tables (several minutes)
-    python -m engine.measure.memory_check --cpu      # anywhere: the saved-activation table
+    python -m bench.memory_check            # on a CUDA GPU: the GPU tables (several minutes)
+    python -m bench.memory_check --cpu      # anywhere: the saved-activation table
 
 GPU: trains gpt2 and gpt2-medium for a few steps at several micro-batches (bf16, flash,
 torch.compile off and on) with the real Trainer and compares torch.cuda.max_memory_allocated
@@ -51,7 +51,7 @@ def _header(device: str) -> str:
         pass
     return (
         f"device: {device}; date: {dt.date.today().isoformat()}; torch {torch.__version__}; "
-        f"command: `python -m engine.measure.memory_check {' '.join(sys.argv[1:])}`".rstrip()
+        f"command: `python -m bench.memory_check {' '.join(sys.argv[1:])}`".rstrip()
         + (f"; load: {load}" if load else "")
     )
 
@@ -64,7 +64,7 @@ def _pct(pred: int, real: int) -> str:
 
 
 def cpu_table() -> str:
-    from engine.measure.memory_measure import measure_saved
+    from bench.memory_measure import measure_saved
 
     rows = ["| shape | attention | precision | checkpointing | predicted | saved (measured) | error |",
             "|---|---|---|---|---:|---:|---:|"]  # fmt: skip
@@ -85,7 +85,7 @@ def cpu_table() -> str:
 
 def cpu_peak_table() -> str:
     """Predicted allocated peak vs the live-tensor peak of one real Trainer step on CPU."""
-    from engine.measure.memory_measure import measure_peak
+    from bench.memory_measure import measure_peak
     from engine.start import open_data
 
     rows = ["| precision | attention | checkpointing | grad accum | predicted peak (phase) | measured peak | error |",
@@ -135,7 +135,7 @@ def _gpu_config(preset: str, batch: int, compile_: bool, data: Path, steps: int)
 def run_peak(config: RunConfig, workdir: Path) -> tuple[int | None, int | None, str]:
     """Train `config` for its max_steps with the real Trainer (evals and checkpoints skipped);
     (max_memory_allocated, max_memory_reserved, "ok" | "OOM" | error)."""
-    from engine.measure.common import BenchTrainer
+    from bench.common import BenchTrainer
     from engine.start import start
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
@@ -201,7 +201,7 @@ def gpu_tables(presets: list[str], batches: list[int], compile_modes: list[bool]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.measure.memory_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.memory_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="the CPU saved-activation table (no GPU needed)")
     p.add_argument("--presets", default="gpt2,gpt2-medium")
     p.add_argument("--batch-sizes", default="4,8,16", help="micro-batches for the accuracy table")

@@ -9,13 +9,13 @@
 
 from __future__ import annotations
 
-from engine.measure.common import BenchOptions
+from bench.common import BenchOptions
 from engine.errors import UserError
 
 
 def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
     if opts.gpu_report:  # its --out is the report's directory, merged into: checked by gpu_report
-        from engine.measure import gpu_report
+        from bench import gpu_report
 
         return gpu_report.run(opts, command)
     from engine import device, rundir
@@ -29,17 +29,17 @@ def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
     if opts.compile_cache and (opts.plain or opts.best):
         raise UserError("--compile-cache times the ladder or --config FILE, not --plain or --best; leave it out")
     if opts.config is not None:
-        from engine.measure import timeline
+        from bench import timeline
 
         return timeline.run(opts, command)
     if opts.best:
-        from engine.measure import best
+        from bench import best
 
         return best.run(opts, command)
     if opts.plain:
-        from engine.measure import plain
+        from bench import plain
 
         return plain.run(opts, command)
-    from engine.measure import ladder
+    from bench import ladder
 
     return ladder.run(opts, command)

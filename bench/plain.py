@@ -2,7 +2,7 @@
 
     gpt2-tui bench --plain --preset nano [--steps 30] [--rounds 3]
 
-The reference is `engine.measure.reference`: the plain GPT-2 script anyone would write, with
+The reference is `bench.reference`: the plain GPT-2 script anyone would write, with
 its own model, batches and loop (AdamW, clip at 1.0), sharing nothing with our GPT or
 Trainer, so a cost in our model or loop shows up here (a comparison with ourselves proves
 only that we did not get slower). Both train the same token file at the same shape
@@ -26,8 +26,8 @@ import torch
 from pydantic import BaseModel
 
 from engine import rundir
-from engine.measure.common import BenchOptions, default_out, load_average, time_config
-from engine.measure.reference import ReferenceShape, reference_step_times
+from bench.common import BenchOptions, default_out, load_average, time_config
+from bench.reference import ReferenceShape, reference_step_times
 from engine.checkpoint import atomic_write_bytes
 from engine.config import RunConfig, resolve
 from engine.data import Dataset
@@ -88,7 +88,7 @@ class PlainResult(BaseModel):
 
 VARIANTS = {
     "ours": "gpt2-tui Trainer (the preset's config, fp32, eager, log every step)",
-    "reference": "independent reference loop (engine/measure/reference.py: its own GPT-2, AdamW, clip 1.0)",
+    "reference": "independent reference loop (bench/reference.py: its own GPT-2, AdamW, clip 1.0)",
 }
 
 

@@ -1,0 +1,85 @@
+"""`gpt2-tui bench` and `gpt2-tui bench-data`: their flags, and which tool each one runs.
+
+gpt2_tui.py adds these two commands to engine.cli's parser; engine/ never imports bench/
+(the import-linter contract in pyproject.toml). Bad input is one line and exit status 2,
+as for every command: checked here or by BenchOptions before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from engine.cli import SEED, Bounded
+from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_VOCAB
+
+COMMANDS = ("bench", "bench-data")
+# `bench-data`'s flags (bench.batching has the defaults): checked before it runs
+BENCH_DATA_FLAGS = (
+    ("--batch-size", Bounded(1, MAX_BATCH), "sequences per batch (default 64)"),
+    ("--block-size", Bounded(1, MAX_CONTEXT), "tokens per sequence (default 512)"),
+    ("--iters", Bounded(1, 10**7), "timed iterations per variant (default 200)"),
+    ("--warmup", Bounded(0, 10**7), "untimed iterations first (default 10)"),
+    ("--seed", SEED, "sampler seed (default 0)"),
+    ("--vocab-size", Bounded(2, MAX_VOCAB), "vocab of nanoGPT/llm.c files, which carry none (default 50257)"),
+)
+BENCH_DATA_ARGS = ("--data", *(f for f, _, _ in BENCH_DATA_FLAGS))
+
+
+def add_parsers(sub: Any) -> None:
+    """Add `bench-data` and `bench` to the subparsers of engine.cli.build_parser."""
+    from bench.gpu_report import PARTS
+    from bench.ladder import RUNG_NAMES
+
+    # checked here (one line on bad input), then handed to bench.batching as given
+    d = sub.add_parser("bench-data", help="time batch building: vectorized vs loop, RAM vs memmap")
+    d.add_argument("--data", metavar="DIR", default=argparse.SUPPRESS, help="dataset directory (default: the stdlib corpus)")
+    for flag, kind, help_ in BENCH_DATA_FLAGS:
+        d.add_argument(flag, type=kind, metavar="N", default=argparse.SUPPRESS, help=help_)
+
+    # bench's numbers are bounded and checked by bench.common.BenchOptions
+    b = sub.add_parser("bench", help="the speed ladder: what each optimization buys here")
+    mode = b.add_mutually_exclusive_group()
+    mode.add_argument("--preset", default=None, help="model preset for the ladder (default nano)")
+    mode.add_argument("--config", type=Path, metavar="FILE", help="time this run config over time (compile warm-up)")
+    b.add_argument("--plain", action="store_true", help="our Trainer vs an independent plain PyTorch GPT-2 loop")
+    b.add_argument("--best", action="store_true", help="every optimization on; sweep micro-batch x compile mode")
+    b.add_argument("--steps", type=int, metavar="N", help="timed steps per rung (default 20; --config: 100)")
+    b.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed steps first (compile happens here)")
+    b.add_argument("--out", type=Path, metavar="DIR", help="new directory for the tables (default runs/bench-NAME-TIME)")
+    b.add_argument("--data", metavar="DIR", help="dataset directory (default: the stdlib corpus)")
+    b.add_argument("--device", choices=["auto", "cuda", "mps", "cpu"], default="auto")
+    b.add_argument("--vocab-size", type=int, metavar="N", help="model vocab (ladder default 50257, GPT-2's)")
+    b.add_argument("--batch-size", type=int, metavar="N", help="micro-batch (default: the preset's)")
+    b.add_argument("--block-size", type=int, metavar="N", help="tokens per sequence (default: the context)")
+    b.add_argument("--grad-accum", type=int, default=1, metavar="N", help="micro-batches per step")
+    b.add_argument("--log-interval", type=int, metavar="N", help="steps per timed interval (default 1; --best: 10)")
+    b.add_argument("--batch-sizes", metavar="LIST", help="--best: comma-separated micro-batches (default 8,16,32)")
+    b.add_argument("--compile-modes", metavar="LIST", help="--best: comma-separated compile modes, 'eager' = none")
+    b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:], metavar="RUNG",
+                   help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}")  # fmt: skip
+    b.add_argument("--rounds", type=int, default=3, metavar="N", help="--plain: alternating rounds of each loop")
+    b.add_argument("--compile-cache", choices=["cold", "warm", "both"], default=None,
+                   help="ladder and --config: time the first step with torch.compile's caches empty (cold), "
+                   "filled by a run of the same config (warm), or both")  # fmt: skip
+    b.add_argument("--gpu-report", action="store_true", help="on a CUDA box: tests, ladder, best, memory and "
+                   "dashboard overhead, written to docs/gpu/DEVICE-DATE.md and .json (about 9 minutes)")  # fmt: skip
+    b.add_argument("--part", action="append", default=[], choices=PARTS, metavar="PART",
+                   help=f"--gpu-report: only this part (repeatable), merged into the day's report: {', '.join(PARTS)}")  # fmt: skip
+    b.add_argument("--dry-run", action="store_true", help="--gpu-report on CPU with the tiniest shapes (the plumbing)")
+    b.add_argument("--budget", type=Bounded(1, 10**6), metavar="S", help="--gpu-report: seconds each part may take (default: its own)")
+
+
+def run_command(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run a parsed `bench` or `bench-data` (raises UserError on bad input)."""
+    if args.command == "bench-data":
+        from bench import batching
+
+        given = {flag: getattr(args, flag[2:].replace("-", "_"), None) for flag in BENCH_DATA_ARGS}
+        return batching.main([a for flag, v in given.items() if v is not None for a in (flag, str(v))])
+    from bench.common import BenchOptions
+    from bench.run import run
+
+    fields = BenchOptions.model_fields
+    return run(BenchOptions.from_flags({k: v for k, v in vars(args).items() if k in fields}), "gpt2-tui " + " ".join(argv))
