@@ -1,103 +1,40 @@
-"""The import contract: engine/ never imports tui/ or textual (function-level imports
-included), neither package has an import cycle, and each setting is described once."""
+"""The import contract: engine/ never imports tui/, textual, bench/ or gpt2_tui (function-level
+imports included), neither engine nor tui has an import cycle (pyproject's [tool.importlinter],
+checked by `lint-imports`), and each setting is described once."""
 
-import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = str(Path(sys.executable).parent / "lint-imports")
 
 
-def _modules(package: str) -> dict[str, Path]:
-    out = {}
-    for p in (ROOT / package).rglob("*.py"):
-        name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
-        out[name.removesuffix(".__init__")] = p
-    return out
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([LINT_IMPORTS, "--no-cache", "--no-logo"], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(cwd)})  # fmt: skip
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """Every module named by an import anywhere in the file (inside functions too)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, *([node.module] if node.module else [])])
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)  # `from engine import rundir`
-    return found
+def test_the_import_contracts_hold():
+    out = _lint_imports(ROOT)
+    assert out.returncode == 0 and "2 kept, 0 broken" in out.stdout, out.stdout + out.stderr
 
 
-def _graph(package: str) -> dict[str, set[str]]:
-    mods = _modules(package)
-    graph = {}
-    for name, path in mods.items():
-        deps = {d for d in _imports(name, path) if d in mods and d != name}
-        # `from engine import x` names the package only to reach x: not an edge to engine/__init__
-        graph[name] = {d for d in deps if not any(o.startswith(d + ".") for o in deps)}
-    return graph
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while (w := stack.pop()) != v:
-                comp.append(w)
-            if comp:
-                out.append(sorted([v, *comp]))
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return out
-
-
-def test_engine_imports_nothing_of_the_ui_anywhere_in_a_file():
-    offenders = {
-        name: sorted(d for d in _imports(name, path) if d.split(".")[0] in ("tui", "textual", "textual_plotext", "gpt2_tui"))
-        for name, path in _modules("engine").items()
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
-
-
-def test_the_checker_sees_function_level_imports(tmp_path):
-    path = tmp_path / "m.py"
-    path.write_text("def f():\n    from tui import app\n    import textual\n")
-    assert {"tui", "tui.app", "textual"} <= _imports("engine.m", path)
-
-
-def test_no_import_cycle_inside_engine_or_tui():
-    assert _cycles(_graph("engine")) == []
-    assert _cycles(_graph("tui")) == []
-    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]  # the check itself works
-
-
-def test_importing_every_engine_module_loads_no_textual():
-    modules = sorted(_modules("engine"))
-    code = f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\nprint('textual' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "False"
+def test_the_contracts_see_function_level_imports_and_cycles(tmp_path):
+    """The same contracts on a copy of the tree with the breaches planted inside functions."""
+    for name in ("engine", "tui", "bench"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    (tmp_path / "engine" / "planted_ui.py").write_text("def f():\n    from tui import app\n    import textual\n")
+    (tmp_path / "engine" / "planted_bench.py").write_text("def f():\n    from bench import ladder\n")
+    (tmp_path / "engine" / "planted_a.py").write_text("def f():\n    from engine import planted_b\n")
+    (tmp_path / "engine" / "planted_b.py").write_text("from engine import planted_a\n")
+    out = _lint_imports(tmp_path)
+    assert out.returncode == 1 and "0 kept, 2 broken" in out.stdout, out.stdout + out.stderr
+    for line in ("engine.planted_ui -> tui.app (l.2)", "engine.planted_ui -> textual (l.3)",
+                 "engine.planted_bench -> bench.ladder (l.2)", "No cycles are allowed in engine", ".planted_a (1 import)"):  # fmt: skip
+        assert line in out.stdout, out.stdout
 
 
 def test_cli_help_and_the_form_read_the_same_description_for_every_setting():
