@@ -7,6 +7,7 @@ that trainer tests can use without tokenizing anything.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -17,6 +18,29 @@ import pytest
 
 
 LLMC_MAGIC = 20240520
+# Each test file's area, for `pytest -m AREA` (registered in pyproject.toml): the first pattern
+# that matches its file name, else engine. A test skipped for want of CUDA is also gpu.
+AREAS = (
+    ("test_tui*.py", "tui"),
+    ("test_gpu.py", "gpu"),
+    ("test_bench.py", "bench"), ("test_reference.py", "bench"), ("test_gpu_report.py", "bench"),
+    ("test_robustness*.py", "robustness"), ("test_hostile_inputs.py", "robustness"),
+    ("test_checkpoint_fuzz.py", "robustness"), ("test_input_checks.py", "robustness"),
+    ("test_refusals.py", "robustness"), ("test_divergence.py", "robustness"), ("test_writer_lock.py", "robustness"),
+)  # fmt: skip
+NEEDS_CUDA = "needs a CUDA GPU"
+
+
+def area(file_name: str) -> str:
+    return next((marker for pattern, marker in AREAS if fnmatch.fnmatch(file_name, pattern)), "engine")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(area(item.path.name))
+        if any(m.kwargs.get("reason") == NEEDS_CUDA for m in item.iter_markers("skipif")):
+            item.add_marker("gpu")
 
 
 def write_gpt2tui(
