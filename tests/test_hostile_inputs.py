@@ -579,13 +579,7 @@ def _cases() -> list[Case]:
                     "--max-bad-steps"}  # fmt: skip
     for flag in sorted(strict_huge | lenient_huge):
         for v in ("0", "-1", HUGE):
-            add(
-                Case(
-                    f"train/{flag[2:]}={v}",
-                    [*TR, flag, v],
-                    may_run=(v == HUGE and flag in lenient_huge),
-                )
-            )
+            add(Case(f"train/{flag[2:]}={v}", [*TR, flag, v], may_run=(v == HUGE and flag in lenient_huge)))
     add(Case("train/warmup-steps=-1", [*TR, "--warmup-steps", "-1"]))
     add(Case("train/nproc=0", [*TR, "--nproc", "0"]))
     add(Case("train/nproc=-1", [*TR, "--nproc", "-1"]))
@@ -594,39 +588,14 @@ def _cases() -> list[Case]:
     add(Case("train/vocab<data", [*TR, "--vocab-size", "8"]))
 
     # --- train --out (item 3)
-    add(
-        Case(
-            "train/out=non-run-dir-with-user-files",
-            [*T, "--out", "mine"],
-            setup=_user_dir,
-        )
-    )
-    add(
-        Case(
-            "train/out=dir-with-a-file",
-            [*T, "--out", "somedir"],
-            setup=_write("somedir/keep.txt", "keep\n"),
-        )
-    )
+    add(Case("train/out=non-run-dir-with-user-files", [*T, "--out", "mine"], setup=_user_dir))
+    add(Case("train/out=dir-with-a-file", [*T, "--out", "somedir"], setup=_write("somedir/keep.txt", "keep\n")))
     add(Case("train/out=/", [*T, "--out", "/"], watch=("/",)))
     add(Case("train/out=under-a-file", [*T, "--out", "notes.txt/run"]))
     add(Case("train/out=a-file", [*T, "--out", "notes.txt"]))
     add(Case("train/out=/proc/x", [*T, "--out", "/proc/x"]))
-    add(
-        Case(
-            "train/out=read-only-dir(0555)",
-            [*T, "--out", "ro/run"],
-            setup=_chmod("ro", 0o555),
-            root_bypasses=True,
-        )
-    )
-    add(
-        Case(
-            "train/out=immutable-dir(chattr+i)",
-            [*T, "--out", "ro/run"],
-            setup=_immutable_dir,
-        )
-    )
+    add(Case("train/out=read-only-dir(0555)", [*T, "--out", "ro/run"], setup=_chmod("ro", 0o555), root_bypasses=True))
+    add(Case("train/out=immutable-dir(chattr+i)", [*T, "--out", "ro/run"], setup=_immutable_dir))
     add(Case("train/out=symlink-loop", [*T, "--out", "loop"], setup=_symlink_loop()))
     add(
         Case(
@@ -648,25 +617,9 @@ def _cases() -> list[Case]:
     add(Case("train/resume+out", ["train", "--resume", "good", "--out", "other"]))
     add(Case("train/resume+device-cuda", ["train", "--resume", "good", "--device", "cuda", "--max-steps", "4"],
              mention=("cuda", "gpu")))  # fmt: skip
-    add(
-        Case(
-            "train/resume+seed=-1",
-            ["train", "--resume", "good", "--seed", "-1", "--max-steps", "4"],
-        )
-    )
-    add(
-        Case(
-            "train/resume+lr=nan",
-            ["train", "--resume", "good", "--lr", "nan", "--max-steps", "4"],
-        )
-    )
-    add(
-        Case(
-            "train/resume-corrupt-latest",
-            ["train", "--resume", "good", "--max-steps", "4"],
-            setup=_corrupt_latest,
-        )
-    )
+    add(Case("train/resume+seed=-1", ["train", "--resume", "good", "--seed", "-1", "--max-steps", "4"]))
+    add(Case("train/resume+lr=nan", ["train", "--resume", "good", "--lr", "nan", "--max-steps", "4"]))
+    add(Case("train/resume-corrupt-latest", ["train", "--resume", "good", "--max-steps", "4"], setup=_corrupt_latest))
     add(Case("train/resume-config-garbage", ["train", "--resume", "good"],
              setup=_write("good/config.toml", b"\x00\xff garbage [[[")))  # fmt: skip
 
@@ -676,49 +629,21 @@ def _cases() -> list[Case]:
     add(Case("train/data=tokenizer-/etc/passwd", [*TR[:-4], "--data", "evil", "--out", "run"],
              setup=_dataset("evil", tokenizer="/etc/passwd")))  # fmt: skip
     TD = ["train", *TRAIN_FAST, "--out", "run", "--data"]
-    add(
-        Case(
-            "train/data=symlink-loop",
-            [*TD, "loop"],
-            setup=_symlink_loop(),
-            mention=("loop", "symbolic", "symlink"),
-        )
-    )
+    add(Case("train/data=symlink-loop", [*TD, "loop"], setup=_symlink_loop(), mention=("loop", "symbolic", "symlink")))
     add(Case("train/data=missing", [*TD, "nothere"]))
     add(Case("train/data=text-file", [*TD, "notes.txt"]))
-    add(
-        Case(
-            "train/data=empty-dir",
-            [*TD, "empty"],
-            setup=lambda d: (d / "empty").mkdir(),
-        )
-    )
+    add(Case("train/data=empty-dir", [*TD, "empty"], setup=lambda d: (d / "empty").mkdir()))
     add(Case("train/data=train.bin-is-a-dir", [*TD, "dsdir"], setup=_train_bin_is_dir))
-    add(
-        Case(
-            "train/data=tokenizer-is-a-dir", [*TD, "dstokdir"], setup=_tokenizer_is_dir
-        )
-    )
+    add(Case("train/data=tokenizer-is-a-dir", [*TD, "dstokdir"], setup=_tokenizer_is_dir))
     add(Case("train/data=empty-train.bin", [*TD, "dsempty"], setup=_empty_train))
-    add(
-        Case(
-            "train/data=sidecar-garbage",
-            [*TD, "dsg"],
-            setup=_both(_dataset("dsg"), _write("dsg/dataset.json", "{oops")),
-        )
-    )
+    add(Case("train/data=sidecar-garbage", [*TD, "dsg"],
+             setup=_both(_dataset("dsg"), _write("dsg/dataset.json", "{oops"))))  # fmt: skip
     add(Case("train/data=sidecar-negative-vocab", [*TD, "dsv"],
              setup=_both(_dataset("dsv"), _write("dsv/dataset.json", json.dumps(
                  {"format": "gpt2-tui", "version": 1, "dtype": "uint16", "vocab_size": -5, "train_tokens": 20000,
                   "val_tokens": 4000, "tokenizer": None, "eot_id": None})))))  # fmt: skip
-    add(
-        Case(
-            "train/data=unreadable-train.bin(000)",
-            [*TD, "dsu"],
-            setup=_unreadable("dsu", "train.bin"),
-            root_bypasses=True,
-        )
-    )
+    add(Case("train/data=unreadable-train.bin(000)", [*TD, "dsu"], setup=_unreadable("dsu", "train.bin"),
+             root_bypasses=True))  # fmt: skip
     add(Case("train/data=unreadable-tokenizer(000)", [*TD, "dsu"], setup=_unreadable("dsu", "tokenizer.json"),
              root_bypasses=True))  # fmt: skip
 
@@ -726,18 +651,9 @@ def _cases() -> list[Case]:
     for name, text in BAD_TOML.items():
         add(Case(f"train/config={name}", ["train", "--config", "bad.toml", "--data", "ds", "--out", "run",
                                           "--preset", "micro"], setup=_write("bad.toml", text)))  # fmt: skip
-    add(
-        Case(
-            "train/config=missing",
-            ["train", "--config", "nothere.toml", "--out", "run"],
-        )
-    )
+    add(Case("train/config=missing", ["train", "--config", "nothere.toml", "--out", "run"]))
     add(Case("train/config=a-dir", ["train", "--config", "text", "--out", "run"]))
-    add(
-        Case(
-            "train/preset=unknown", ["train", "--preset", "huge-model", "--out", "run"]
-        )
-    )
+    add(Case("train/preset=unknown", ["train", "--preset", "huge-model", "--out", "run"]))
     add(Case("train/preset=/etc/passwd.toml-like", ["train", "--preset", "notes.toml", "--out", "run"],
              setup=_write("notes.toml", "root:x:0:0:root:/root:/bin/bash\n")))  # fmt: skip
 
@@ -745,30 +661,12 @@ def _cases() -> list[Case]:
     add(Case("sample/checkpoint=text-file", ["sample", "notes.txt"]))
     add(Case("sample/checkpoint=random-bytes", ["sample", "rand.pt"],
              setup=_write("rand.pt", np.random.default_rng(7).bytes(4096))))  # fmt: skip
-    add(
-        Case(
-            "sample/checkpoint=zip-magic-garbage",
-            ["sample", "z.pt"],
-            setup=_write("z.pt", b"PK\x03\x04" + bytes(300)),
-        )
-    )
-    add(
-        Case(
-            "sample/temperature=nan",
-            ["sample", "good", "--temperature", "nan"],
-            mention=("temperature",),
-        )
-    )
+    add(Case("sample/checkpoint=zip-magic-garbage", ["sample", "z.pt"],
+             setup=_write("z.pt", b"PK\x03\x04" + bytes(300))))  # fmt: skip
+    add(Case("sample/temperature=nan", ["sample", "good", "--temperature", "nan"], mention=("temperature",)))
     add(Case("sample/temperature=-1", ["sample", "good", "--temperature", "-1"]))
     add(Case("sample/temperature=0", ["sample", "good", "--temperature", "0"]))
-    add(
-        Case(
-            "sample/device=cuda",
-            ["sample", "good", "--device", "cuda"],
-            mention=("cuda", "gpu"),
-            avoid=("corrupt",),
-        )
-    )
+    add(Case("sample/device=cuda", ["sample", "good", "--device", "cuda"], mention=("cuda", "gpu"), avoid=("corrupt",)))
     add(Case("sample/device=bogus", ["sample", "good", "--device", "tpu"]))
     for flag, values in {
         "--max-new-tokens": ("0", "-1", HUGE),
@@ -776,116 +674,39 @@ def _cases() -> list[Case]:
     }.items():
         for v in values:
             add(Case(f"sample/{flag[2:]}={v}", ["sample", "good", flag, v]))
-    add(
-        Case(
-            f"sample/top-k={HUGE}",
-            ["sample", "good", "--top-k", HUGE, "--max-new-tokens", "3"],
-            may_run=True,
-        )
-    )
-    add(
-        Case(
-            "sample/seed=2**64",
-            ["sample", "good", "--seed", SEED_HUGE, "--max-new-tokens", "3"],
-        )
-    )
-    add(
-        Case(
-            "sample/seed=-1",
-            ["sample", "good", "--seed", "-1", "--max-new-tokens", "3"],
-            may_run=True,
-        )
-    )
+    add(Case(f"sample/top-k={HUGE}", ["sample", "good", "--top-k", HUGE, "--max-new-tokens", "3"], may_run=True))
+    add(Case("sample/seed=2**64", ["sample", "good", "--seed", SEED_HUGE, "--max-new-tokens", "3"]))
+    add(Case("sample/seed=-1", ["sample", "good", "--seed", "-1", "--max-new-tokens", "3"], may_run=True))
     add(
         Case("sample/tokenizer=garbage", ["sample", "good", "--tokenizer", "notes.txt"])
     )
-    add(
-        Case(
-            "sample/tokenizer=missing",
-            ["sample", "good", "--tokenizer", "nothere.json"],
-        )
-    )
+    add(Case("sample/tokenizer=missing", ["sample", "good", "--tokenizer", "nothere.json"]))
     add(Case("sample/tokenizer=a-dir", ["sample", "good", "--tokenizer", "text"]))
     add(Case("sample/path=missing", ["sample", "nothere"]))
     add(Case("sample/path=non-run-dir", ["sample", "mine"], setup=_user_dir))
-    add(
-        Case(
-            "sample/path=symlink-loop",
-            ["sample", "loop"],
-            setup=_symlink_loop(),
-            mention=("loop", "symbolic", "symlink"),
-        )
-    )
-    add(
-        Case(
-            "sample/run-with-corrupt-latest", ["sample", "good"], setup=_corrupt_latest
-        )
-    )
+    add(Case("sample/path=symlink-loop", ["sample", "loop"], setup=_symlink_loop(),
+             mention=("loop", "symbolic", "symlink")))  # fmt: skip
+    add(Case("sample/run-with-corrupt-latest", ["sample", "good"], setup=_corrupt_latest))
 
     # --- prepare
     P = BASES["prepare"]
     for flag, values in {"--seed": ("-1", SEED_HUGE), "--vocab-size": ("0", "-1", "10", HUGE),
                          "--val-fraction": ("nan", "inf", "-0.1", "1.5", "1", "0")}.items():  # fmt: skip
         for v in values:
-            add(
-                Case(
-                    f"prepare/{flag[2:]}={v}",
-                    [*P, flag, v],
-                    may_run=(flag, v) == ("--val-fraction", "0"),
-                )
-            )
-    add(
-        Case(
-            "prepare/out=non-empty-dir",
-            ["prepare", "text", "--out", "mine"],
-            setup=_user_dir,
-        )
-    )
+            add(Case(f"prepare/{flag[2:]}={v}", [*P, flag, v], may_run=(flag, v) == ("--val-fraction", "0")))
+    add(Case("prepare/out=non-empty-dir", ["prepare", "text", "--out", "mine"], setup=_user_dir))
     add(Case("prepare/out=/", ["prepare", "text", "--out", "/"], watch=("/",)))
     add(Case("prepare/out=under-a-file", ["prepare", "text", "--out", "notes.txt/x"]))
     add(Case("prepare/out=/proc/x", ["prepare", "text", "--out", "/proc/x"]))
-    add(
-        Case(
-            "prepare/out=immutable-dir",
-            ["prepare", "text", "--out", "ro/x"],
-            setup=_immutable_dir,
-        )
-    )
+    add(Case("prepare/out=immutable-dir", ["prepare", "text", "--out", "ro/x"], setup=_immutable_dir))
     add(Case("prepare/input=missing", ["prepare", "nothere", "--out", "newds"]))
-    add(
-        Case(
-            "prepare/input=symlink-loop",
-            ["prepare", "loop", "--out", "newds"],
-            setup=_symlink_loop(),
-        )
-    )
-    add(
-        Case(
-            "prepare/input=empty-dir",
-            ["prepare", "empty", "--out", "newds"],
-            setup=lambda d: (d / "empty").mkdir(),
-        )
-    )
+    add(Case("prepare/input=symlink-loop", ["prepare", "loop", "--out", "newds"], setup=_symlink_loop()))
+    add(Case("prepare/input=empty-dir", ["prepare", "empty", "--out", "newds"], setup=lambda d: (d / "empty").mkdir()))
     add(Case("prepare/input=binary-only", ["prepare", "bin", "--out", "newds"],
              setup=_write("bin/x.dat", np.random.default_rng(3).bytes(5000))))  # fmt: skip
-    add(
-        Case(
-            "prepare/tokenizer=garbage",
-            ["prepare", "text", "--out", "newds", "--tokenizer", "notes.txt"],
-        )
-    )
-    add(
-        Case(
-            "prepare/tokenizer=missing",
-            ["prepare", "text", "--out", "newds", "--tokenizer", "nothere.json"],
-        )
-    )
-    add(
-        Case(
-            "prepare/tokenizer=a-dir",
-            ["prepare", "text", "--out", "newds", "--tokenizer", "text"],
-        )
-    )
+    add(Case("prepare/tokenizer=garbage", ["prepare", "text", "--out", "newds", "--tokenizer", "notes.txt"]))
+    add(Case("prepare/tokenizer=missing", ["prepare", "text", "--out", "newds", "--tokenizer", "nothere.json"]))
+    add(Case("prepare/tokenizer=a-dir", ["prepare", "text", "--out", "newds", "--tokenizer", "text"]))
 
     # --- estimate
     E = BASES["estimate"]
@@ -897,24 +718,13 @@ def _cases() -> list[Case]:
     add(Case("estimate/batch-size=-1", [*E, "--batch-size", "-1"]))
     add(Case("estimate/lr=nan", [*E, "--lr", "nan"]))
     add(Case(f"estimate/context={HUGE}", [*E, "--context", HUGE]))
-    add(
-        Case(
-            "estimate/data=symlink-loop",
-            [*E[:3], "--data", "loop"],
-            setup=_symlink_loop(),
-        )
-    )
+    add(Case("estimate/data=symlink-loop", [*E[:3], "--data", "loop"], setup=_symlink_loop()))
     add(Case("estimate/data=tokenizer-/etc/passwd", [*E[:3], "--data", "evil"], may_run=True,
              setup=_dataset("evil", tokenizer="/etc/passwd")))  # fmt: skip
     add(Case("estimate/preset=unknown", ["estimate", "--preset", "nope"]))
     for name in ("syntax", "lr-nan", "deep-nesting", "binary"):
-        add(
-            Case(
-                f"estimate/config={name}",
-                ["estimate", "--config", "bad.toml"],
-                setup=_write("bad.toml", BAD_TOML[name]),
-            )
-        )
+        add(Case(f"estimate/config={name}", ["estimate", "--config", "bad.toml"],
+                 setup=_write("bad.toml", BAD_TOML[name])))  # fmt: skip
 
     # --- bench
     B = BASES["bench"]
@@ -947,12 +757,7 @@ def _cases() -> list[Case]:
         "benchout",
     ]
     add(Case("bench/best-batch-sizes=garbage", [*BL, "--best", "--batch-sizes", "a,b"]))
-    add(
-        Case(
-            "bench/best-compile-modes=bogus",
-            [*BL, "--best", "--compile-modes", "warp-speed"],
-        )
-    )
+    add(Case("bench/best-compile-modes=bogus", [*BL, "--best", "--compile-modes", "warp-speed"]))
     add(Case("bench/ladder-steps=0", [*BL, "--steps", "0"]))
     add(Case("bench/config=syntax", ["bench", "--config", "bad.toml", "--out", "benchout"],
              setup=_write("bad.toml", BAD_TOML["syntax"])))  # fmt: skip
@@ -970,13 +775,7 @@ def _cases() -> list[Case]:
     add(Case("bench-data/batch-size=abc", [*BD, "--batch-size", "abc"]))
     add(Case("bench-data/unknown-flag", [*BD, "--bogus"]))
     add(Case("bench-data/data=missing", [*BD, "--data", "nothere"]))
-    add(
-        Case(
-            "bench-data/data=symlink-loop",
-            [*BD, "--data", "loop"],
-            setup=_symlink_loop(),
-        )
-    )
+    add(Case("bench-data/data=symlink-loop", [*BD, "--data", "loop"], setup=_symlink_loop()))
     add(Case("bench-data/data=tokenizer-../etc/passwd", [*BD, "--data", "evil"],
              setup=_dataset("evil", tokenizer="../../../../../../../../etc/passwd")))  # fmt: skip
 
@@ -984,20 +783,8 @@ def _cases() -> list[Case]:
     add(Case("attach/missing", ["attach", "nothere"]))
     add(Case("attach/a-file", ["attach", "notes.txt"]))
     add(Case("attach/non-run-dir", ["attach", "mine"], setup=_user_dir))
-    add(
-        Case(
-            "attach/config-garbage",
-            ["attach", "good"],
-            setup=_write("good/config.toml", b"\xff\xfe[[["),
-        )
-    )
-    add(
-        Case(
-            "attach/config-invalid",
-            ["attach", "good"],
-            setup=_write("good/config.toml", "[optim]\nlr = -1\n"),
-        )
-    )
+    add(Case("attach/config-garbage", ["attach", "good"], setup=_write("good/config.toml", b"\xff\xfe[[[")))
+    add(Case("attach/config-invalid", ["attach", "good"], setup=_write("good/config.toml", "[optim]\nlr = -1\n")))
     add(Case("attach/symlink-loop", ["attach", "loop"], setup=_symlink_loop()))
     add(Case("attach/no-run-dir-arg", ["attach"]))
 
@@ -1023,13 +810,7 @@ def _cases() -> list[Case]:
 
     # --- the bare TUI with --config: must fail before a screen opens
     for name in ("syntax", "unknown-key", "lr-nan", "binary", "deep-nesting"):
-        add(
-            Case(
-                f"tui/config={name}",
-                ["--config", "bad.toml"],
-                setup=_write("bad.toml", BAD_TOML[name]),
-            )
-        )
+        add(Case(f"tui/config={name}", ["--config", "bad.toml"], setup=_write("bad.toml", BAD_TOML[name])))
     add(Case("tui/config=missing", ["--config", "nothere.toml"]))
     add(Case("tui/config=a-dir", ["--config", "text"]))
 

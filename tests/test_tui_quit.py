@@ -20,8 +20,7 @@ import tui.app
 from engine.config import resolve
 from engine.trainer import Trainer
 from tui.app import GPT2App
-from tui.screens.dashboard import DashboardScreen
-from pilot_wait import WAIT_S, until  # noqa: F401
+from pilot_wait import WAIT_S, launch_in_app, until  # noqa: F401
 
 SIZE = (120, 40)
 SLOW_SAVE_S = 3.0  # the stop's checkpoint takes this long (a busy machine, a big model)
@@ -49,15 +48,6 @@ def _slow_saves(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return began
 
 
-async def _launch(pilot, app: GPT2App, run_dir: Path) -> None:
-    await pilot.pause()
-    app.screen.query_one("#run-dir").value = str(run_dir)
-    await pilot.pause()
-    await pilot.press("f6")
-    await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
-    await until(pilot, lambda: app.session.state.step >= 2, "a few steps")
-
-
 def test_quit_waits_for_the_stop_checkpoint_however_long(
     tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -70,7 +60,7 @@ def test_quit_waits_for_the_stop_checkpoint_however_long(
     async def go() -> None:
         app = GPT2App(config)
         async with app.run_test(size=SIZE) as pilot:
-            await _launch(pilot, app, run_dir)
+            await launch_in_app(pilot, app, run_dir, steps=2)
             session = app.session
             real_exit = app.exit
 
@@ -107,7 +97,7 @@ def test_second_ctrl_q_quits_without_waiting(tiny_dataset: Path, tmp_path: Path,
     async def go() -> None:
         app = GPT2App(config)
         async with app.run_test(size=SIZE) as pilot:
-            await _launch(pilot, app, run_dir)
+            await launch_in_app(pilot, app, run_dir, steps=2)
             await pilot.press("ctrl+q")
             await until(pilot, lambda: began.is_set(), "the stop's save begun")
             assert app.return_code is None

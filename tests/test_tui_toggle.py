@@ -27,7 +27,7 @@ from tui.screens.dashboard import DashboardScreen
 from tui.screens.toggle import ToggleScreen
 from tui.widgets.charts import MetricChart
 from tui.widgets.segments import SegmentTable
-from pilot_wait import WAIT_S, until
+from pilot_wait import WAIT_S, launch_in_app, until
 
 SIZE = (120, 40)
 LONG = {"train.max_steps": 100000, "train.ckpt_interval": 100000, "train.eval_interval": 100000,
@@ -66,16 +66,6 @@ def stop_in_app(app: GPT2App) -> None:
         session.control.stop()
         session.thread.join(WAIT_S)
         assert not session.thread.is_alive()
-
-
-async def launch_in_app(pilot, app: GPT2App, run_dir: Path) -> DashboardScreen:
-    await pilot.pause()
-    app.screen.query_one("#run-dir").value = str(run_dir)
-    await pilot.pause()
-    await pilot.press("f6")
-    await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
-    await until(pilot, lambda: app.session.state.step >= 3, "a few steps")
-    return app.screen
 
 
 async def open_switches(pilot, app: GPT2App) -> ToggleScreen:
@@ -143,7 +133,7 @@ def test_toggle_an_in_app_run(tiny_dataset: Path, tmp_path: Path) -> None:
     async def go() -> int:
         async with app.run_test(size=SIZE) as pilot:
             notes = record_notes(app)
-            dash = await launch_in_app(pilot, app, run_dir)
+            dash = await launch_in_app(pilot, app, run_dir, steps=3)
             assert app.session.mode == "in-process"
             await turn_preload_off(pilot, app)
             return await check_toggled(pilot, app, dash, notes)
@@ -207,7 +197,7 @@ def test_a_set_that_does_not_fit_or_changes_nothing_is_refused_and_nothing_writt
     async def go() -> None:
         async with app.run_test(size=SIZE) as pilot:
             notes = record_notes(app)
-            await launch_in_app(pilot, app, run_dir)
+            await launch_in_app(pilot, app, run_dir, steps=3)
             screen = await open_switches(pilot, app)
             verdict = screen.query_one("#toggle-verdict")
             await pilot.click("#apply")  # nothing changed yet
