@@ -1,6 +1,7 @@
-"""Measuring tools: the speed ladder, the independent reference loop, the best-config sweep,
-the compile timeline, batch-building and memory measurements, the GPU report.
+"""Measuring tools, apart from the product: the speed ladder, the independent reference loop,
+the best-config sweep, the compile timeline, batch-building and memory measurements, the
+dashboard's overhead and first paint, the GPU report; `gpt2-tui bench` dispatches (cli.py).
 
 They train with the engine's own Trainer (engine.start) and write tables to a new directory;
-engine/ core never imports them.
+engine/ never imports them (pyproject's import-linter contract). The TUI's F8 screen runs the ladder.
 """

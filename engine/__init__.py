@@ -9,7 +9,7 @@ Core: config (every setting, described once), settings (their flags and form fie
 device (device and precision decisions), data, model, losses, trainer, guard (verdicts
 on bad steps), control (pause/stop/save from other threads), checkpoint, rundir, events,
 memory (the estimator), flops, distributed, launch (torchrun), prepare, sample, cli
-(the headless commands). Measuring tools live in bench.
+(the headless commands). The measuring tools live apart, in bench/, which engine never imports.
 """
 
 import os as _os
