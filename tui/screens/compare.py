@@ -27,7 +27,7 @@ from textual_plotext import PlotextPlot
 from engine import events as ev
 from engine.compare import best_val_loss, labels, read_run
 from engine.errors import UserError
-from engine.events import change_text
+from engine.text import change_text
 from engine.segments import SegmentSummary, segments_of
 from tui.runstate import EMA_BETA, X_AXES, Series, XAxis
 from tui.widgets.charts import log_range, thin
