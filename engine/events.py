@@ -28,6 +28,10 @@ class _Event(BaseModel):
     time: float = Field(default_factory=time.time)
 
 
+class _AtStep(_Event):
+    step: int  # optimizer steps completed when it happened
+
+
 class RunStarted(_Event):
     event: Literal["run_started"] = "run_started"
     config: dict[str, Any]
@@ -43,9 +47,8 @@ class RunStarted(_Event):
     parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
 
 
-class Step(_Event):
+class Step(_AtStep):
     event: Literal["step"] = "step"
-    step: int  # optimizer steps completed
     loss: float  # mean train loss over the step's micro-batches
     lr: float
     grad_norm: float  # global norm before clipping
@@ -58,15 +61,13 @@ class Step(_Event):
     rank_step_times: list[float] | None = None  # under torchrun: each rank's step time, by rank
 
 
-class Eval(_Event):
+class Eval(_AtStep):
     event: Literal["eval"] = "eval"
-    step: int
     val_loss: float
 
 
-class Checkpoint(_Event):
+class Checkpoint(_AtStep):
     event: Literal["checkpoint"] = "checkpoint"
-    step: int
     path: str
     val_loss: float | None
     best: bool = False
@@ -78,9 +79,8 @@ class Warning_(_Event):
     message: str
 
 
-class RunFinished(_Event):
+class RunFinished(_AtStep):
     event: Literal["run_finished"] = "run_finished"
-    step: int
     reason: Literal["completed", "stopped"] = "completed"
     best_val_loss: float | None = None
     summary: dict[str, Any] = {}
@@ -92,22 +92,19 @@ class RunFailed(_Event):
     error: str
 
 
-class Sample(_Event):
+class Sample(_AtStep):
     """A short generation from the model at an eval, for the dashboard's sample panel."""
 
     event: Literal["sample"] = "sample"
-    step: int
     text: str
 
 
-class Paused(_Event):
+class Paused(_AtStep):
     event: Literal["paused"] = "paused"
-    step: int
 
 
-class Resumed(_Event):
+class Resumed(_AtStep):
     event: Literal["resumed"] = "resumed"
-    step: int
 
 
 class Gpu(_Event):
@@ -120,12 +117,11 @@ class Gpu(_Event):
 SegmentReason = Literal["start", "resume", "toggle", "oom"]
 
 
-class Segment(_Event):
+class Segment(_AtStep):
     """From `step` on, the run trains with these speed switches (engine.segments): emitted
     right after run_started, and on a live toggle or an OOM fallback."""
 
     event: Literal["segment"] = "segment"
-    step: int
     switches: dict[str, Any]  # dotted name -> value, engine.segments.SWITCHES
     changed: dict[str, list[Any]]  # dotted name -> [old, new], against the previous segment
     reason: SegmentReason

@@ -29,6 +29,7 @@ from engine.measure.common import default_out, load_average
 from engine.config import preset_names
 from engine.errors import UserError
 from engine.text import clock_text
+from tui.screens import BACK
 
 TICK_S = 0.5
 SHORT = {"precision": "prec", "vs baseline": "vs base", "first step s": "1st step s", "startup s": "start s"}  # fits 120 columns
@@ -54,7 +55,7 @@ class BenchmarkScreen(Screen):
     BINDINGS = [
         Binding("r", "run", "Run ladder"),
         Binding("s", "stop", "Stop"),
-        Binding("escape", "back", "Back"),
+        BACK,
     ]
     DEFAULT_CSS = """
     BenchmarkScreen #bench-form { height: 3; padding: 0 1; }
