@@ -11,12 +11,11 @@ import re
 
 from engine.config import ModelConfig, Precision
 
-# Dense datasheet peaks in TFLOP/s ("-": the device has no such mode), first matching name
-# pattern (a regular expression searched in torch.cuda.get_device_name()) wins. bf16/fp16
-# are tensor-core peaks with fp32 accumulation; tf32 is the tensor-core tf32 peak; fp32 is
-# the plain CUDA-core rate (what "fp32" with TF32 disabled runs at). A table, kept as one.
+# Dense datasheet peaks in TFLOP/s ("-": no such mode); the first name pattern (a regex on
+# torch.cuda.get_device_name()) that matches wins. bf16/fp16: tensor cores, fp32 accumulation;
+# tf32: tensor-core tf32; fp32: the plain CUDA-core rate (fp32 with TF32 disabled).
+# pattern            bf16    fp16    tf32    fp32
 _PEAK_TABLE = r"""
-pattern              bf16    fp16    tf32    fp32
 H100.*PCIe           756     756     378     51.2
 H100 NVL|H200 NVL    835     835     418     60
 H100|H200|GH200      989     989     494     67
@@ -34,12 +33,10 @@ V100                 -       125     -       15.7
 """
 
 
-def _peaks(table: str) -> list[tuple[str, dict[str, float]]]:
-    header, *rows = (line.rsplit(None, 4) for line in table.strip().splitlines())
-    return [(name, {k: float(v) for k, v in zip(header[1:], vals) if v != "-"}) for name, *vals in rows]
-
-
-_PEAKS = _peaks(_PEAK_TABLE)
+_PEAKS: list[tuple[str, dict[str, float]]] = [
+    (name, {k: float(v) for k, v in zip(("bf16", "fp16", "tf32", "fp32"), vals) if v != "-"})
+    for name, *vals in (line.rsplit(None, 4) for line in _PEAK_TABLE.strip().splitlines())
+]
 
 
 def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int) -> int:

@@ -190,10 +190,7 @@ def chunked_transient(s: _Shape, low: bool) -> int:
     fp32 plus logsumexp's temporary of the same size (under autocast, the low-precision
     matmul output and its fp32 copy, then the low-precision gradient chunk: about as much),
     and autocast's low-precision copy of the lm_head weight (Vp x C)."""
-    from engine.losses import chunk_rows_for
-
-    rows = chunk_rows_for(s.B * s.T, s.Vp)
-    return 8 * rows * s.Vp + (2 * s.Vp * s.C if low else 0)
+    return 8 * chunk_rows_for_shape(s) * s.Vp + (2 * s.Vp * s.C if low else 0)
 
 
 def saved_activations(s: _Shape, low: bool, target: Target, compiled: bool = False) -> tuple[int, int]:

@@ -1,8 +1,6 @@
 """Text for people, in one place: untrusted text made safe, byte sizes, durations, ratios,
-switch names, samples, the text of each event and the memory estimate's table and advice.
-
-A leaf module (no torch, no other engine module at run time), so the console, the CLI, the
-estimator and every screen word the same thing the same way.
+switch names, samples, each event's text, the memory estimate's table and advice. A leaf
+(no other engine module at run time but errors): console, CLI and screens all word it so.
 """
 
 from __future__ import annotations
@@ -12,15 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import UserError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # events and memory import this module: their types are named, not imported
     from engine.config import RunConfig
-    from engine.events import Event
-    from engine.memory import MemoryEstimate
 
-MiB = 1 << 20
-GiB = 1 << 30
+MiB, GiB = 1 << 20, 1 << 30
 
-# ------------------------------------------------------------------------------ untrusted text
+# ------------------------------------------------------------------------------ plain values
 
 
 def printable(text: str) -> str:
@@ -40,9 +35,6 @@ def sample_text(text: str, indent: str = "    ") -> str:
     if len("\n".join(head)) < len(safe):
         lines.append(indent + "...")
     return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------ numbers
 
 
 def human(n: int | float | None) -> str:
@@ -110,9 +102,6 @@ def clock_text(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-# ------------------------------------------------------------------------------ switches
-
-
 def short(name: str) -> str:
     """'speed.compile' -> 'compile': the sections are noise in a table or a log line."""
     return name.rsplit(".", 1)[-1]
@@ -128,15 +117,13 @@ def change_text(diff: dict[str, list[Any]]) -> str:
     return ", ".join(f"{short(n)} {value_text(a)} -> {value_text(b)}" for n, (a, b) in diff.items())
 
 
-# ------------------------------------------------------------------------------ events
+# ------------------------------------------------------------------------------ events and the estimate
 
 
-def describe(e: Event, max_steps: int | None = None, eta: float | None = None) -> str:
-    """The human-readable text of an event: the console's, the dashboard log's, `attach`'s.
-    One line, except a run's end (its settled speed follows) and a sample (its text follows,
-    indented; the dashboard draws samples in a panel of their own). `eta`: seconds to the
-    end, for a step line (events.eta_seconds). Dispatched on the event's tag, so this module
-    needs engine.events only for its types."""
+def describe(e: Any, max_steps: int | None = None, eta: float | None = None) -> str:
+    """The text of an event: the console's, the dashboard log's, `attach`'s. One line, but a
+    run's end (its settled speed follows) and a sample (its text, indented). `eta`: seconds
+    to the end, for a step line. `e`: an engine.events event, told by its tag."""
     match e.event:
         case "run_started":
             t = e.config["train"]
@@ -182,10 +169,7 @@ def describe(e: Event, max_steps: int | None = None, eta: float | None = None) -
     return ""  # gpu: a reading a second: the GPU tab draws them, the log and console do not
 
 
-# ------------------------------------------------------------------------------ the memory estimate
-
-
-def verdict(est: MemoryEstimate, device_bytes: int | None) -> str:
+def verdict(est: Any, device_bytes: int | None) -> str:
     if device_bytes is None:
         return f"peak {human(est.peak_bytes)}; device memory unknown (pass --device-memory)"
     if est.fits(device_bytes):
@@ -193,15 +177,14 @@ def verdict(est: MemoryEstimate, device_bytes: int | None) -> str:
     return f"does not fit: peak {human(est.peak_bytes)} > {human(device_bytes)} available"
 
 
-def format_table(est: MemoryEstimate, device_bytes: int | None) -> str:
-    """The breakdown as a plain-text table: each part's full size, what of it is alive at
-    the peak, the phases, the peak and the verdict."""
+def format_table(est: Any, device_bytes: int | None) -> str:
+    """An engine.memory.MemoryEstimate as a plain-text table: each part's full size, what of
+    it is alive at the peak, the phases, the peak and the verdict."""
     rows = [("part", "size", "at peak")]
     for name, size in est.components.items():
         if size or est.breakdown.get(name):
             rows.append((name, human(size), human(est.breakdown.get(name, 0))))
-    w0 = max(len(r[0]) for r in rows) + 2
-    w1 = max(len(r[1]) for r in rows) + 2
+    w0, w1 = (max(len(r[i]) for r in rows) + 2 for i in (0, 1))
     lines = [
         f"{params_text(est.n_params, est.vocab_size)}, "
         f"micro-batch {est.batch_size} x {est.seq_len} tokens, "
@@ -216,8 +199,7 @@ def format_table(est: MemoryEstimate, device_bytes: int | None) -> str:
             lines.append("-" * (w0 + 2 * w1 + 2))
     lines.append("-" * (w0 + 2 * w1 + 2))
     lines.append(f"{'peak (' + est.peak_phase + ')':<{w0 + w1}}{human(est.peak_bytes):>{w1 + 2}}")
-    lines.append("")
-    lines.append("allocated by phase: " + ", ".join(f"{k} {human(v)}" for k, v in est.phases.items()))
+    lines += ["", "allocated by phase: " + ", ".join(f"{k} {human(v)}" for k, v in est.phases.items())]
     lines.extend(f"note: {n}" for n in est.notes)
     lines.append(verdict(est, device_bytes))
     return "\n".join(lines)
