@@ -34,6 +34,7 @@ from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype
 from engine import rundir
 from engine.config import SEED_LIMIT
 from engine.errors import UserError
+from engine.text import path_text
 
 EOT = "<|endoftext|>"
 DEFAULT_VOCAB = 8192
@@ -74,14 +75,9 @@ class PrepareReport:
     seconds: float
 
 
-def _name(path: Path) -> str:
-    """A file name safe for one terminal line: control characters and undecodable bytes escaped."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(path))
-
-
 def skipped_text(skipped: list[Skipped], limit: int = SKIPPED_NAMED) -> str:
     """'a.bin (binary), notes (not UTF-8) and 3 more': the first `limit` named, the rest counted."""
-    text = ", ".join(f"{_name(s.path)} ({s.reason})" for s in skipped[:limit])
+    text = ", ".join(f"{path_text(s.path)} ({s.reason})" for s in skipped[:limit])
     return text + (f" and {len(skipped) - limit} more" if len(skipped) > limit else "")
 
 

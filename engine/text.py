@@ -24,6 +24,12 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text.replace("\r\n", "\n"))
 
 
+def path_text(path: object) -> str:
+    """A file name safe for one terminal line: control characters and undecodable bytes escaped
+    (not dotted as `printable` does: the name must stay findable)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(path))
+
+
 SAMPLE_LINES, SAMPLE_CHARS = 6, 400  # a console sample: a glance at the model, not a page
 
 
