@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from engine import rundir
 from bench.common import BenchOptions, default_out, load_average, time_config
 from engine.checkpoint import atomic_write_bytes
-from engine.memory import human
+from engine.text import human
 from engine.config import resolve
 from engine.errors import UserError
 from engine.start import open_data

@@ -221,7 +221,7 @@ def stem(report: Report) -> str:
 
 
 def to_markdown(r: Report) -> str:
-    from engine.memory import human
+    from engine.text import human
 
     memory = f", {human(r.device_memory_bytes)}" if r.device_memory_bytes else ""
     lines = [

@@ -27,7 +27,8 @@ from pydantic import BaseModel, Field
 from engine import events as ev
 from engine import rundir
 from engine.checkpoint import atomic_write_bytes
-from engine.memory import human, param_count, params_text
+from engine.memory import param_count
+from engine.text import human, params_text, ratio_text
 from engine.config import resolve
 from engine.data import Dataset
 from engine.errors import UserError
@@ -351,10 +352,6 @@ def _run_rung(
 # ---------------------------------------------------------------- output
 
 
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
 def _first_step(r: RungResult) -> str:
     if not r.first_steps:
         return f"{r.first_step_s:.2f}"
@@ -372,7 +369,7 @@ def table_rows(result: LadderResult) -> list[list[str]]:
         mfu = "unknown" if r.mfu is None else f"{100 * r.mfu:.1f}%"
         rows.append([
             r.label, r.precision or "-", f"{1000 * r.median_step_s:.1f}", f"{r.tokens_per_s:,.0f}", mfu,
-            human(r.peak_mem_bytes), _x(r.speedup_vs_baseline), _x(r.speedup_vs_prev),
+            human(r.peak_mem_bytes), ratio_text(r.speedup_vs_baseline), ratio_text(r.speedup_vs_prev),
             _first_step(r), f"{r.startup_s:.2f}", "; ".join(f"not applied: {n}" for n in r.notes),
         ])  # fmt: skip
     return rows
@@ -429,7 +426,7 @@ def run(args: BenchOptions, command: str) -> int:
 
     def progress(r: RungResult) -> None:
         if r.status == "ran":
-            print(f"  {r.label}: {1000 * (r.median_step_s or 0):.1f} ms/step ({_x(r.speedup_vs_baseline)})",
+            print(f"  {r.label}: {1000 * (r.median_step_s or 0):.1f} ms/step ({ratio_text(r.speedup_vs_baseline)})",
                   flush=True)  # fmt: skip
         else:
             print(f"  {r.label}: {r.status} ({r.reason})", flush=True)

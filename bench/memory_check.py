@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from engine import device, memory
+from engine.text import human
 from engine.config import RunConfig, resolve
 from engine.errors import UserError
 
@@ -169,7 +170,7 @@ def gpu_tables(presets: list[str], batches: list[int], compile_modes: list[bool]
         raise UserError("no CUDA GPU here: run this on a GPU box, or pass --cpu for the saved-activation table")
     total = device.memory_bytes("cuda")
     assert total is not None
-    out = [_header(torch.cuda.get_device_name()), "", f"GPU memory: {memory.human(total)}", "",
+    out = [_header(torch.cuda.get_device_name()), "", f"GPU memory: {human(total)}", "",
            "| preset | compile | micro-batch | predicted allocated | max_memory_allocated | error "
            "| max_memory_reserved | reserved / allocated |",
            "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -181,20 +182,20 @@ def gpu_tables(presets: list[str], batches: list[int], compile_modes: list[bool]
             pred = memory.estimate(cfg).allocated_peak_bytes
             alloc, reserved, outcome = run_peak(cfg, work)
             if outcome != "ok":
-                out.append(f"| {preset} | {compile_} | {b} | {memory.human(pred)} | {outcome} | | | |")
+                out.append(f"| {preset} | {compile_} | {b} | {human(pred)} | {outcome} | | | |")
             else:
-                out.append(f"| {preset} | {compile_} | {b} | {memory.human(pred)} | {memory.human(alloc)} | "
-                           f"{_pct(pred, alloc)} | {memory.human(reserved)} | {reserved / alloc:.3f} |")  # fmt: skip
+                out.append(f"| {preset} | {compile_} | {b} | {human(pred)} | {human(alloc)} | "
+                           f"{_pct(pred, alloc)} | {human(reserved)} | {reserved / alloc:.3f} |")  # fmt: skip
             print(out[-1], flush=True)
         out += ["", "Largest micro-batch predicted to fit (peak incl. CUDA context and allocator margin "
-                f"<= {memory.human(total)}), run, and the next size up:", "",
+                f"<= {human(total)}), run, and the next size up:", "",
                 "| preset | compile | predicted largest | run at it | next size up |", "|---|---|---:|---|---|"]  # fmt: skip
         for preset, compile_ in itertools.product(presets, compile_modes):
             best = largest_fitting_batch(_gpu_config(preset, 1, compile_, data, steps), total)
             results = []
             for b in (best, best + 1):
                 alloc, _, outcome = run_peak(_gpu_config(preset, b, compile_, data, steps), work)
-                results.append(f"{outcome} ({memory.human(alloc)} allocated)" if outcome == "ok" else outcome)
+                results.append(f"{outcome} ({human(alloc)} allocated)" if outcome == "ok" else outcome)
             out.append(f"| {preset} | {compile_} | {best} | {results[0]} | {results[1]} |")
             print(out[-1], flush=True)
     return "\n".join(out)

@@ -220,13 +220,13 @@ def _steer_by_signals(control: Any, distributed_run: bool) -> Callable[[], None]
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from engine import device, memory
+    from engine import device, memory, text
     from engine.config import resolve
 
     if args.world_size < 1:
         raise UserError(f"--world-size must be at least 1 (got {args.world_size})")
     overrides = overrides_from(args)
-    device_bytes = memory.parse_bytes(args.device_memory) if args.device_memory else None
+    device_bytes = text.parse_bytes(args.device_memory) if args.device_memory else None
     if device_bytes is not None and overrides.get("speed.device", "auto") == "auto":
         overrides["speed.device"] = "cuda"  # a memory size to plan for means a GPU
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
@@ -242,9 +242,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(est.model_dump_json(indent=2))
     else:
-        print(memory.format_table(est, device_bytes))
+        print(text.format_table(est, device_bytes))
         if not fits:
-            print(memory.advice(config, device_bytes, args.world_size, args.sharding))  # type: ignore[arg-type]
+            print(text.advice(memory.suggest_fit(config, device_bytes, args.world_size, args.sharding)))  # type: ignore[arg-type]
     return 0 if fits else 1
 
 
@@ -289,7 +289,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     run at its next step boundary, which checks again (engine/toggle.py)."""
     from engine import rundir, toggle
     from engine.config import overlay
-    from engine.events import change_text
+    from engine.text import change_text
     from engine.segments import changed, switches
 
     config = rundir.load_config(args.run_dir)

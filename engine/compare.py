@@ -20,8 +20,7 @@ from pydantic import BaseModel
 from engine import events as ev
 from engine import rundir
 from engine.errors import UserError
-from engine.events import short, value_text
-from engine.memory import human
+from engine.text import human, ratio_text, short, value_text
 from engine.segments import SWITCHES, SegmentSummary, segments_of, speedup
 
 
@@ -110,10 +109,6 @@ def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) 
     return [(f"{short(n)}={value_text(s.switches.get(n))}", s.switches.get(n) != base.switches.get(n)) for n in order]
 
 
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
 COLUMNS = ("run", "steps", "why", "switches", "warm-up", "ms/step", "tok/s", "MFU", "peak mem", "vs prev", "vs first", "best val")  # fmt: skip
 
 
@@ -126,7 +121,7 @@ def cells(r: Row) -> list[str]:
         "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}",
         "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
         "-" if s.mfu is None else f"{100 * s.mfu:.1f}%",
-        human(s.peak_mem_bytes), _x(r.vs_prev), _x(r.vs_first),
+        human(s.peak_mem_bytes), ratio_text(r.vs_prev), ratio_text(r.vs_first),
         "" if r.best_val_loss is None else f"{r.best_val_loss:.4f}",
     ]  # fmt: skip
 

@@ -12,10 +12,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Protocol, TextIO, Union
+from typing import Annotated, Any, Callable, Iterable, Literal, Protocol, TextIO, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from engine import text
 from engine.gpu_monitor import GpuSample
 
 
@@ -25,6 +26,10 @@ class _Event(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="constants")
 
     time: float = Field(default_factory=time.time)
+
+
+class _AtStep(_Event):
+    step: int  # optimizer steps completed when it happened
 
 
 class RunStarted(_Event):
@@ -42,9 +47,8 @@ class RunStarted(_Event):
     parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
 
 
-class Step(_Event):
+class Step(_AtStep):
     event: Literal["step"] = "step"
-    step: int  # optimizer steps completed
     loss: float  # mean train loss over the step's micro-batches
     lr: float
     grad_norm: float  # global norm before clipping
@@ -57,15 +61,13 @@ class Step(_Event):
     rank_step_times: list[float] | None = None  # under torchrun: each rank's step time, by rank
 
 
-class Eval(_Event):
+class Eval(_AtStep):
     event: Literal["eval"] = "eval"
-    step: int
     val_loss: float
 
 
-class Checkpoint(_Event):
+class Checkpoint(_AtStep):
     event: Literal["checkpoint"] = "checkpoint"
-    step: int
     path: str
     val_loss: float | None
     best: bool = False
@@ -77,9 +79,8 @@ class Warning_(_Event):
     message: str
 
 
-class RunFinished(_Event):
+class RunFinished(_AtStep):
     event: Literal["run_finished"] = "run_finished"
-    step: int
     reason: Literal["completed", "stopped"] = "completed"
     best_val_loss: float | None = None
     summary: dict[str, Any] = {}
@@ -91,22 +92,19 @@ class RunFailed(_Event):
     error: str
 
 
-class Sample(_Event):
+class Sample(_AtStep):
     """A short generation from the model at an eval, for the dashboard's sample panel."""
 
     event: Literal["sample"] = "sample"
-    step: int
     text: str
 
 
-class Paused(_Event):
+class Paused(_AtStep):
     event: Literal["paused"] = "paused"
-    step: int
 
 
-class Resumed(_Event):
+class Resumed(_AtStep):
     event: Literal["resumed"] = "resumed"
-    step: int
 
 
 class Gpu(_Event):
@@ -119,12 +117,11 @@ class Gpu(_Event):
 SegmentReason = Literal["start", "resume", "toggle", "oom"]
 
 
-class Segment(_Event):
+class Segment(_AtStep):
     """From `step` on, the run trains with these speed switches (engine.segments): emitted
     right after run_started, and on a live toggle or an OOM fallback."""
 
     event: Literal["segment"] = "segment"
-    step: int
     switches: dict[str, Any]  # dotted name -> value, engine.segments.SWITCHES
     changed: dict[str, list[Any]]  # dotted name -> [old, new], against the previous segment
     reason: SegmentReason
@@ -137,22 +134,38 @@ Event = Annotated[
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 
-def parse_event(line: str) -> Event:
+def parse_event(line: str | bytes) -> Event:
     return _adapter.validate_json(line)
+
+
+class EventLines:
+    """The one reading of an events.jsonl's lines as typed events (read_events, attach's tail,
+    `runs`): a torn, garbage, unknown, too deeply nested (pydantic-core's recursion limit) or
+    not-UTF-8 line is skipped and counted in `problems`, never raised."""
+
+    def __init__(self, source: Path | str) -> None:
+        self.source, self.line = source, 0
+        self.problems: list[str] = []
+
+    def parse(self, raw: bytes) -> Event | None:
+        self.line += 1
+        if not raw.strip():
+            return None
+        try:
+            return _adapter.validate_json(raw)
+        except ValidationError:
+            self.problems.append(f"{self.source}:{self.line}: skipped an unreadable line")
+            return None
+
+    def read(self, lines: Iterable[bytes]) -> list[Event]:
+        return [e for e in map(self.parse, lines) if e is not None]
 
 
 def read_events(path: Path) -> tuple[list[Event], list[str]]:
     """All events of an events.jsonl, and a warning for each line that is torn or unknown."""
-    events, problems = [], []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                events.append(parse_event(line))
-            except ValidationError:
-                problems.append(f"{path}:{n}: skipped an unreadable line")
-    return events, problems
+    reader = EventLines(path)
+    with open(path, "rb") as f:
+        return reader.read(f), reader.problems
 
 
 # ------------------------------------------------------------------------------ sinks
@@ -232,106 +245,6 @@ def eta_seconds(times: list[float], step: int, max_steps: int | None) -> float |
     return max(0, max_steps - step) * settled_step_time(times)  # type: ignore[operator]
 
 
-def duration_text(seconds: float) -> str:
-    """'42s', '12m34s', '1h02m': short enough for a log line."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def printable(text: str) -> str:
-    """Model output may hold control characters (ESC, CR, C1, bidi overrides); a terminal must
-    never receive them raw: each becomes a middle dot. Newlines and tabs stay."""
-    return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text.replace("\r\n", "\n"))
-
-
-SAMPLE_LINES, SAMPLE_CHARS = 6, 400  # a console sample: a glance at the model, not a page
-
-
-def sample_text(text: str, indent: str = "    ") -> str:
-    """A sample for a log: made safe, its first lines only, indented under its header."""
-    safe = printable(text).rstrip()
-    head = safe[:SAMPLE_CHARS].split("\n")[:SAMPLE_LINES]
-    lines = [indent + line.rstrip() for line in head] if safe else [indent + "(empty)"]
-    if len("\n".join(head)) < len(safe):
-        lines.append(indent + "...")
-    return "\n".join(lines)
-
-
-def short(name: str) -> str:
-    """'speed.compile' -> 'compile': the sections are noise in a table or a log line."""
-    return name.rsplit(".", 1)[-1]
-
-
-def value_text(v: Any) -> str:
-    """A switch's value as people say it: on/off, auto for None."""
-    return {True: "on", False: "off", None: "auto"}[v] if isinstance(v, (bool, type(None))) else str(v)
-
-
-def change_text(diff: dict[str, list[Any]]) -> str:
-    """'compile off -> on, prefetch on -> off' (empty when nothing changed)."""
-    return ", ".join(f"{short(n)} {value_text(a)} -> {value_text(b)}" for n, (a, b) in diff.items())
-
-
-def describe(e: _Event, max_steps: int | None = None, eta: float | None = None) -> str:
-    """The human-readable text of an event: the console's, the dashboard log's, `attach`'s.
-    One line, except a run's end (its settled speed follows) and a sample (its text follows,
-    indented; the dashboard draws samples in a panel of their own). `eta`: seconds to the
-    end, for a step line (eta_seconds)."""
-    from engine.memory import human
-
-    match e:
-        case RunStarted():
-            t = e.config["train"]
-            return (
-                f"run started: {e.n_params / 1e6:.2f}M parameters on {e.device_name} ({e.device}, {e.precision}), "
-                f"{t['batch_size']}x{t['grad_accum']}x{t.get('block_size')} tokens/step, from step {e.start_step}"
-            ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "")
-        case Step():
-            mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
-            return (
-                f"step {e.step:>6}/{max_steps} | loss {e.loss:.4f} | lr {e.lr:.2e} | "
-                f"norm {e.grad_norm:.3f} | {1000 * e.step_time_s:.1f} ms | "
-                f"{e.tokens_per_s:,.0f} tok/s | mfu {mfu} | mem {human(e.mem_bytes)}"
-            ) + (f" | eta {duration_text(eta)}" if eta else "")
-        case Eval():
-            return f"eval step {e.step}: val loss {e.val_loss:.4f}"
-        case Checkpoint():
-            return f"checkpoint step {e.step}: {e.path}{' (best)' if e.best else ''}"
-        case Warning_():
-            return f"warning: {e.message}"
-        case RunFinished():
-            best = "-" if e.best_val_loss is None else f"{e.best_val_loss:.4f}"
-            line = f"run {e.reason} at step {e.step}; best val loss {best}"
-            s = e.summary
-            if s:
-                mfu = "-" if s.get("mfu") is None else f"{100 * s['mfu']:.1f}%"
-                line += (
-                    f"\nsettled speed: {1000 * s['median_step_time_s']:.1f} ms/step, "
-                    f"{s['tokens_per_s']:,.0f} tok/s, mfu {mfu}, peak mem "
-                    f"{human(s.get('peak_mem_bytes'))} (first step {s['first_step_time_s']:.2f} s)"
-                )
-            return line
-        case RunFailed():
-            return f"run failed at step {e.step}: {e.error}"
-        case Paused():
-            return f"paused at step {e.step}"
-        case Resumed():
-            return f"resumed at step {e.step}"
-        case Segment():
-            if e.reason == "start":
-                return ""  # run_started already said it all
-            return f"segment from step {e.step}: {change_text(e.changed) or 'switches unchanged'} ({e.reason})"
-        case Sample():
-            return f"sample at step {e.step}:\n{sample_text(e.text)}"
-        case Gpu():
-            return ""  # a reading a second: the GPU tab draws them, the log and console do not
-    return ""
-
-
 class ConsoleSink:
     """Each event's text (describe), for headless runs and logs; step lines carry an ETA from
     the step times of the current segment (a toggle changes the speed, so it starts afresh)."""
@@ -351,7 +264,7 @@ class ConsoleSink:
         elif isinstance(event, Step):
             self._times.append(event.step_time_s)
             eta = eta_seconds(self._times, event.step, self._max_steps)
-        line = describe(event, self._max_steps, eta)
+        line = text.describe(event, self._max_steps, eta)
         if line:
             print(line, file=self._out, flush=True)
 

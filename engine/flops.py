@@ -11,24 +11,31 @@ import re
 
 from engine.config import ModelConfig, Precision
 
-# (name pattern matched against torch.cuda.get_device_name(), peaks by precision)
-# bf16/fp16 are tensor-core peaks with fp32 accumulation; tf32 is the tensor-core tf32
-# peak; fp32 is the plain CUDA-core rate (what "fp32" with TF32 disabled runs at).
+# Dense datasheet peaks in TFLOP/s ("-": no such mode); the first name pattern (a regex on
+# torch.cuda.get_device_name()) that matches wins. bf16/fp16: tensor cores, fp32 accumulation;
+# tf32: tensor-core tf32; fp32: the plain CUDA-core rate (fp32 with TF32 disabled).
+# pattern            bf16    fp16    tf32    fp32
+_PEAK_TABLE = r"""
+H100.*PCIe           756     756     378     51.2
+H100 NVL|H200 NVL    835     835     418     60
+H100|H200|GH200      989     989     494     67
+A100                 312     312     156     19.5
+A800                 312     312     156     19.5
+L40S                 362     362     183     91.6
+L40\b                181     181     90.5    90.5
+\bL4\b               121     121     60      30.3
+RTX A6000            154.8   154.8   77.4    38.7
+RTX 6000 Ada         364.2   364.2   182.1   91.1
+RTX 4090             165.2   165.2   82.6    82.6
+RTX 3090             71      71      35.6    35.6
+V100                 -       125     -       15.7
+\bT4\b               -       65      -       8.1
+"""
+
+
 _PEAKS: list[tuple[str, dict[str, float]]] = [
-    (r"H100.*PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    (r"H100 NVL|H200 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
-    (r"H100|H200|GH200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
-    (r"A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    (r"A800", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    (r"L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
-    (r"L40\b", {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5}),
-    (r"\bL4\b", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    (r"RTX A6000", {"bf16": 154.8, "fp16": 154.8, "tf32": 77.4, "fp32": 38.7}),
-    (r"RTX 6000 Ada", {"bf16": 364.2, "fp16": 364.2, "tf32": 182.1, "fp32": 91.1}),
-    (r"RTX 4090", {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6}),
-    (r"RTX 3090", {"bf16": 71.0, "fp16": 71.0, "tf32": 35.6, "fp32": 35.6}),
-    (r"V100", {"fp16": 125.0, "fp32": 15.7}),
-    (r"\bT4\b", {"fp16": 65.0, "fp32": 8.1}),
+    (name, {k: float(v) for k, v in zip(("bf16", "fp16", "tf32", "fp32"), vals) if v != "-"})
+    for name, *vals in (line.rsplit(None, 4) for line in _PEAK_TABLE.strip().splitlines())
 ]
 
 

@@ -195,13 +195,14 @@ def out_of_memory(cfg: RunConfig, device: torch.device, device_label: str, step:
     """
     from engine import memory
     from engine.device import memory_bytes
+    from engine.text import fix_flags, format_table
 
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     t = cfg.train
     device_bytes = memory_bytes(str(device))
-    table = memory.format_table(memory.estimate(cfg), device_bytes)
+    table = format_table(memory.estimate(cfg), device_bytes)
     fit = memory.suggest_fit(cfg, device_bytes) if device_bytes else None
     if fit is not None and fit.train.batch_size >= t.batch_size:
         # the estimate says it fits: something else holds device memory; still, go smaller
@@ -209,10 +210,10 @@ def out_of_memory(cfg: RunConfig, device: torch.device, device_label: str, step:
         smaller = [b for b in range(t.batch_size - 1, 0, -1) if seqs % b == 0 and b <= t.batch_size // 2]
         fit = memory.with_batch(cfg, smaller[0], seqs // smaller[0]) if smaller else None
         advice = "the estimate fits, so other processes may hold device memory; " + (
-            f"try {memory.fix_flags(cfg, fit)} (same tokens per step)" if fit else "free the device or use a smaller model"
+            f"try {fix_flags(fit)} (same tokens per step)" if fit else "free the device or use a smaller model"
         )
     elif fit is not None:
-        advice = f"try {memory.fix_flags(cfg, fit)} (same tokens per step; the estimator's largest that fits)"
+        advice = f"try {fix_flags(fit)} (same tokens per step; the estimator's largest that fits)"
     elif device_bytes:
         advice = "even --batch-size 1 does not fit: try --grad-checkpointing, --precision bf16, a smaller model or a larger GPU"
     else:

@@ -32,12 +32,10 @@ from pydantic import BaseModel, ConfigDict
 
 from engine.config import RunConfig
 from engine.errors import UserError
+from engine.text import MiB, fix_flags, human, params_text
 
 Sharding = Literal["ddp", "fsdp"]
 Target = Literal["cuda", "mps", "cpu"]
-
-MiB = 1 << 20
-GiB = 1 << 30
 
 # Not seen by torch.cuda.max_memory_allocated, but taken from the device all the same:
 # the CUDA context with PyTorch's kernels (CUDA 12 lazy loading: typically 0.3-0.6 GiB).
@@ -121,13 +119,6 @@ def param_count(config: RunConfig) -> int:
     return config.model.n_params(config.data.vocab_size)
 
 
-def params_text(n_params: int, vocab: int) -> str:
-    """'124.5M params (vocab 50257)': a parameter count means little without the vocab it assumes."""
-    from engine.runs import fmt_params
-
-    return f"{fmt_params(n_params)} params (vocab {vocab})"
-
-
 def size_text(config: RunConfig) -> str:
     """The size a run of `config` gets, with its vocab (run_vocab's rule): the form's preset list,
     `estimate` and the ladder all show this."""
@@ -199,10 +190,7 @@ def chunked_transient(s: _Shape, low: bool) -> int:
     fp32 plus logsumexp's temporary of the same size (under autocast, the low-precision
     matmul output and its fp32 copy, then the low-precision gradient chunk: about as much),
     and autocast's low-precision copy of the lm_head weight (Vp x C)."""
-    from engine.losses import chunk_rows_for
-
-    rows = chunk_rows_for(s.B * s.T, s.Vp)
-    return 8 * rows * s.Vp + (2 * s.Vp * s.C if low else 0)
+    return 8 * chunk_rows_for_shape(s) * s.Vp + (2 * s.Vp * s.C if low else 0)
 
 
 def saved_activations(s: _Shape, low: bool, target: Target, compiled: bool = False) -> tuple[int, int]:
@@ -415,7 +403,7 @@ def check_fits(config: RunConfig, force: bool = False) -> None:
     parts = ", ".join(f"{k} {human(v)}" for k, v in biggest)
     fitted = suggest_fit(config, available, world, sharding)
     fix = (
-        f"pass {fix_flags(config, fitted)} (same sequences per step)"
+        f"pass {fix_flags(fitted)} (same sequences per step)"
         if fitted is not None
         else "even micro-batch 1 does not fit: use --grad-checkpointing, a shorter --block-size or a smaller model"
     )
@@ -450,91 +438,3 @@ def with_dataset_vocab(config: RunConfig) -> RunConfig:
     if config.model.vocab_size is not None:
         return config
     return config.model_copy(update={"model": config.model.model_copy(update={"vocab_size": run_vocab(config)})})
-
-
-def advice(config: RunConfig, device_bytes: int, world_size: int = 1, sharding: Sharding = "ddp") -> str:
-    """What to change when a config does not fit: the estimator's largest micro-batch that does."""
-    fitted = suggest_fit(config, device_bytes, world_size, sharding)
-    if fitted is not None:
-        return f"suggested fix: {fix_flags(config, fitted)} (same sequences per optimizer step)"
-    return (
-        "even micro-batch 1 does not fit: try --grad-checkpointing, a shorter --block-size, "
-        "bf16, more ranks with fsdp, or a smaller model"
-    )
-
-
-# ---------------------------------------------------------------- display
-
-
-def human(n: int | float | None) -> str:
-    """Bytes in binary units: 512 B, 3.2 MiB, 14.81 GiB ("-" for unknown). The one byte format."""
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def parse_bytes(text: str) -> int:
-    """'80GiB', '80 GB', '24g', '512MiB', '1e9' -> bytes (GB = 1e9, GiB = 2**30, bare g = GiB)."""
-    t = text.strip().replace(" ", "").lower()
-    units = {"tib": 1 << 40, "gib": GiB, "mib": MiB, "kib": 1024, "tb": 10**12, "gb": 10**9,
-             "mb": 10**6, "kb": 10**3, "t": 1 << 40, "g": GiB, "m": MiB, "k": 1024, "b": 1}  # fmt: skip
-    for suffix, mult in units.items():
-        if t.endswith(suffix):
-            number, scale = t[: -len(suffix)], mult
-            break
-    else:
-        number, scale = t, 1
-    try:
-        value = float(number) * scale
-    except ValueError:
-        value = -1
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"cannot read memory size {text!r}; write it like 80GiB, 24GB or 512MiB")
-    return int(value)
-
-
-def verdict(est: MemoryEstimate, device_bytes: int | None) -> str:
-    if device_bytes is None:
-        return f"peak {human(est.peak_bytes)}; device memory unknown (pass --device-memory)"
-    if est.fits(device_bytes):
-        return f"fits: peak {human(est.peak_bytes)} of {human(device_bytes)} ({human(device_bytes - est.peak_bytes)} to spare)"
-    return f"does not fit: peak {human(est.peak_bytes)} > {human(device_bytes)} available"
-
-
-def format_table(est: MemoryEstimate, device_bytes: int | None) -> str:
-    """The breakdown as a plain-text table: each part's full size, what of it is alive at
-    the peak, the phases, the peak and the verdict."""
-    rows = [("part", "size", "at peak")]
-    for name, size in est.components.items():
-        if size or est.breakdown.get(name):
-            rows.append((name, human(size), human(est.breakdown.get(name, 0))))
-    w0 = max(len(r[0]) for r in rows) + 2
-    w1 = max(len(r[1]) for r in rows) + 2
-    lines = [
-        f"{params_text(est.n_params, est.vocab_size)}, "
-        f"micro-batch {est.batch_size} x {est.seq_len} tokens, "
-        f"grad accum {est.grad_accum}, {est.precision} on {est.target}"
-        + (f", {est.world_size} ranks ({est.sharding})" if est.world_size > 1 else "")
-        + (", torch.compile" if est.compile else ""),
-        "",
-    ]
-    for i, (a, b, c) in enumerate(rows):
-        lines.append(f"{a:<{w0}}{b:>{w1}}{c:>{w1 + 2}}")
-        if i == 0:
-            lines.append("-" * (w0 + 2 * w1 + 2))
-    lines.append("-" * (w0 + 2 * w1 + 2))
-    lines.append(f"{'peak (' + est.peak_phase + ')':<{w0 + w1}}{human(est.peak_bytes):>{w1 + 2}}")
-    lines.append("")
-    lines.append("allocated by phase: " + ", ".join(f"{k} {human(v)}" for k, v in est.phases.items()))
-    lines.extend(f"note: {n}" for n in est.notes)
-    lines.append(verdict(est, device_bytes))
-    return "\n".join(lines)
-
-
-def fix_flags(config: RunConfig, fitted: RunConfig) -> str:
-    """The flags that turn `config` into `fitted`, e.g. '--batch-size 8 --grad-accum 4'."""
-    return f"--batch-size {fitted.train.batch_size} --grad-accum {fitted.train.grad_accum}"

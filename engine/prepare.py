@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype
 from engine import rundir
 from engine.config import SEED_LIMIT
 from engine.errors import UserError
+from engine.text import path_text
 
 EOT = "<|endoftext|>"
 DEFAULT_VOCAB = 8192
@@ -73,14 +75,9 @@ class PrepareReport:
     seconds: float
 
 
-def _name(path: Path) -> str:
-    """A file name safe for one terminal line: control characters and undecodable bytes escaped."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(path))
-
-
 def skipped_text(skipped: list[Skipped], limit: int = SKIPPED_NAMED) -> str:
     """'a.bin (binary), notes (not UTF-8) and 3 more': the first `limit` named, the rest counted."""
-    text = ", ".join(f"{_name(s.path)} ({s.reason})" for s in skipped[:limit])
+    text = ", ".join(f"{path_text(s.path)} ({s.reason})" for s in skipped[:limit])
     return text + (f" and {len(skipped) - limit} more" if len(skipped) > limit else "")
 
 
@@ -285,21 +282,9 @@ def _encode_to_file(
 # --------------------------------------------------------------------------- prepare
 
 
-def prepare(
-    paths: list[Path],
-    out: Path,
-    vocab_size: int | None = DEFAULT_VOCAB,
-    tokenizer: Path | None = None,
-    val_fraction: float = 0.05,
-    seed: int = 0,
-    progress: bool = True,
-) -> DatasetInfo:
-    """Tokenize text files into a gpt2-tui dataset at `out`; returns its DatasetInfo.
-
-    Without `tokenizer` a byte-level BPE of `vocab_size` entries is trained on the train
-    documents (val stays unseen); with one, that tokenizer.json is used and copied.
-    """
-    return prepare_report(paths, out, vocab_size, tokenizer, val_fraction, seed, progress).info
+def prepare(*args: Any, **kwargs: Any) -> DatasetInfo:
+    """`prepare_report` (same arguments), for callers that need only the dataset's DatasetInfo."""
+    return prepare_report(*args, **kwargs).info
 
 
 def prepare_report(
@@ -311,7 +296,12 @@ def prepare_report(
     seed: int = 0,
     progress: bool = True,
 ) -> PrepareReport:
-    """`prepare`, returning document counts and timing too (for the CLI summary)."""
+    """Tokenize text files into a gpt2-tui dataset at `out`, with document counts and timing
+    (for the CLI summary).
+
+    Without `tokenizer` a byte-level BPE of `vocab_size` entries is trained on the train
+    documents (val stays unseen); with one, that tokenizer.json is used and copied.
+    """
     t0 = time.perf_counter()
     out = Path(out).expanduser()
     # Every check happens before anything is written.

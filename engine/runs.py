@@ -1,18 +1,16 @@
 """Every run under a root at a glance: for `gpt2-tui runs [DIR]` and the app's Runs screen.
 
 A run directory describes itself (config.toml, events.jsonl, writer.pid), so a summary is
-read from it alone. The log is scanned with plain `json.loads` and only the events a
-summary needs are kept: a long run's log holds a line per step, and listing must stay
-quick. Torn or garbage lines are skipped, as `attach` does; a directory that holds no run
-is left out. Summaries are cached by (size, mtime) of the log; the writer's liveness is
+read from it alone. The log is read as every reader reads it (events.EventLines) and only
+what a summary needs is kept: a long run's log holds a line per step. Torn or garbage
+lines are skipped, as `attach` does; a directory that holds no run is left out. Summaries
+are cached by (size, mtime) of the log; the writer's liveness is
 checked fresh each time, since a dead writer changes no file.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
 import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,7 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from engine import events as ev
 from engine import rundir
+from engine.text import fmt_params
 
 RunStateName = Literal["running", "finished", "stopped", "failed", "writer gone"]
 DEFAULT_ROOT = Path("runs")
@@ -48,8 +48,8 @@ class _Scan:
     """What the log says, independent of the writer's liveness."""
 
     first_time: float | None = None
-    started: dict[str, Any] | None = None  # the last run_started
-    end: dict[str, Any] | None = None  # run_finished / run_failed of the last segment
+    started: ev.RunStarted | None = None  # the last run_started
+    end: ev.RunFinished | ev.RunFailed | None = None  # the end of the last segment
     step: int = 0
     best_val: float | None = None
     step_times: list[float] = field(default_factory=list)  # last segment
@@ -63,45 +63,38 @@ def _scan(events: Path) -> _Scan:
     except OSError:
         return s
     with f:
+        lines = ev.EventLines(events)  # torn by a kill, or not ours: skipped
         for raw in f:
-            try:
-                e = json.loads(raw)
-                kind = e["event"]
-            except (ValueError, TypeError, KeyError):
-                continue  # torn by a kill, or not ours
-            try:
-                _feed(s, kind, e)
-            except (TypeError, ValueError, KeyError, AttributeError):
-                continue  # a line of the right kind with wrong fields
+            if (e := lines.parse(raw)) is not None:
+                _feed(s, e)
     return s
 
 
-def _feed(s: _Scan, kind: str, e: dict[str, Any]) -> None:
-    if kind == "run_started":
-        if s.first_time is None:
-            s.first_time = float(e["time"])
-        s.started, s.end, s.step_times = e, None, []
-        s.step = max(s.step, int(e.get("start_step") or 0))
-    elif kind == "step":
-        s.step = int(e["step"])
-        st, tps = float(e["step_time_s"]), float(e["tokens_per_s"])
-        if st > 0 and math.isfinite(st):
-            s.step_times.append(st)
-            s.tokens_per_step = tps * st
-    elif kind == "eval":
-        v = float(e["val_loss"])
-        if math.isfinite(v) and (s.best_val is None or v < s.best_val):
-            s.best_val = v
-    elif kind == "run_finished":
-        s.end = e
-        s.step = int(e["step"])
-        b = e.get("best_val_loss")
-        if b is not None and math.isfinite(b) and (s.best_val is None or b < s.best_val):
-            s.best_val = float(b)
-    elif kind == "run_failed":
-        s.end = e
-        if e.get("step") is not None:
-            s.step = int(e["step"])
+def _better(s: _Scan, v: float | None) -> None:
+    if v is not None and math.isfinite(v) and (s.best_val is None or v < s.best_val):
+        s.best_val = v
+
+
+def _feed(s: _Scan, e: ev.Event) -> None:
+    match e:
+        case ev.RunStarted():
+            if s.first_time is None:
+                s.first_time = e.time
+            s.started, s.end, s.step_times = e, None, []
+            s.step = max(s.step, e.start_step)
+        case ev.Step():
+            s.step = e.step
+            if e.step_time_s > 0 and math.isfinite(e.step_time_s):
+                s.step_times.append(e.step_time_s)
+                s.tokens_per_step = e.tokens_per_s * e.step_time_s
+        case ev.Eval():
+            _better(s, e.val_loss)
+        case ev.RunFinished():
+            s.end, s.step = e, e.step
+            _better(s, e.best_val_loss)
+        case ev.RunFailed():
+            s.end = e
+            s.step = s.step if e.step is None else e.step
 
 
 _cache: dict[Path, tuple[tuple[int, int], _Scan]] = {}
@@ -130,23 +123,22 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 
 def _settled_tokens_per_s(s: _Scan) -> float | None:
-    """The run's own settled figure when the segment finished; else the same rule as the
-    trainer's summary (median over the second half of the step reports) on what is logged."""
-    if s.end and s.end.get("event") == "run_finished":
-        v = (s.end.get("summary") or {}).get("tokens_per_s")
+    """The run's own settled figure when the segment finished; else the trainer's rule
+    (events.settled_step_time) on what is logged."""
+    if isinstance(s.end, ev.RunFinished):
+        v = s.end.summary.get("tokens_per_s")
         if isinstance(v, (int, float)) and v > 0:
             return float(v)
-    if not s.step_times or not s.tokens_per_step:
-        return None
-    return s.tokens_per_step / statistics.median(s.step_times[len(s.step_times) // 2 :])
+    settled = ev.settled_step_time(s.step_times)
+    return s.tokens_per_step / settled if settled and s.tokens_per_step else None
 
 
 def _state(path: Path, s: _Scan) -> RunStateName:
     alive = rundir.writer_alive(path)
+    if isinstance(s.end, ev.RunFailed):
+        return "failed"
     if s.end is not None:
-        if s.end.get("event") == "run_failed":
-            return "failed"
-        return "stopped" if s.end.get("reason") == "stopped" else "finished"
+        return "stopped" if s.end.reason == "stopped" else "finished"
     if alive is True:
         return "running"
     if alive is None and (path / rundir.WRITER).exists():
@@ -169,7 +161,7 @@ def summarize(path: Path) -> RunSummary | None:
         return None
     s = _scan_cached(path / rundir.EVENTS)
     cfg = _read_config(path)
-    started_cfg = _dig(s.started, "config") or {}
+    started_cfg = s.started.config if s.started else {}
     if s.first_time is not None:
         t0 = s.first_time
     else:
@@ -179,18 +171,17 @@ def summarize(path: Path) -> RunSummary | None:
             return None
     max_steps = _dig(started_cfg, "train", "max_steps") or _dig(cfg, "train", "max_steps")
     vocab = _dig(started_cfg, "model", "vocab_size") or _dig(cfg, "model", "vocab_size")
-    n_params = _dig(s.started, "n_params")
     return RunSummary(
         name=path.name, path=path,
         preset=started_cfg.get("preset") or cfg.get("preset"),
-        n_params=n_params if isinstance(n_params, int) else None,
+        n_params=s.started.n_params if s.started else None,
         vocab=vocab if isinstance(vocab, int) else None,
         state=_state(path, s), step=s.step,
         max_steps=max_steps if isinstance(max_steps, int) else None,
         best_val_loss=s.best_val, settled_tokens_per_s=_settled_tokens_per_s(s),
         started=datetime.fromtimestamp(t0).astimezone(),
-        device_name=_dig(s.started, "device_name"),
-        error=_dig(s.end, "error") if s.end and s.end.get("event") == "run_failed" else None,
+        device_name=s.started.device_name if s.started else None,
+        error=s.end.error if isinstance(s.end, ev.RunFailed) else None,
     )  # fmt: skip
 
 
@@ -213,12 +204,6 @@ def list_runs(root: Path = DEFAULT_ROOT) -> list[RunSummary]:
 
 
 # ------------------------------------------------------------------------------ text
-
-
-def fmt_params(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.0f}K"
 
 
 def model_text(r: RunSummary) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine import events as ev
+from engine.text import SAMPLE_CHARS, duration_text, printable
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
@@ -51,7 +52,7 @@ def test_console_prints_each_sample_indented_under_a_header(run: tuple[Path, str
     lines = out.splitlines()
     for s in samples:
         at = lines.index(f"sample at step {s.step}:")
-        first = ev.printable(s.text).split("\n")[0].rstrip()
+        first = printable(s.text).split("\n")[0].rstrip()
         assert lines[at + 1] == "    " + first  # the text itself follows, indented
     assert "\x1b" not in out
 
@@ -67,7 +68,7 @@ def test_step_lines_carry_the_eta_of_the_settled_step_time(run: tuple[Path, str]
             assert "eta" not in line, line
         else:
             left = (MAX_STEPS - e.step) * ev.settled_step_time(times)
-            assert line.endswith(f" | eta {ev.duration_text(left)}"), line
+            assert line.endswith(f" | eta {duration_text(left)}"), line
 
 
 def test_a_toggle_starts_the_eta_afresh_and_no_max_steps_means_none(run: tuple[Path, str]) -> None:
@@ -104,7 +105,7 @@ def test_console_sample_is_made_safe_and_trimmed() -> None:
     ]  # fmt: skip
     long = io.StringIO()
     ev.ConsoleSink(long).emit(ev.Sample(step=1, text="x" * 5000))
-    assert long.getvalue() == "sample at step 1:\n    " + "x" * ev.SAMPLE_CHARS + "\n    ...\n"
+    assert long.getvalue() == "sample at step 1:\n    " + "x" * SAMPLE_CHARS + "\n    ...\n"
     empty = io.StringIO()
     ev.ConsoleSink(empty).emit(ev.Sample(step=2, text="\n\n"))
     assert empty.getvalue() == "sample at step 2:\n    (empty)\n"
@@ -124,5 +125,5 @@ def test_sample_names_the_checkpoint_and_step_on_stderr(run: tuple[Path, str], c
 
 
 def test_duration_text() -> None:
-    assert [ev.duration_text(s) for s in (0.2, 42, 754, 3725, 90000)] == ["0s", "42s", "12m34s", "1h02m", "25h00m"]
-    assert re.fullmatch(r"\d+s", ev.duration_text(59.4))
+    assert [duration_text(s) for s in (0.2, 42, 754, 3725, 90000)] == ["0s", "42s", "12m34s", "1h02m", "25h00m"]
+    assert re.fullmatch(r"\d+s", duration_text(59.4))

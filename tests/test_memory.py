@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from engine import device, memory
+from engine import text as tx
 from gpt2_tui import main
 from engine.config import resolve
 from engine.memory import MemoryEstimate, estimate, suggest_fit
@@ -115,7 +116,7 @@ def test_llmc_anchor_gpt2_124m_bf16_flash():
     cfg = resolve("gpt2", None, {"speed.device": "cuda", "speed.precision": "bf16", "speed.compile": False,
                                  "train.batch_size": 1, "train.block_size": 1024})  # fmt: skip
     est = estimate(cfg)
-    blocks = 12 * est.layer_activation_bytes / memory.MiB
+    blocks = 12 * est.layer_activation_bytes / tx.MiB
     assert blocks == pytest.approx(324.75, abs=0.01)  # 27,712 bytes per token per layer
     assert abs(blocks / 331 - 1) < 0.03
 
@@ -173,7 +174,7 @@ def test_switches_move_the_estimate_the_right_way():
 
 def test_suggest_fit_keeps_the_step_and_takes_the_largest_batch_that_fits():
     cfg = resolve("gpt2", None, {"speed.device": "cuda", "train.batch_size": 64, "train.grad_accum": 8})
-    device = 24 * memory.GiB
+    device = 24 * tx.GiB
     assert not estimate(cfg).fits(device)
     fitted = suggest_fit(cfg, device)
     assert fitted is not None
@@ -183,9 +184,9 @@ def test_suggest_fit_keeps_the_step_and_takes_the_largest_batch_that_fits():
     assert not estimate(memory.with_batch(cfg, larger[0], 512 // larger[0])).fits(device)
     assert fitted.model == cfg.model and fitted.optim == cfg.optim
     # a roomy device gets a larger micro-batch (fewer accumulation steps), not the same one
-    roomy = suggest_fit(memory.with_batch(cfg, 2, 256), 140 * memory.GiB)
+    roomy = suggest_fit(memory.with_batch(cfg, 2, 256), 140 * tx.GiB)
     assert roomy is not None and roomy.train.batch_size > 2
-    assert suggest_fit(cfg, memory.GiB) is None
+    assert suggest_fit(cfg, tx.GiB) is None
 
 
 def test_vocab_comes_from_the_data_config_when_unset():
@@ -206,17 +207,17 @@ def test_device_memory():
 @pytest.mark.parametrize("text,expected", [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("512 MiB", 512 * 2**20),
                                            ("16g", 16 * 2**30), ("1e9", 10**9)])  # fmt: skip
 def test_parse_bytes(text, expected):
-    assert memory.parse_bytes(text) == expected
+    assert tx.parse_bytes(text) == expected
 
 
 def test_format_table_names_the_parts_the_peak_and_the_verdict():
     est = estimate(resolve("gpt2", None, {"speed.device": "cuda", "train.batch_size": 64, "speed.compile": False}))
-    table = memory.format_table(est, 80 * memory.GiB)
+    table = tx.format_table(est, 80 * tx.GiB)
     for part in ["parameters", "AdamW state", "activations (12 blocks)", "logits & loss", "CUDA context", "peak ("]:
         assert part in table
-    assert "fits" in table and memory.human(est.peak_bytes) in table
-    assert "does not fit" in memory.format_table(est, 8 * memory.GiB)
-    assert "unknown" in memory.format_table(est, None)
+    assert "fits" in table and tx.human(est.peak_bytes) in table
+    assert "does not fit" in tx.format_table(est, 8 * tx.GiB)
+    assert "unknown" in tx.format_table(est, None)
 
 
 # ---------------------------------------------------------------- the CLI

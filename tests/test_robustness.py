@@ -359,6 +359,7 @@ def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fi
     """The OOM itself is raised by a patched train_step (no GPU here); the rest is the real run:
     the estimator's table, the estimator's own fit for a device that holds batch 2, no new checkpoint."""
     from engine import device, memory
+    from engine.text import format_table
     from engine.trainer import Trainer as T
 
     original = T.train_step
@@ -380,7 +381,7 @@ def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fi
     assert "\n" not in msg and "out of memory at step 4" in msg and "--batch-size 2 --grad-accum 4" in msg
     assert "step_000002.pt" in msg
     (warning,) = [e.message for e in seen if e.event == "warning"]
-    assert memory.format_table(memory.estimate(t.config), holds_batch_2) in warning
+    assert format_table(memory.estimate(t.config), holds_batch_2) in warning
     assert [s for s, _ in t.ckpts.step_files()] == [2] and not list(t.ckpts.path.glob(".*"))
     assert [e.event for e in seen][-1] == "run_failed"
     assert all(p.grad is None for p in t.model.parameters())  # the failed step's memory is let go

@@ -12,6 +12,7 @@ from engine import events as ev
 from engine import rundir
 from engine.config import RunConfig, resolve
 from engine.segments import SWITCHES, changed, opening, segments_of, switches
+from engine.text import describe
 
 FLAGS = {"speed.device": "cpu", "speed.precision": "fp32", "train.eval_interval": 3, "train.ckpt_interval": 3,
          "train.log_interval": 1}  # fmt: skip
@@ -42,10 +43,10 @@ def test_segment_event_round_trips_and_has_a_console_line() -> None:
     assert e.changed == {"speed.compile": [False, True]}
     back = ev.parse_event(e.model_dump_json())
     assert isinstance(back, ev.Segment) and back == e
-    assert ev.describe(e) == "segment from step 30: compile off -> on (resume)"
+    assert describe(e) == "segment from step 30: compile off -> on (resume)"
     same = opening(after, 40, after, "resume")
-    assert ev.describe(same) == "segment from step 40: switches unchanged (resume)"
-    assert ev.describe(opening(after, 0, None, "start")) == ""  # run_started's line says it all
+    assert describe(same) == "segment from step 40: switches unchanged (resume)"
+    assert describe(opening(after, 0, None, "start")) == ""  # run_started's line says it all
 
 
 def _started(step: int, cfg: dict, t: float, peak: float | None = None) -> ev.RunStarted:

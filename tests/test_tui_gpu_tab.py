@@ -13,6 +13,7 @@ from textual.widgets import Static
 from engine import events as ev
 from engine import rundir
 from engine.gpu_monitor import GpuEvent, GpuSample, available
+from engine.text import describe
 from tui.app import GPT2App
 from tui.runstate import RunState
 from tui.screens.dashboard import DashboardScreen
@@ -49,7 +50,7 @@ def test_gpu_event_parses_and_is_silent() -> None:
     line = GpuEvent(gpus=rounds(1)[0]).model_dump_json()
     e = ev.parse_event(line)
     assert isinstance(e, ev.Gpu) and e.gpus[0].util_pct == 90.0
-    assert ev.describe(e) == ""
+    assert describe(e) == ""
     state = RunState()
     v = state.version
     for r in rounds(3):

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from engine import events as ev
 from engine.segments import SegmentReader
+from engine.text import describe
 
 XAxis = Literal["step", "tokens", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
@@ -206,42 +207,42 @@ class RunState:
                 self.building_since, self.segment_steps, self._pinned = None, 0, 0
                 self.t0 = self.t0 or e.time
                 self.step = e.start_step
-                self._log(ev.describe(e), e.time)
+                self._log(describe(e), e.time)
             case ev.Step():
                 self._on_step(e)
             case ev.Eval():
                 self.val.add(e.step, self.tokens, self._rel(e.time), e.val_loss)
                 if _finite(e.val_loss) and (self.best_val_loss is None or e.val_loss < self.best_val_loss):
                     self.best_val_loss = e.val_loss
-                self._log(ev.describe(e), e.time)
+                self._log(describe(e), e.time)
             case ev.Checkpoint():
                 if e.best:
                     for row in self.checkpoints.values():
                         row.best = False
                 self.checkpoints[e.step] = CheckpointRow(e.step, e.path, e.val_loss, e.size_bytes, e.time, e.best)
-                self._log(ev.describe(e), e.time)
+                self._log(describe(e), e.time)
             case ev.Sample():
                 self.samples.append((e.step, e.text))
                 del self.samples[:-20]
             case ev.Warning_():
-                self._log(ev.describe(e), e.time, "warning")
+                self._log(describe(e), e.time, "warning")
             case ev.Segment():
                 self.segment_events.append(e)
-                if line := ev.describe(e):
+                if line := describe(e):
                     self._log(line, e.time)
             case ev.Paused():
                 self.paused = True
-                self._log(ev.describe(e), e.time)
+                self._log(describe(e), e.time)
             case ev.Resumed():
                 self.paused = False
-                self._log(ev.describe(e), e.time)
+                self._log(describe(e), e.time)
             case ev.RunFinished():
                 self.finished, self.paused = e, False
                 self.step = e.step
-                self._log(ev.describe(e).splitlines()[0], e.time)
+                self._log(describe(e).splitlines()[0], e.time)
             case ev.RunFailed():
                 self.failed = e
-                self._log(ev.describe(e), e.time, "error")
+                self._log(describe(e), e.time, "error")
 
     def gpu_since(self, seen: int) -> list[list[Any]]:
         """The GPU rounds fed after the first `seen` (as many as are still kept)."""

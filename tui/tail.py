@@ -12,9 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from engine.events import parse_event
+from engine.events import EventLines
 
 
 class EventTail:
@@ -22,12 +20,12 @@ class EventTail:
         self.path = Path(path)
         self._pos = 0
         self._partial = b""
-        self.problems: list[str] = []
-        self._line = 0
+        self.lines = EventLines(self.path)  # the one reading of event lines (engine.events)
+        self.problems = self.lines.problems  # the lines skipped, with where
         self.resets = 0
 
     def _restart(self) -> None:
-        self._pos, self._partial, self._line = 0, b"", 0
+        self._pos, self._partial, self.lines.line = 0, b"", 0
         self.resets += 1
 
     def read_new(self, max_bytes: int = 8 << 20) -> list[Any]:
@@ -44,13 +42,4 @@ class EventTail:
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()  # b"" when the chunk ended with a newline
-        out = []
-        for raw in lines:
-            self._line += 1
-            if not raw.strip():
-                continue
-            try:
-                out.append(parse_event(raw.decode("utf-8")))
-            except (ValidationError, UnicodeDecodeError):
-                self.problems.append(f"{self.path}:{self._line}: skipped an unreadable line")
-        return out
+        return self.lines.read(lines)

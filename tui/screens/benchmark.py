@@ -28,15 +28,12 @@ from bench import ladder as bench
 from bench.common import default_out, load_average
 from engine.config import preset_names
 from engine.errors import UserError
+from engine.text import clock_text
+from tui.screens import BACK
 
 TICK_S = 0.5
 SHORT = {"precision": "prec", "vs baseline": "vs base", "first step s": "1st step s", "startup s": "start s"}  # fits 120 columns
 BUSY_LOAD = 0.5  # a 1-minute load average above this share of the CPUs before the ladder: shared
-
-
-def _dur(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def sharing_warning(app_runs: int = 0) -> str | None:
@@ -58,7 +55,7 @@ class BenchmarkScreen(Screen):
     BINDINGS = [
         Binding("r", "run", "Run ladder"),
         Binding("s", "stop", "Stop"),
-        Binding("escape", "back", "Back"),
+        BACK,
     ]
     DEFAULT_CSS = """
     BenchmarkScreen #bench-form { height: 3; padding: 0 1; }
@@ -218,7 +215,7 @@ class BenchmarkScreen(Screen):
             if self._live is not None:
                 rung, step, s = self._live
                 eta = self.eta()
-                live = f"  {rung}: step {step}/{total}, {1000 * s:.1f} ms/step" + (f"  ETA {_dur(eta)}" if eta is not None else "")
+                live = f"  {rung}: step {step}/{total}, {1000 * s:.1f} ms/step" + (f"  ETA {clock_text(eta)}" if eta is not None else "")
             stopping = "stopping at the next step boundary: " if self._stop.is_set() else ""
             return f"{stopping}running the ladder on {self.config.preset}: {len(self.rungs)}/{len(bench.LADDER)} rungs done{live}{warning}"
         if self.result is not None:

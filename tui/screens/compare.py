@@ -27,8 +27,9 @@ from textual_plotext import PlotextPlot
 from engine import events as ev
 from engine.compare import best_val_loss, labels, read_run
 from engine.errors import UserError
-from engine.events import change_text
+from engine.text import change_text
 from engine.segments import SegmentSummary, segments_of
+from tui.screens import BACK
 from tui.runstate import EMA_BETA, X_AXES, Series, XAxis
 from tui.widgets.charts import log_range, thin
 from tui.widgets.segments import SegmentTable
@@ -131,13 +132,6 @@ class OverlayChart(PlotextPlot):
 
 
 class CompareScreen(Screen):
-    BINDINGS = [
-        Binding("x", "xaxis", "X-axis"),
-        Binding("l", "logy", "Log-y"),
-        Binding("r", "reload", "Reload"),
-        Binding("escape", "back", "Back"),
-    ]
-
     DEFAULT_CSS = """
     CompareScreen #compare-legend { height: auto; padding: 0 1; background: $boost; }
     CompareScreen #compare-charts { height: 1fr; }
@@ -145,6 +139,7 @@ class CompareScreen(Screen):
     CompareScreen #compare-grid { grid-size: 2; height: 1fr; min-height: 10; }
     CompareScreen #compare-segments { height: auto; max-height: 12; border-top: solid $primary; }
     """
+    BINDINGS = [Binding("x", "xaxis", "X-axis"), Binding("l", "logy", "Log-y"), Binding("r", "reload", "Reload"), BACK]
 
     def __init__(self, run_dirs: list[Path]):
         super().__init__()

@@ -23,11 +23,10 @@ from textual.containers import Grid, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
 
-from engine import events as ev
 from engine import rundir
 from engine.config import build
 from engine.errors import UserError
-from engine.memory import human
+from engine.text import change_text, clock_text, describe, human, printable
 from tui.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
@@ -38,13 +37,6 @@ MIN_INTERVAL = 0.5  # s between redraws: at most 2 Hz
 MAX_INTERVAL = 10.0
 TOAST_WITHIN_S = 60.0  # a toggle's segment event this recent is news (older: an attached run's history)
 UI_SHARE = 0.03  # aim: the UI thread busy (GIL held, a core taken) at most this share of the time
-
-
-def _dur(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def _tokens(n: float) -> str:
@@ -90,8 +82,8 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     if session.mode == "attached" and state.live and rundir.writer_alive(session.run_dir) is False:
         label = "WRITER GONE (died without finishing; --resume it)"
     line1 = (
-        f"{label}  step {state.step}/{total or '?'}  ETA {_dur(state.eta())}  "
-        f"elapsed {_dur(state.elapsed(now))}  tokens {_tokens(state.tokens)}  best val {best}"
+        f"{label}  step {state.step}/{total or '?'}  ETA {clock_text(state.eta())}  "
+        f"elapsed {clock_text(state.elapsed(now))}  tokens {_tokens(state.tokens)}  best val {best}"
     ) if state.started else label
     steer = ""
     if state.live and session.control is None:
@@ -110,7 +102,7 @@ def checkpoint_due_text(state: RunState, now: float | None = None) -> str:
         return "" if state.live else f"run {state.state}: no more checkpoints"
     every = state.started.config["train"]["ckpt_interval"]  # next_checkpoint found it
     settled = state.settled_step_time()
-    eta = f", in about {_dur((due - state.step) * settled)}" if settled else ""
+    eta = f", in about {clock_text((due - state.step) * settled)}" if settled else ""
     which = "next" if state.checkpoints else "first"
     return f"{which} checkpoint due at step {due}{eta} (every {every} steps, at the end and on stop; s saves one now)"
 
@@ -319,7 +311,7 @@ class DashboardScreen(Screen):
         for row, latest in rows:
             marks = " ".join(m for m, on in (("best", row.best), ("latest", latest)) if on)
             val = "-" if row.val_loss is None else f"{row.val_loss:.4f}"
-            table.add_row(str(row.step), val, human(row.size_bytes), _dur(now - row.time), marks)
+            table.add_row(str(row.step), val, human(row.size_bytes), clock_text(now - row.time), marks)
 
     def _note_segments(self) -> None:
         """Segment starts become markers on the speed charts; a live toggle that took also
@@ -328,12 +320,12 @@ class DashboardScreen(Screen):
         if not new:
             return
         self._segments_seen = len(self.state.segment_events)
-        markers = [(e.step, ev.change_text(e.changed) or e.reason) for e in self.state.segment_events if e.reason != "start"]
+        markers = [(e.step, change_text(e.changed) or e.reason) for e in self.state.segment_events if e.reason != "start"]
         for chart in (self.query_one("#chart-steptime", MetricChart), self.query_one("#chart-toks", MetricChart)):
             chart.markers = markers
         for e in new:
             if e.reason == "toggle" and time.time() - e.time < TOAST_WITHIN_S:
-                self.notify(ev.describe(e), timeout=10)
+                self.notify(describe(e), timeout=10)
 
     def _update_segments(self) -> None:
         if self.state.version != self._segments_drawn:
@@ -344,7 +336,7 @@ class DashboardScreen(Screen):
         if len(self.state.samples) != self._samples_seen:
             self._samples_seen = len(self.state.samples)
             step, text = self.state.samples[-1]
-            self.query_one("#sample", Static).update(f"step {step}:\n{ev.printable(text)}")
+            self.query_one("#sample", Static).update(f"step {step}:\n{printable(text)}")
 
     def _update_log(self) -> None:
         log = self.query_one("#log", RichLog)

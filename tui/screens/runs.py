@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from engine.runs import COLUMNS, DEFAULT_ROOT, RunSummary, list_runs, row
+from tui.screens import BACK
 
 Action = Literal["attach", "resume", "compare"]
 REFRESH_S = 5.0
@@ -32,7 +33,7 @@ class RunsScreen(Screen):
         Binding("r", "open('resume')", "Resume"),
         Binding("space", "toggle", "Mark"),
         Binding("c", "compare", "Compare marked"),
-        Binding("escape", "back", "Back"),
+        BACK,
     ]
 
     DEFAULT_CSS = """

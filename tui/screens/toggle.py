@@ -24,7 +24,7 @@ from textual.widgets import Button, Label, Select, Static, Switch
 from engine import device, memory, toggle
 from engine.config import RunConfig, build, merge, set_dotted
 from engine.errors import UserError
-from engine.events import change_text
+from engine.text import change_text, format_table, human, verdict
 from engine.segments import SWITCHES, changed, switches
 from engine.settings import setting
 from tui.fields import tui_words
@@ -192,8 +192,8 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             self.memory_line = ""
             return tui_words(str(err)), None
         total, source = device.budget(est.target)
-        self.memory_line = memory.verdict(est, total)
-        mem.update(f"memory of the new set [{source}]\n{memory.format_table(est, total)}")
+        self.memory_line = verdict(est, total)
+        mem.update(f"memory of the new set [{source}]\n{format_table(est, total)}")
         fits = None if total is None else est.fits(total)
         if not changes:
             return "nothing changed: pick a switch to change first", fits
@@ -212,8 +212,8 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
 
     def _memory_fix(self, new: RunConfig, total: int) -> str:
         """Why the new set does not fit, and what to change, in this screen's words."""
-        head = f"the new set needs {memory.human(memory.estimate(new, self.world_size, self.sharding).peak_bytes)}, " \
-               f"more than the {memory.human(total)} available"  # fmt: skip
+        head = f"the new set needs {human(memory.estimate(new, self.world_size, self.sharding).peak_bytes)}, " \
+               f"more than the {human(total)} available"  # fmt: skip
         fix = memory.suggest_fit(new, total, self.world_size, self.sharding)
         if fix is not None:
             return f"{head}; choose {MemoryPanel.fix_text(fix)}"

@@ -17,6 +17,7 @@ from textual.widgets import Input, Label, Static
 
 from engine.config import RunConfig
 from engine.errors import UserError
+from engine.text import format_table, parse_bytes
 
 if TYPE_CHECKING:  # the estimator loads when there is something to estimate (after the form's first frame)
     from engine import memory
@@ -51,11 +52,9 @@ class MemoryPanel(Vertical):
 
     def budget(self, device_name: str) -> tuple[int | None, str]:
         """The budget typed in, else what `train` checks against (engine.device.budget)."""
-        from engine import memory
-
         text = self.query_one("#mem-budget", Input).value.strip()
         if text:
-            return memory.parse_bytes(text), "budget given"
+            return parse_bytes(text), "budget given"
         from engine import device
 
         return device.budget(device.kind(device_name))
@@ -103,7 +102,7 @@ class MemoryPanel(Vertical):
         est = memory.estimate(config)
         self.estimate = est
         self.fits = None if total is None else est.fits(total)
-        text = memory.format_table(est, total)
+        text = format_table(est, total)
         if self.fits is False:
             assert total is not None
             self.fix = self._find_fix(config, total)

@@ -1,0 +1,227 @@
+"""Text for people, in one place: untrusted text made safe, byte sizes, durations, ratios,
+switch names, samples, each event's text, the memory estimate's table and advice. A leaf
+(no other engine module at run time but errors): console, CLI and screens all word it so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import UserError
+
+if TYPE_CHECKING:  # events and memory import this module: their types are named, not imported
+    from engine.config import RunConfig
+
+MiB, GiB = 1 << 20, 1 << 30
+
+# ------------------------------------------------------------------------------ plain values
+
+
+def printable(text: str) -> str:
+    """Model output may hold control characters (ESC, CR, C1, bidi overrides); a terminal must
+    never receive them raw: each becomes a middle dot. Newlines and tabs stay."""
+    return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text.replace("\r\n", "\n"))
+
+
+def path_text(path: object) -> str:
+    """A file name safe for one terminal line: control characters and undecodable bytes escaped
+    (not dotted as `printable` does: the name must stay findable)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(path))
+
+
+SAMPLE_LINES, SAMPLE_CHARS = 6, 400  # a console sample: a glance at the model, not a page
+
+
+def sample_text(text: str, indent: str = "    ") -> str:
+    """A sample for a log: made safe, its first lines only, indented under its header."""
+    safe = printable(text).rstrip()
+    head = safe[:SAMPLE_CHARS].split("\n")[:SAMPLE_LINES]
+    lines = [indent + line.rstrip() for line in head] if safe else [indent + "(empty)"]
+    if len("\n".join(head)) < len(safe):
+        lines.append(indent + "...")
+    return "\n".join(lines)
+
+
+def human(n: int | float | None) -> str:
+    """Bytes in binary units: 512 B, 3.2 MiB, 14.81 GiB ("-" for unknown). The one byte format."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB', '80 GB', '24g', '512MiB', '1e9' -> bytes (GB = 1e9, GiB = 2**30, bare g = GiB)."""
+    t = text.strip().replace(" ", "").lower()
+    units = {"tib": 1 << 40, "gib": GiB, "mib": MiB, "kib": 1024, "tb": 10**12, "gb": 10**9,
+             "mb": 10**6, "kb": 10**3, "t": 1 << 40, "g": GiB, "m": MiB, "k": 1024, "b": 1}  # fmt: skip
+    for suffix, mult in units.items():
+        if t.endswith(suffix):
+            number, scale = t[: -len(suffix)], mult
+            break
+    else:
+        number, scale = t, 1
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = -1
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"cannot read memory size {text!r}; write it like 80GiB, 24GB or 512MiB")
+    return int(value)
+
+
+def fmt_params(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.0f}K"
+
+
+def params_text(n_params: int, vocab: int) -> str:
+    """'124.5M params (vocab 50257)': a parameter count means little without the vocab it assumes."""
+    return f"{fmt_params(n_params)} params (vocab {vocab})"
+
+
+def ratio_text(v: float | None) -> str:
+    """A speedup: '1.52x' ('-' for unknown)."""
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def duration_text(seconds: float) -> str:
+    """'42s', '12m34s', '1h02m': short enough for a log line."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def clock_text(seconds: float | None) -> str:
+    """'4:07', '1:02:03': a duration as a clock, for the dashboard and the ladder ('-' for unknown)."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def short(name: str) -> str:
+    """'speed.compile' -> 'compile': the sections are noise in a table or a log line."""
+    return name.rsplit(".", 1)[-1]
+
+
+def value_text(v: Any) -> str:
+    """A switch's value as people say it: on/off, auto for None."""
+    return {True: "on", False: "off", None: "auto"}[v] if isinstance(v, (bool, type(None))) else str(v)
+
+
+def change_text(diff: dict[str, list[Any]]) -> str:
+    """'compile off -> on, prefetch on -> off' (empty when nothing changed)."""
+    return ", ".join(f"{short(n)} {value_text(a)} -> {value_text(b)}" for n, (a, b) in diff.items())
+
+
+# ------------------------------------------------------------------------------ events and the estimate
+
+
+def describe(e: Any, max_steps: int | None = None, eta: float | None = None) -> str:
+    """The text of an event: the console's, the dashboard log's, `attach`'s. One line, but a
+    run's end (its settled speed follows) and a sample (its text, indented). `eta`: seconds
+    to the end, for a step line. `e`: an engine.events event, told by its tag."""
+    match e.event:
+        case "run_started":
+            t = e.config["train"]
+            return (
+                f"run started: {e.n_params / 1e6:.2f}M parameters on {e.device_name} ({e.device}, {e.precision}), "
+                f"{t['batch_size']}x{t['grad_accum']}x{t.get('block_size')} tokens/step, from step {e.start_step}"
+            ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "")
+        case "step":
+            mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
+            return (
+                f"step {e.step:>6}/{max_steps} | loss {e.loss:.4f} | lr {e.lr:.2e} | "
+                f"norm {e.grad_norm:.3f} | {1000 * e.step_time_s:.1f} ms | "
+                f"{e.tokens_per_s:,.0f} tok/s | mfu {mfu} | mem {human(e.mem_bytes)}"
+            ) + (f" | eta {duration_text(eta)}" if eta else "")
+        case "eval":
+            return f"eval step {e.step}: val loss {e.val_loss:.4f}"
+        case "checkpoint":
+            return f"checkpoint step {e.step}: {e.path}{' (best)' if e.best else ''}"
+        case "warning":
+            return f"warning: {e.message}"
+        case "run_finished":
+            best = "-" if e.best_val_loss is None else f"{e.best_val_loss:.4f}"
+            line = f"run {e.reason} at step {e.step}; best val loss {best}"
+            s = e.summary
+            if s:
+                mfu = "-" if s.get("mfu") is None else f"{100 * s['mfu']:.1f}%"
+                line += (
+                    f"\nsettled speed: {1000 * s['median_step_time_s']:.1f} ms/step, "
+                    f"{s['tokens_per_s']:,.0f} tok/s, mfu {mfu}, peak mem "
+                    f"{human(s.get('peak_mem_bytes'))} (first step {s['first_step_time_s']:.2f} s)"
+                )
+            return line
+        case "run_failed":
+            return f"run failed at step {e.step}: {e.error}"
+        case "paused" | "resumed":
+            return f"{e.event} at step {e.step}"
+        case "segment":
+            if e.reason == "start":
+                return ""  # run_started already said it all
+            return f"segment from step {e.step}: {change_text(e.changed) or 'switches unchanged'} ({e.reason})"
+        case "sample":
+            return f"sample at step {e.step}:\n{sample_text(e.text)}"
+    return ""  # gpu: a reading a second: the GPU tab draws them, the log and console do not
+
+
+def verdict(est: Any, device_bytes: int | None) -> str:
+    if device_bytes is None:
+        return f"peak {human(est.peak_bytes)}; device memory unknown (pass --device-memory)"
+    if est.fits(device_bytes):
+        return f"fits: peak {human(est.peak_bytes)} of {human(device_bytes)} ({human(device_bytes - est.peak_bytes)} to spare)"
+    return f"does not fit: peak {human(est.peak_bytes)} > {human(device_bytes)} available"
+
+
+def format_table(est: Any, device_bytes: int | None) -> str:
+    """An engine.memory.MemoryEstimate as a plain-text table: each part's full size, what of
+    it is alive at the peak, the phases, the peak and the verdict."""
+    rows = [("part", "size", "at peak")]
+    for name, size in est.components.items():
+        if size or est.breakdown.get(name):
+            rows.append((name, human(size), human(est.breakdown.get(name, 0))))
+    w0, w1 = (max(len(r[i]) for r in rows) + 2 for i in (0, 1))
+    lines = [
+        f"{params_text(est.n_params, est.vocab_size)}, "
+        f"micro-batch {est.batch_size} x {est.seq_len} tokens, "
+        f"grad accum {est.grad_accum}, {est.precision} on {est.target}"
+        + (f", {est.world_size} ranks ({est.sharding})" if est.world_size > 1 else "")
+        + (", torch.compile" if est.compile else ""),
+        "",
+    ]
+    for i, (a, b, c) in enumerate(rows):
+        lines.append(f"{a:<{w0}}{b:>{w1}}{c:>{w1 + 2}}")
+        if i == 0:
+            lines.append("-" * (w0 + 2 * w1 + 2))
+    lines.append("-" * (w0 + 2 * w1 + 2))
+    lines.append(f"{'peak (' + est.peak_phase + ')':<{w0 + w1}}{human(est.peak_bytes):>{w1 + 2}}")
+    lines += ["", "allocated by phase: " + ", ".join(f"{k} {human(v)}" for k, v in est.phases.items())]
+    lines.extend(f"note: {n}" for n in est.notes)
+    lines.append(verdict(est, device_bytes))
+    return "\n".join(lines)
+
+
+def fix_flags(fitted: RunConfig) -> str:
+    """The flags that give a config `fitted`'s micro-batch, e.g. '--batch-size 8 --grad-accum 4'."""
+    return f"--batch-size {fitted.train.batch_size} --grad-accum {fitted.train.grad_accum}"
+
+
+def advice(fitted: RunConfig | None) -> str:
+    """What to change when a config does not fit, given the estimator's largest micro-batch
+    that does (memory.suggest_fit; None when none does)."""
+    if fitted is not None:
+        return f"suggested fix: {fix_flags(fitted)} (same sequences per optimizer step)"
+    return (
+        "even micro-batch 1 does not fit: try --grad-checkpointing, a shorter --block-size, "
+        "bf16, more ranks with fsdp, or a smaller model"
+    )
