@@ -34,6 +34,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine import config as _  # noqa: F401  (the flags its refusals' fixes are worded with)
 from engine.errors import UserError
 
 LLMC_MAGIC = 20240520
@@ -51,9 +52,9 @@ _EXPECTED = (
 )
 
 
-def _error(message: str) -> UserError:
+def _error(message: str, *fixes: dict[str, Any], also: str = "") -> UserError:
     """A UserError whose text is guaranteed to be one line (paths may hold odd characters)."""
-    return UserError(" ".join(message.split("\n")))
+    return UserError(message, *fixes, also=also)
 
 
 def dtype_for_vocab(vocab_size: int) -> str:
@@ -138,19 +139,13 @@ class TokenSplit:
         """Every shard must hold a whole window (block_size + 1 tokens): windows never span
         two files, and a short shard would otherwise surface as a numpy error mid-run."""
         if block_size < 1:
-            raise _error(f"block size {block_size} is not positive; pass --block-size 1 or more")
+            raise _error(f"block size {block_size} is not positive", {"train.block_size": "1 or more"})
         shortest = min(self.shards, key=lambda s: s.count)
         if shortest.count < block_size + 1:
             where = f" in {shortest.path.name}" if len(self.shards) > 1 else ""
-            fix = (
-                f"pass --block-size {shortest.count - 1} or less, or use more data"
-                if shortest.count >= 2
-                else "use more data"
-            )
-            raise _error(
-                f"the {self.name} split has {shortest.count} tokens{where}, fewer than "
-                f"block size {block_size} + 1; {fix}"
-            )
+            fixes = [{"train.block_size": f"{shortest.count - 1} or less"}] if shortest.count >= 2 else []
+            raise _error(f"the {self.name} split has {shortest.count} tokens{where}, fewer than "
+                         f"block size {block_size} + 1", *fixes, also="use more data")  # fmt: skip
 
 
 class Dataset:
@@ -174,15 +169,13 @@ def check_dir(root: Path) -> list[Path]:
     """A dataset path that is a readable directory (its entries), or one line saying what it is
     instead; cheap enough for the estimator, which does not open token files."""
     if root.is_symlink() and not root.exists():
-        raise _error(f"dataset path {root} is a symbolic link that leads nowhere (a loop or a missing target); "
-                     "pass the dataset directory itself to --data")  # fmt: skip
+        raise _error(f"dataset path {root} is a symbolic link that leads nowhere (a loop or a missing target)",
+                     {"data.path": "the dataset directory itself"})  # fmt: skip
     if not root.exists():
-        raise _error(
-            f"dataset directory {root} does not exist; pass an existing directory to --data "
-            f"(make one with `gpt2-tui prepare TEXT... --out DIR`)"
-        )
+        raise _error(f"dataset directory {root} does not exist (make one with `gpt2-tui prepare TEXT... --out DIR`)",
+                     {"data.path": "an existing directory"})  # fmt: skip
     if not root.is_dir():
-        raise _error(f"{root} is a file, not a dataset directory; pass the directory holding it to --data")
+        raise _error(f"{root} is a file, not a dataset directory", {"data.path": "the directory holding it"})
     try:
         return list(root.iterdir())
     except OSError as exc:
@@ -414,13 +407,10 @@ def _check_ids(split: TokenSplit, info: DatasetInfo) -> None:
             largest = max(largest, int(tokens[start : start + _SCAN_CHUNK].max()))
         del tokens
         if largest >= info.vocab_size:
+            problem = f"{shard.path} holds token id {largest}, not below vocab size {info.vocab_size}"
             if info.format == "gpt2-tui":
-                fix = f"{SIDECAR} is wrong or the file is corrupt: prepare the dataset again"
-            else:
-                fix = f"pass --vocab-size {largest + 1} (or the tokenizer's real vocabulary size)"
-            raise _error(
-                f"{shard.path} holds token id {largest}, not below vocab size {info.vocab_size}; {fix}"
-            )
+                raise _error(problem, also=f"{SIDECAR} is wrong or the file is corrupt: prepare the dataset again")
+            raise _error(problem, {"model.vocab_size": f"{largest + 1} (or the tokenizer's real vocabulary size)"})
 
 
 # --------------------------------------------------------------------------- sampling
@@ -438,7 +428,7 @@ class BatchSampler:
         self, split: TokenSplit, batch_size: int, block_size: int, seed: int, vectorized: bool = True
     ) -> None:
         if batch_size < 1:
-            raise _error(f"batch size {batch_size} is not positive; pass --batch-size 1 or more")
+            raise _error(f"batch size {batch_size} is not positive", {"train.batch_size": "1 or more"})
         split.check_block(block_size)
         self.split = split
         self.batch_size = batch_size
