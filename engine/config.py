@@ -151,7 +151,7 @@ class OptimConfig(_Strict):
     @model_validator(mode="after")
     def _min_below_peak(self) -> OptimConfig:
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}")
+            raise Invalid(f"min_lr {self.min_lr} is above lr {self.lr}", {"optim.min_lr": f"{self.lr} or less"})
         return self
 
 

@@ -1,12 +1,7 @@
-"""The one exception type for bad user input, with its fix as data.
-
-`UserError("what is wrong", {"train.block_size": "512 or less"})` anywhere in the engine
-makes the CLI print that single line, the fix worded as flags ("pass --block-size 512 or
-less"), and exit with status 2, without a traceback; the form words the same fix with its
-field names ("set block size to 512 or less"). Each fix is a set of settings changed
-together; several fixes are alternatives. `Invalid` is the same for pydantic validators.
-The flags are the config's (engine.config installs `Refusal.cli`, which this module cannot
-import: the config raises these).
+"""Bad user input, with its fix as data: `UserError("what is wrong", {"train.block_size":
+"512 or less"})` makes the CLI print one line, the fix as flags ("pass --block-size 512 or
+less"; engine.config installs `Refusal.cli`), and exit 2 without a traceback; the form words
+the fix as its fields. Each fix is settings changed together; several are alternatives.
 """
 
 from __future__ import annotations

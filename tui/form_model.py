@@ -28,18 +28,6 @@ SECTIONS: list[tuple[str, list[str]]] = [(title, [s.dotted for s in ss]) for tit
 ALL_FIELDS = [d for _, names in SECTIONS for d in names]
 KEPT_ON_PRESET = [d for title, names in SECTIONS if title != BATCH for d in names]  # the user's, not the preset's
 
-# pydantic's model-level validators report at the section; these say which field to blame
-# (at the top level, the first word of the message names the setting: "warmup steps ...").
-_MODEL_LEVEL = {("optim",): "optim.min_lr", (): "train.block_size", ("model",): "train.block_size"}
-_TOP_LEVEL_BY_WORD = {"warmup": "optim.warmup_steps", "block": "train.block_size"}
-
-
-def _blame(loc: tuple[str, ...], msg: str) -> str | None:
-    if loc == ():
-        return _TOP_LEVEL_BY_WORD.get(msg.split(" ", 1)[0], _MODEL_LEVEL[()])
-    return _MODEL_LEVEL.get(loc)
-
-
 def form_change(dotted: str, value: Any) -> str:
     """One change of a refusal's fix, as the field to change: 'set block size to 512'."""
     sp = setting(dotted)
@@ -89,7 +77,9 @@ def validate(base: dict[str, Any], values: dict[str, Any]) -> tuple[RunConfig | 
             loc = tuple(str(p) for p in e["loc"])
             why = e.get("ctx", {}).get("error")
             msg = form_words(why) if isinstance(why, Refusal) else e["msg"].removeprefix("Value error, ")
-            dotted = ".".join(loc[:2]) if len(loc) >= 2 else _blame(loc, msg)
+            # a model-level validator reports at its section: its first fix names the field to blame
+            blame = next(iter(why.fixes[0])) if isinstance(why, Refusal) and why.fixes else None
+            dotted = ".".join(loc[:2]) if len(loc) >= 2 else blame
             if dotted in values:
                 by_field.setdefault(dotted, msg)
             else:

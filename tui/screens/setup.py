@@ -1,14 +1,12 @@
 """The setup form: preset, dataset, batch and schedule, every speed switch, memory budget.
 
-Fields come from tui.fields (derived from the pydantic models); every change re-validates
-the whole config with pydantic and shows each error at its field; Launch stays disabled
-while anything is refused or the memory estimate says it will not fit.
-
-The form paints before torch is imported (that import alone takes seconds): a thread
-worker imports it and reads what this machine can run, then posts DeviceProbed; the
-switches the hardware cannot use, the dataset check and the memory estimate fill in then.
-The first frame holds only the rows the terminal shows; the rest of the form mounts right
-after it (docs/benchmarks.md, "The form's first paint").
+The model (fields, values, verdicts, presets, final config, TOML) is tui.form_model, with
+no Textual; this screen draws it (each field by tui.widgets.setting_input) and shows each
+error at its field; Launch stays disabled while anything is refused or the memory estimate
+says it will not fit. The form paints before torch is imported (seconds): a worker imports
+it and reads what this machine can run (DeviceProbed); the switches the hardware cannot
+use, the dataset check and the memory estimate fill in then. The first frame holds only
+the rows the terminal shows (tui.widgets.first_paint).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widget import MountError, Widget
+from textual.widget import MountError
 from textual.widgets import Button, Header, Input, Label, Select, Static, Switch
 
 from engine import rundir
@@ -101,10 +99,6 @@ class SetupScreen(Screen):
         self._quit_asked = False  # ctrl+q before that: quit when it is
 
     @property
-    def base(self) -> dict[str, Any]:
-        return self.model.base
-
-    @property
     def caps(self) -> Capabilities | None:
         return self.model.caps
 
@@ -140,14 +134,14 @@ class SetupScreen(Screen):
             ), Static(PRESET_HELP, classes="help-line")]),
             (1, lambda: [Horizontal(
                 Label("dataset", classes="name"),
-                Input(self.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset", compact=True),
+                Input(self.model.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset", compact=True),
                 Button("Browse", id="browse", compact=True),
                 classes="row",
             )]),
             (1, lambda: [Static("", id="dataset-info", classes="help-line")]),
             (1, lambda: [Horizontal(
                 Label("run directory", classes="name"),
-                Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir", compact=True),
+                Input(str(rundir.default_path(self.model.base.get("preset"))), id="run-dir", compact=True),
                 classes="row", id="row-run-dir",
             )]),
         ]  # fmt: skip
@@ -176,7 +170,7 @@ class SetupScreen(Screen):
 
     def _field_row(self, dotted: str) -> Horizontal:
         sp = F.setting(dotted)
-        inputs = setting_input.widgets(sp, F.get_value(self.base, dotted), wid(dotted), self._paint.select)
+        inputs = setting_input.widgets(sp, F.get_value(self.model.base, dotted), wid(dotted), self._paint.select)
         help_ = Static(sp.help, id="help-" + wid(dotted), classes="help", markup=False)
         return Horizontal(Label(sp.label, classes="name"), *inputs, help_, classes="row", id="row-" + wid(dotted))
 
@@ -200,7 +194,7 @@ class SetupScreen(Screen):
         from engine import memory
 
         path = self.query_one("#dataset", Input).value.strip() or None
-        data = {"data.path": path, "data.vocab_size": self.base["data"].get("vocab_size", 50257)}
+        data = {"data.path": path, "data.vocab_size": self.model.base["data"].get("vocab_size", 50257)}
         return [(f"{name}  {memory.size_text(resolve(name, overrides=data))}", name) for name in preset_names()]
 
     def _refresh_presets(self) -> None:
@@ -413,7 +407,7 @@ class SetupScreen(Screen):
             self._show_error("err-dataset", text_file_advice(Path(path).expanduser()), "#dataset")
             return
         try:
-            ds = open_dataset(Path(path), vocab_size=self.base["data"].get("vocab_size", 50257), preload=False)
+            ds = open_dataset(Path(path), vocab_size=self.model.base["data"].get("vocab_size", 50257), preload=False)
         except UserError as err:
             info_w.update("")
             self._show_error("err-dataset", F.form_words(err), "#dataset")
@@ -463,7 +457,7 @@ class SetupScreen(Screen):
             return
         if event.value != event.select.value:  # stale: set_options' pick, already replaced
             return
-        if event.select.id == "preset" and event.value != self.base.get("preset"):
+        if event.select.id == "preset" and event.value != self.model.base.get("preset"):
             if not self._complete:  # its fields are not all mounted yet: applied when they are
                 self._preset_asked = str(event.value)
                 return
@@ -475,7 +469,7 @@ class SetupScreen(Screen):
         """A new preset: its model shape and its train/optim values; speed and data kept."""
         current = self.values()
         self.model.apply_preset(name)
-        self.set_values(self.base)
+        self.set_values(self.model.base)
         for dotted in F.KEPT_ON_PRESET:  # the device and speed switches stay as the user set them
             self._set_one(dotted, current[dotted])
         self.query_one("#run-dir", Input).value = str(rundir.default_path(name))
@@ -607,5 +601,5 @@ class SetupScreen(Screen):
         self._loading = True
         self.query_one("#preset", Select).value = self.model.preset()
         self._loading = False
-        self.set_values(self.base)
+        self.set_values(self.model.base)
 

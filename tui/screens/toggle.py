@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Select, Static, Switch
 
 from engine import device, memory, toggle
-from engine.config import RunConfig, build, merge, set_dotted
+from engine.config import RunConfig, overlay
 from engine.errors import UserError
 from engine.events import change_text
 from engine.segments import SWITCHES, changed, switches
@@ -51,10 +51,7 @@ def pair_text(b: int, a: int) -> str:
 
 def with_switches(config: RunConfig, values: dict[str, Any]) -> RunConfig:
     """`config` with `values` ({dotted: value}) set, validated as a config file would be."""
-    nested: dict[str, Any] = {}
-    for dotted, value in values.items():
-        set_dotted(nested, dotted, value)
-    return build(merge(config.model_dump(mode="json", exclude_none=True), nested))
+    return overlay(config.model_dump(mode="json", exclude_none=True), values)
 
 
 class ToggleScreen(ModalScreen[dict[str, Any] | None]):

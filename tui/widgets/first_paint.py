@@ -12,7 +12,7 @@ from typing import Any
 from textual.app import App, ComposeResult
 from textual.content import Content
 from textual.widget import Widget
-from textual.widgets import Footer, Select, Static
+from textual.widgets import Footer, Static
 
 from tui.widgets.setting_input import compact_select
 
@@ -120,5 +120,3 @@ class FirstPaint:
             await form.mount_all([w for build in self.later for w in build()])
             self.later = []
 
-
-__all__ = ["CHROME_ROWS", "FirstPaint", "KeysFooter", "Select", "breakpoint_classes", "lines", "paint_first"]
