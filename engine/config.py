@@ -15,7 +15,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engine.errors import UserError
+from engine.errors import Invalid, Refusal, UserError
 
 Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 Attention = Literal["flash", "manual"]
@@ -41,9 +41,17 @@ MAX_SAMPLE_TOKENS = 2**16
 SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's range)
 
 
-def _flag(name: str | None) -> dict[str, Any]:
-    """A CLI flag name other than the field's own (`--field-name`); None = no flag."""
-    return {"flag": name}
+# The setup form's sections, in the form's order; a setting without one keeps the preset's value.
+BATCH, DEVICE, SWITCH = "Batch and schedule", "Device", "Speed switches"
+FORM_SECTIONS = (BATCH, DEVICE, SWITCH)
+
+
+def _meta(form: str | None = None, live: bool = False, **more: Any) -> dict[str, Any]:
+    """A setting's description beyond its type (engine.settings reads it): its form section,
+    whether a live run may change it (a speed switch: engine.segments.SWITCHES), and
+    optionally `flag` (a CLI flag other than `--field-name`; None = no flag), `label` (the
+    form's name for it, other than the field's) and `blank` (what a blank input means)."""
+    return {"form": form, "live": live, **more}
 
 
 class ModelConfig(_Strict):
@@ -53,26 +61,26 @@ class ModelConfig(_Strict):
     n_head: int = Field(12, ge=1, le=MAX_WIDTH, description="attention heads")
     n_embd: int = Field(768, ge=1, le=MAX_WIDTH, description="embedding width")
     block_size: int = Field(
-        1024, ge=1, le=MAX_CONTEXT, description="the model's context length (positions)", json_schema_extra=_flag("--context")
+        1024, ge=1, le=MAX_CONTEXT, description="the model's context length (positions)", json_schema_extra=_meta(flag="--context", label="model context")
     )
     vocab_size: int | None = Field(
         None, ge=2, le=MAX_VOCAB, description="real vocabulary (default: the dataset's; nanoGPT/llm.c files: 50257)"
     )
     pad_vocab: bool = Field(
-        True, description="pad the vocab to a multiple of 64, 50257 -> 50304 (reported 3-25% faster; docs/benchmarks.md)"
+        True, description="pad the vocab to a multiple of 64, 50257 -> 50304 (reported 3-25% faster; docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True)
     )
     bias: bool = Field(True, description="biases in Linear and LayerNorm")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability")
     attention: Attention = Field(
-        "flash", description="flash = SDPA (reported ~1.35x, O(T) memory; docs/benchmarks.md); manual = masked softmax"
+        "flash", description="flash = SDPA (reported ~1.35x, O(T) memory; docs/benchmarks.md); manual = masked softmax", json_schema_extra=_meta(SWITCH, live=True)
     )
     grad_checkpointing: bool = Field(
-        False, description="recompute each block in backward: less activation memory, ~30% more compute"
+        False, description="recompute each block in backward: less activation memory, ~30% more compute", json_schema_extra=_meta(SWITCH, live=True)
     )
     loss: Literal["plain", "chunked"] = Field(
         "plain",
         description="chunked = the lm_head matmul and cross-entropy computed in row chunks, never holding "
-        "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md)",
+        "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md)", json_schema_extra=_meta(SWITCH, live=True)
     )
 
     @model_validator(mode="after")
@@ -103,27 +111,27 @@ class DataConfig(_Strict):
 
     path: str | None = Field(
         None, description="dataset directory (ours, nanoGPT train.bin/val.bin, or llm.c shards); default: the stdlib corpus",
-        json_schema_extra=_flag("--data"),
+        json_schema_extra=_meta(flag="--data", label="dataset"),
     )
     vocab_size: int = Field(
-        50257, ge=2, le=MAX_VOCAB, description="vocab of nanoGPT/llm.c files, which carry none", json_schema_extra=_flag(None)
+        50257, ge=2, le=MAX_VOCAB, description="vocab of nanoGPT/llm.c files, which carry none", json_schema_extra=_meta(flag=None)
     )
     preload: bool = Field(
-        True, description="read the token files into RAM instead of np.memmap (reported 2-3x faster random reads)"
+        True, description="read the token files into RAM instead of np.memmap (reported 2-3x faster random reads)", json_schema_extra=_meta(SWITCH, live=True)
     )
     vectorized: bool = Field(
-        True, description="build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)"
+        True, description="build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True)
     )
-    pin_memory: bool = Field(True, description="pinned host buffers + non_blocking copies (CUDA)")
-    prefetch: bool = Field(True, description="build the next batch on a background thread while a GPU computes (ignored on CPU)")
+    pin_memory: bool = Field(True, description="pinned host buffers + non_blocking copies (CUDA)", json_schema_extra=_meta(SWITCH, live=True))
+    prefetch: bool = Field(True, description="build the next batch on a background thread while a GPU computes (ignored on CPU)", json_schema_extra=_meta(SWITCH, live=True))
 
 
 class OptimConfig(_Strict):
     """AdamW and the LR schedule: linear warmup, then cosine to min_lr."""
 
-    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate")
-    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the cosine")
-    warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear warmup steps")
+    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate", json_schema_extra=_meta(BATCH))
+    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the cosine", json_schema_extra=_meta(BATCH))
+    warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear warmup steps", json_schema_extra=_meta(BATCH))
     decay_steps: int | None = Field(
         None, ge=1, le=MAX_STEPS, description="step where the cosine reaches min-lr (default: max-steps)"
     )
@@ -134,32 +142,32 @@ class OptimConfig(_Strict):
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
     eps: float = Field(1e-8, gt=0, allow_inf_nan=False, description="AdamW epsilon")
     grad_clip: float = Field(
-        1.0, ge=0, allow_inf_nan=False, description="clip the global grad norm to this (0 = off)"
+        1.0, ge=0, allow_inf_nan=False, description="clip the global grad norm to this (0 = off)", json_schema_extra=_meta(BATCH)
     )
     fused: bool | None = Field(
-        None, description="fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)", json_schema_extra=_flag("--fused-adamw")
+        None, description="fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)", json_schema_extra=_meta(SWITCH, live=True, flag="--fused-adamw")
     )
 
     @model_validator(mode="after")
     def _min_below_peak(self) -> OptimConfig:
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}")
+            raise Invalid(f"min_lr {self.min_lr} is above lr {self.lr}", {"optim.min_lr": f"{self.lr} or less"})
         return self
 
 
 class SpeedConfig(_Strict):
     """Device and the compute switches."""
 
-    device: Device = Field("auto", description="where to train (auto: cuda > mps > cpu)")
+    device: Device = Field("auto", description="where to train (auto: cuda > mps > cpu)", json_schema_extra=_meta(DEVICE))
     precision: Precision = Field(
         "auto", description="auto = bf16 on GPUs that have it, else fp16 on CUDA, else fp32; reported on GPT-2: "
-        "tf32 ~3x fp32 (Ampere+), bf16 ~1.1x more, fp16 uses a GradScaler (docs/benchmarks.md)"
+        "tf32 ~3x fp32 (Ampere+), bf16 ~1.1x more, fp16 uses a GradScaler (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True)
     )
     compile: bool = Field(
-        False, description="torch.compile (reported 1.5-2.3x; the first steps are slow while it compiles)"
+        False, description="torch.compile (reported 1.5-2.3x; the first steps are slow while it compiles)", json_schema_extra=_meta(SWITCH, live=True)
     )
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
-        "default", description="torch.compile mode"
+        "default", description="torch.compile mode", json_schema_extra=_meta(SWITCH, live=True)
     )
     parallel: Literal["auto", "ddp", "fsdp"] = Field(
         "auto", description="with --nproc/torchrun: ddp replicates the model, fsdp (FSDP2) shards it; "
@@ -170,17 +178,17 @@ class SpeedConfig(_Strict):
 class TrainConfig(_Strict):
     """Batch geometry, run length and bookkeeping intervals."""
 
-    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="micro-batch: sequences per forward pass")
-    block_size: int | None = Field(None, ge=1, le=MAX_CONTEXT, description="tokens per sequence (default: the model's context)")
-    grad_accum: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step")
-    max_steps: int = Field(1000, ge=1, le=MAX_STEPS, description="optimizer steps to train to")
-    eval_interval: int = Field(100, ge=1, le=MAX_STEPS, description="steps between val-loss evals")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="micro-batch: sequences per forward pass", json_schema_extra=_meta(BATCH, live=True))
+    block_size: int | None = Field(None, ge=1, le=MAX_CONTEXT, description="tokens per sequence (default: the model's context)", json_schema_extra=_meta(BATCH, blank="model context"))
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step", json_schema_extra=_meta(BATCH, live=True))
+    max_steps: int = Field(1000, ge=1, le=MAX_STEPS, description="optimizer steps to train to", json_schema_extra=_meta(BATCH))
+    eval_interval: int = Field(100, ge=1, le=MAX_STEPS, description="steps between val-loss evals", json_schema_extra=_meta(BATCH))
     eval_batches: int = Field(20, ge=1, le=MAX_COUNT, description="val batches per eval")
     log_interval: int = Field(1, ge=1, le=MAX_STEPS, description="steps between step reports (each reads the device: a host sync)")
-    ckpt_interval: int = Field(500, ge=1, le=MAX_STEPS, description="steps between checkpoints")
-    keep_last: int = Field(3, ge=1, le=MAX_COUNT, description="checkpoints kept besides best.pt")
+    ckpt_interval: int = Field(500, ge=1, le=MAX_STEPS, description="steps between checkpoints", json_schema_extra=_meta(BATCH))
+    keep_last: int = Field(3, ge=1, le=MAX_COUNT, description="checkpoints kept besides best.pt", json_schema_extra=_meta(BATCH))
     seed: int = Field(
-        1337, ge=0, lt=SEED_LIMIT, description="random seed (same seed + config on CPU = same loss curve)"
+        1337, ge=0, lt=SEED_LIMIT, description="random seed (same seed + config on CPU = same loss curve)", json_schema_extra=_meta(BATCH)
     )
     sample_tokens: int = Field(48, ge=0, le=MAX_SAMPLE_TOKENS, description="tokens generated at each eval, shown in the dashboard and the console (0 = none)")
     on_save_error: Literal["continue", "stop"] = Field(
@@ -208,10 +216,8 @@ class RunConfig(_Strict):
     def _block_fits_context(self) -> RunConfig:
         T = self.train.block_size
         if T is not None and T > self.model.block_size:
-            raise ValueError(
-                f"block size {T} is above the model's context {self.model.block_size}; "
-                f"pass --block-size {self.model.block_size} or less"
-            )
+            raise Invalid(f"block size {T} is above the model's context {self.model.block_size}",
+                          {"train.block_size": f"{self.model.block_size} or less"})
         return self
 
     @model_validator(mode="after")
@@ -219,10 +225,8 @@ class RunConfig(_Strict):
         """A warmup as long as the run never reaches the peak lr: refused, not kept silently."""
         w, n = self.optim.warmup_steps, self.train.max_steps
         if w >= n:
-            raise ValueError(
-                f"warmup steps {w} is not below max steps {n}: the lr would never reach its peak; "
-                f"pass --warmup-steps {max(0, n // 10)} or less, or pass --max-steps {w + 1} or more"
-            )
+            raise Invalid(f"warmup steps {w} is not below max steps {n}: the lr would never reach its peak",
+                          {"optim.warmup_steps": f"{max(0, n // 10)} or less"}, {"train.max_steps": f"{w + 1} or more"})
         return self
 
     @property
@@ -236,6 +240,25 @@ class RunConfig(_Strict):
     def to_toml(self) -> str:
         return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
 
+
+def flag_of(dotted: str) -> str | None:
+    """A setting's CLI flag: `--field-name`, unless its Field names another (or None)."""
+    section, name = dotted.split(".")
+    info = RunConfig.model_fields[section].annotation.model_fields[name]  # type: ignore[union-attr]
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return extra["flag"] if "flag" in extra else "--" + name.replace("_", "-")  # type: ignore[return-value]
+
+
+def cli_change(dotted: str, value: Any) -> str:
+    """One change of a refusal's fix as the flag that makes it: '--block-size 512',
+    '--no-compile', 'DIR to --data' (a path)."""
+    flag = flag_of(dotted) or "--" + dotted
+    if value is True or value is False:
+        return flag if value else "--no-" + flag[2:]
+    return f"{value} to {flag}" if dotted == "data.path" else f"{flag} {value}"
+
+
+Refusal.cli = staticmethod(cli_change)  # every refusal's fix, worded as flags on the command line
 
 # ---------------------------------------------------------------- building a RunConfig
 
@@ -252,10 +275,15 @@ def one_line(err: ValidationError) -> str:
 
 
 def build(data: dict[str, Any]) -> RunConfig:
-    """Validate a nested dict into a RunConfig, or raise UserError with one line."""
+    """Validate a nested dict into a RunConfig, or raise UserError with one line (a validator's
+    lone refusal keeps its fixes, for each front end to word)."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
+        (first, *more) = err.errors()
+        why = first.get("ctx", {}).get("error")
+        if not more and isinstance(why, Invalid) and not first["loc"]:
+            raise UserError("invalid config: " + why.problem, *why.fixes, also=why.also) from None
         raise UserError(one_line(err)) from None
 
 

@@ -34,6 +34,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine import config as _  # noqa: F401  (the flags its refusals' fixes are worded with)
 from engine.errors import UserError
 
 LLMC_MAGIC = 20240520
@@ -49,11 +50,6 @@ _EXPECTED = (
     "expected dataset.json + train.bin + val.bin (gpt2-tui), train.bin + val.bin (nanoGPT) "
     "or *train*.bin + *val*.bin shards (llm.c)"
 )
-
-
-def _error(message: str) -> UserError:
-    """A UserError whose text is guaranteed to be one line (paths may hold odd characters)."""
-    return UserError(" ".join(message.split("\n")))
 
 
 def dtype_for_vocab(vocab_size: int) -> str:
@@ -112,7 +108,7 @@ class Shard:
     def load(self) -> None:
         self.data = np.fromfile(self.path, dtype=self.dtype, count=self.count, offset=self.offset)
         if len(self.data) != self.count:
-            raise _error(f"{self.path} was truncated while being read; check the file and retry")
+            raise UserError(f"{self.path} was truncated while being read; check the file and retry")
 
 
 class TokenSplit:
@@ -138,19 +134,13 @@ class TokenSplit:
         """Every shard must hold a whole window (block_size + 1 tokens): windows never span
         two files, and a short shard would otherwise surface as a numpy error mid-run."""
         if block_size < 1:
-            raise _error(f"block size {block_size} is not positive; pass --block-size 1 or more")
+            raise UserError(f"block size {block_size} is not positive", {"train.block_size": "1 or more"})
         shortest = min(self.shards, key=lambda s: s.count)
         if shortest.count < block_size + 1:
             where = f" in {shortest.path.name}" if len(self.shards) > 1 else ""
-            fix = (
-                f"pass --block-size {shortest.count - 1} or less, or use more data"
-                if shortest.count >= 2
-                else "use more data"
-            )
-            raise _error(
-                f"the {self.name} split has {shortest.count} tokens{where}, fewer than "
-                f"block size {block_size} + 1; {fix}"
-            )
+            fixes = [{"train.block_size": f"{shortest.count - 1} or less"}] if shortest.count >= 2 else []
+            raise UserError(f"the {self.name} split has {shortest.count} tokens{where}, fewer than "
+                         f"block size {block_size} + 1", *fixes, also="use more data")  # fmt: skip
 
 
 class Dataset:
@@ -174,19 +164,17 @@ def check_dir(root: Path) -> list[Path]:
     """A dataset path that is a readable directory (its entries), or one line saying what it is
     instead; cheap enough for the estimator, which does not open token files."""
     if root.is_symlink() and not root.exists():
-        raise _error(f"dataset path {root} is a symbolic link that leads nowhere (a loop or a missing target); "
-                     "pass the dataset directory itself to --data")  # fmt: skip
+        raise UserError(f"dataset path {root} is a symbolic link that leads nowhere (a loop or a missing target)",
+                     {"data.path": "the dataset directory itself"})  # fmt: skip
     if not root.exists():
-        raise _error(
-            f"dataset directory {root} does not exist; pass an existing directory to --data "
-            f"(make one with `gpt2-tui prepare TEXT... --out DIR`)"
-        )
+        raise UserError(f"dataset directory {root} does not exist (make one with `gpt2-tui prepare TEXT... --out DIR`)",
+                     {"data.path": "an existing directory"})  # fmt: skip
     if not root.is_dir():
-        raise _error(f"{root} is a file, not a dataset directory; pass the directory holding it to --data")
+        raise UserError(f"{root} is a file, not a dataset directory", {"data.path": "the directory holding it"})
     try:
         return list(root.iterdir())
     except OSError as exc:
-        raise _error(f"cannot read dataset directory {root} ({exc.strerror}); check its permissions") from exc
+        raise UserError(f"cannot read dataset directory {root} ({exc.strerror}); check its permissions") from exc
 
 
 def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True) -> Dataset:
@@ -205,13 +193,13 @@ def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True
         train_files = sorted(p for p in root.glob("*train*.bin") if p.is_file())
         val_files = sorted(p for p in root.glob("*val*.bin") if p.is_file())
         if not train_files and not val_files:
-            raise _error(
+            raise UserError(
                 f"{root} is not a recognised dataset: {_EXPECTED}; "
                 f"make one with `gpt2-tui prepare TEXT... --out DIR`"
             )
         if not train_files or not val_files:
             missing = "train" if not train_files else "val"
-            raise _error(
+            raise UserError(
                 f"{root} has no {missing} file ({_EXPECTED}); add the {missing} split "
                 f"or prepare the dataset again"
             )
@@ -221,14 +209,14 @@ def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True
         elif {"train.bin", "val.bin"} <= names:
             info, train, val = _open_nanogpt(root, vocab_size)
         else:
-            raise _error(
+            raise UserError(
                 f"{root} holds {', '.join(p.name for p in candidates)} without llm.c headers "
                 f"(magic {LLMC_MAGIC}); nanoGPT files must be named train.bin and val.bin"
             )
 
     for split in (train, val):
         if split.num_tokens == 0:
-            raise _error(f"the {split.name} split of {root} holds no tokens; prepare the dataset again")
+            raise UserError(f"the {split.name} split of {root} holds no tokens; prepare the dataset again")
         if preload:
             for shard in split.shards:
                 shard.load()
@@ -241,11 +229,11 @@ def _open_ours(root: Path) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
     try:
         raw = json.loads(sidecar_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _error(
+        raise UserError(
             f"{sidecar_path} is not readable JSON ({exc}); fix it or prepare the dataset again"
         ) from exc
     if isinstance(raw, dict) and raw.get("dtype") == "int16":
-        raise _error(
+        raise UserError(
             f"{sidecar_path} says dtype int16, which cannot hold ids above 32767; "
             f"token files must be uint16 or uint32: prepare the dataset again"
         )
@@ -255,19 +243,19 @@ def _open_ours(root: Path) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'top level'}: {e['msg']}" for e in exc.errors()
         )
-        raise _error(f"{sidecar_path} is invalid ({problems}); fix it or prepare the dataset again") from exc
+        raise UserError(f"{sidecar_path} is invalid ({problems}); fix it or prepare the dataset again") from exc
     if car.dtype not in DTYPES:
-        raise _error(
+        raise UserError(
             f"{sidecar_path} has unknown dtype {car.dtype!r}; it must be uint16 or uint32: "
             f"fix it or prepare the dataset again"
         )
     if car.dtype == "uint16" and car.vocab_size > 65536:
-        raise _error(
+        raise UserError(
             f"{sidecar_path} says dtype uint16 with vocab_size {car.vocab_size} > 65536; "
             f"such a vocabulary needs uint32: prepare the dataset again"
         )
     if car.eot_id is not None and car.eot_id >= car.vocab_size:
-        raise _error(
+        raise UserError(
             f"{sidecar_path} has eot_id {car.eot_id} outside vocab_size {car.vocab_size}; "
             f"fix it or prepare the dataset again"
         )
@@ -275,12 +263,12 @@ def _open_ours(root: Path) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
     if car.tokenizer is not None:
         tok_path = (root / car.tokenizer).resolve()
         if not tok_path.is_relative_to(root.resolve()):
-            raise _error(
+            raise UserError(
                 f"{sidecar_path} names tokenizer {car.tokenizer}, outside the dataset directory; "
                 "put the tokenizer.json inside it and name it relative to it"
             )
         if not tok_path.is_file():
-            raise _error(
+            raise UserError(
                 f"{sidecar_path} names tokenizer {car.tokenizer}, which is missing; "
                 f'put it back or set "tokenizer" to null'
             )
@@ -290,10 +278,10 @@ def _open_ours(root: Path) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
     for name, expected in (("train", car.train_tokens), ("val", car.val_tokens)):
         file = root / f"{name}.bin"
         if not file.is_file():
-            raise _error(f"{root} has {SIDECAR} but no {name}.bin; prepare the dataset again")
+            raise UserError(f"{root} has {SIDECAR} but no {name}.bin; prepare the dataset again")
         count = _raw_count(file, 0, dtype)
         if count != expected:
-            raise _error(
+            raise UserError(
                 f"{SIDECAR} says {name}_tokens={expected} but {file} holds {count} tokens; "
                 f"the dataset is incomplete or corrupt: prepare it again"
             )
@@ -340,21 +328,21 @@ def _open_llmc(
 
 def _check_vocab_arg(vocab_size: int, limit: int) -> None:
     if not 2 <= vocab_size <= limit:
-        raise _error(f"--vocab-size {vocab_size} is out of range for uint16 token files; pass 2..{limit}")
+        raise UserError(f"--vocab-size {vocab_size} is out of range for uint16 token files; pass 2..{limit}")
 
 
 def _file_size(path: Path) -> int:
     try:
         return path.stat().st_size
     except OSError as exc:
-        raise _error(f"cannot read {path} ({exc.strerror}); check the file and its permissions") from exc
+        raise UserError(f"cannot read {path} ({exc.strerror}); check the file and its permissions") from exc
 
 
 def _raw_count(path: Path, offset: int, dtype: np.dtype) -> int:
     """Tokens in a file after its header; the size must be a whole number of tokens."""
     payload = _file_size(path) - offset
     if payload % dtype.itemsize:
-        raise _error(
+        raise UserError(
             f"{path} is {payload} bytes after its header, not a multiple of {dtype.itemsize} "
             f"({dtype.name} tokens): the file is truncated or not a token file; prepare it again"
         )
@@ -366,7 +354,7 @@ def _read_header(path: Path) -> np.ndarray | None:
         with open(path, "rb") as f:
             head = f.read(LLMC_HEADER_BYTES)
     except OSError as exc:
-        raise _error(f"cannot read {path} ({exc.strerror}); check the file and its permissions") from exc
+        raise UserError(f"cannot read {path} ({exc.strerror}); check the file and its permissions") from exc
     if len(head) < LLMC_HEADER_BYTES:
         return None
     return np.frombuffer(head, dtype="<i4")
@@ -380,24 +368,24 @@ def _has_llmc_magic(path: Path) -> bool:
 def _llmc_shard(path: Path) -> Shard:
     header = _read_header(path)
     if header is None:
-        raise _error(
+        raise UserError(
             f"{path} is shorter than the {LLMC_HEADER_BYTES}-byte llm.c header; "
             f"the shard is truncated: regenerate it"
         )
     if int(header[0]) != LLMC_MAGIC:
-        raise _error(
+        raise UserError(
             f"{path} has magic {int(header[0])}, not llm.c's {LLMC_MAGIC}; "
             f"remove it from the directory or regenerate it with llm.c's scripts"
         )
     if int(header[1]) != LLMC_VERSION:
-        raise _error(
+        raise UserError(
             f"{path} is llm.c format version {int(header[1])}; only version {LLMC_VERSION} "
             f"(uint16 GPT-2 tokens) is supported: regenerate it with the GPT-2 tokenizer"
         )
     dtype = DTYPES["uint16"]
     count = _raw_count(path, LLMC_HEADER_BYTES, dtype)
     if int(header[2]) != count:
-        raise _error(
+        raise UserError(
             f"{path} header says {int(header[2])} tokens but the file holds {count}; "
             f"the shard is truncated or corrupt: regenerate it"
         )
@@ -414,13 +402,10 @@ def _check_ids(split: TokenSplit, info: DatasetInfo) -> None:
             largest = max(largest, int(tokens[start : start + _SCAN_CHUNK].max()))
         del tokens
         if largest >= info.vocab_size:
+            problem = f"{shard.path} holds token id {largest}, not below vocab size {info.vocab_size}"
             if info.format == "gpt2-tui":
-                fix = f"{SIDECAR} is wrong or the file is corrupt: prepare the dataset again"
-            else:
-                fix = f"pass --vocab-size {largest + 1} (or the tokenizer's real vocabulary size)"
-            raise _error(
-                f"{shard.path} holds token id {largest}, not below vocab size {info.vocab_size}; {fix}"
-            )
+                raise UserError(problem, also=f"{SIDECAR} is wrong or the file is corrupt: prepare the dataset again")
+            raise UserError(problem, {"model.vocab_size": f"{largest + 1} (or the tokenizer's real vocabulary size)"})
 
 
 # --------------------------------------------------------------------------- sampling
@@ -438,7 +423,7 @@ class BatchSampler:
         self, split: TokenSplit, batch_size: int, block_size: int, seed: int, vectorized: bool = True
     ) -> None:
         if batch_size < 1:
-            raise _error(f"batch size {batch_size} is not positive; pass --batch-size 1 or more")
+            raise UserError(f"batch size {batch_size} is not positive", {"train.batch_size": "1 or more"})
         split.check_block(block_size)
         self.split = split
         self.batch_size = batch_size
@@ -530,7 +515,7 @@ class BatchSampler:
             rng.bit_generator.state = bg
             batches = int(state["batches"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise _error(
+            raise UserError(
                 f"the saved data sampler state is invalid ({exc!r}); resume from another "
                 f"checkpoint or start a new run"
             ) from exc

@@ -63,7 +63,7 @@ def precision(name: str, device_kind: str) -> str:
     if name == "auto":
         return ("bf16" if bf16 else "fp16") if device_kind == "cuda" else "fp32"
     if name == "bf16" and not bf16:
-        raise UserError("this GPU has no bf16 support; use --precision fp16 (with its GradScaler) or tf32")
+        raise UserError("this GPU has no bf16 support", {"speed.precision": "fp16 (with its GradScaler) or tf32"})
     return name
 
 

@@ -17,25 +17,12 @@ from pydantic import BaseModel
 from engine import events as ev
 from engine.config import RunConfig
 from engine.flops import mfu
+from engine import settings
 
 # The settings that change how fast a run goes, not what it computes (batch geometry aside:
 # a toggle keeps the tokens per optimizer step, so micro-batch x grad-accum is a speed choice).
-SWITCHES: tuple[str, ...] = (
-    "speed.precision",
-    "speed.compile",
-    "speed.compile_mode",
-    "model.attention",
-    "model.pad_vocab",
-    "model.loss",
-    "optim.fused",
-    "data.pin_memory",
-    "data.prefetch",
-    "data.preload",
-    "data.vectorized",
-    "model.grad_checkpointing",
-    "train.batch_size",
-    "train.grad_accum",
-)
+# Each says so itself: `live=True` in its Field (engine/config.py).
+SWITCHES: tuple[str, ...] = settings.switches()
 
 _DEFAULTS: dict[str, Any] = RunConfig().model_dump(mode="json")
 

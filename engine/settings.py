@@ -1,6 +1,7 @@
 """Every user-facing setting, read off the pydantic config models: its flag, kind, choices,
-bounds and help line. The CLI's flags and the TUI form are both built from here, so each
-setting is described once (in engine/config.py) and shows the same words everywhere.
+bounds, help line, form section and whether a live run may change it. The CLI's flags, the
+TUI form, the live Switches screen and engine.segments.SWITCHES are all built from here, so
+each setting is described once (in engine/config.py) and shows the same words everywhere.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from engine.config import RunConfig
+from engine.config import FORM_SECTIONS, RunConfig, flag_of
 
 Kind = Literal["int", "float", "bool", "choice", "tristate", "str"]
 SECTIONS = ("model", "data", "optim", "speed", "train")
@@ -28,10 +29,14 @@ class Setting:
     choices: tuple[str, ...]
     help: str
     bounds: str  # ">= 1, < 1"
+    form: str | None = None  # the form section showing it (config.FORM_SECTIONS); None: not in the form
+    live: bool = False  # a speed switch: a live run may change it
+    name: str | None = None  # the form's name for it, when not the field's own
+    blank: str = ""  # what a blank input means (optional settings)
 
     @property
     def label(self) -> str:
-        return self.dotted.split(".")[1].replace("_", " ")
+        return self.name or self.dotted.split(".")[1].replace("_", " ")
 
     @property
     def metavar(self) -> str:
@@ -71,14 +76,14 @@ def setting(dotted: str) -> Setting:
     else:
         kind = "str"
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    flag = extra["flag"] if "flag" in extra else "--" + name.replace("_", "-")
-    return Setting(dotted, flag, kind, optional, choices, info.description or "", _bounds(info))  # type: ignore[arg-type]
+    return Setting(dotted, flag_of(dotted), kind, optional, choices, info.description or "", _bounds(info),  # type: ignore[arg-type]
+                   extra.get("form"), extra.get("live", False), extra.get("label"), extra.get("blank", ""))  # fmt: skip
 
 
-def all_settings() -> list[Setting]:
-    """Every config field, section by section, in the models' order."""
+def all_settings(order: tuple[str, ...] = SECTIONS) -> list[Setting]:
+    """Every config field, section by section (in `order`), in the models' order."""
     out = []
-    for section in SECTIONS:
+    for section in order:
         sub: type[BaseModel] = RunConfig.model_fields[section].annotation  # type: ignore[assignment]
         out += [setting(f"{section}.{name}") for name in sub.model_fields]
     return out
@@ -86,3 +91,14 @@ def all_settings() -> list[Setting]:
 
 def flags() -> list[Setting]:
     return [s for s in all_settings() if s.flag]
+
+
+def switches() -> tuple[str, ...]:
+    """The settings a live run may change (speed switches): how fast, never what it computes."""
+    return tuple(s.dotted for s in all_settings(("speed", "model", "optim", "data", "train")) if s.live)
+
+
+def form_sections() -> list[tuple[str, list[Setting]]]:
+    """The setup form's sections in order, each with its settings (batch geometry first)."""
+    shown = all_settings(("train", "speed", "model", "optim", "data"))
+    return [(title, [s for s in shown if s.form == title]) for title in FORM_SECTIONS]

@@ -56,10 +56,8 @@ def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:
     ds = open_dataset(path, vocab_size=headerless_vocab, preload=config.data.preload)
     vocab = config.model.vocab_size or ds.info.vocab_size
     if vocab < ds.info.vocab_size:
-        raise UserError(
-            f"model vocab {vocab} is smaller than the dataset's {ds.info.vocab_size}; "
-            f"pass --vocab-size {ds.info.vocab_size} or more"
-        )
+        raise UserError(f"model vocab {vocab} is smaller than the dataset's {ds.info.vocab_size}",
+                        {"model.vocab_size": f"{ds.info.vocab_size} or more"})  # fmt: skip
     T = config.seq_len
     ds.check_block(T)
     data = config.model_dump()

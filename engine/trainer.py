@@ -221,7 +221,7 @@ class Trainer:
         try:
             return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
         except RuntimeError as err:
-            raise UserError(f"fused AdamW is not available here ({err}); pass --no-fused-adamw") from None
+            raise UserError(f"fused AdamW is not available here ({err})", {"optim.fused": False}) from None
 
     def _state(self) -> dict[str, Any]:
         return {

@@ -41,7 +41,7 @@ def test_cli_help_and_the_form_read_the_same_description_for_every_setting():
     """`train --help` shows each config field's own description, with a readable metavar."""
     from engine.cli import build_parser
     from engine.settings import flags
-    from tui import fields
+    from tui import form_model as fields
 
     parser, sub = build_parser()
     train = sub.choices["train"]

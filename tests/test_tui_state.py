@@ -11,7 +11,7 @@ from engine import events as ev
 from engine.config import preset_names, resolve
 from engine.model import GPT
 from engine import device as capabilities
-from tui import fields
+from tui import form_model as fields
 from tui.runstate import RunState
 from tui.tail import EventTail
 from tui.widgets.charts import thin

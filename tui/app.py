@@ -22,7 +22,7 @@ from textual.screen import Screen
 
 from engine.config import RunConfig
 from engine.errors import UserError
-from tui.fields import tui_words
+from tui.form_model import form_words
 
 if TYPE_CHECKING:  # a run's session is imported when one opens: not before the form's first frame
     from tui.session import RunSession
@@ -132,7 +132,7 @@ class GPT2App(App):
                 self.inbox = Inbox(self)
                 session = start_in_process(config, run_dir, self.inbox, threads=threads)
         except UserError as err:
-            self.notify(tui_words(str(err)), severity="error")
+            self.notify(form_words(err), severity="error")
             return
         self.open_dashboard(session)
 

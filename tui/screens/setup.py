@@ -1,82 +1,45 @@
 """The setup form: preset, dataset, batch and schedule, every speed switch, memory budget.
 
-Fields come from tui.fields (derived from the pydantic models); every change re-validates
-the whole config with pydantic and shows each error at its field; Launch stays disabled
-while anything is refused or the memory estimate says it will not fit.
-
-The form paints before torch is imported (that import alone takes seconds): a thread
-worker imports it and reads what this machine can run, then posts DeviceProbed; the
-switches the hardware cannot use, the dataset check and the memory estimate fill in then.
-The first frame holds only the rows the terminal shows; the rest of the form mounts right
-after it (docs/benchmarks.md, "The form's first paint").
+The model (fields, values, verdicts, presets, final config, TOML) is tui.form_model, with
+no Textual; this screen draws it (each field by tui.widgets.setting_input) and shows each
+error at its field; Launch stays disabled while anything is refused or the memory estimate
+says it will not fit. The form paints before torch is imported (seconds): a worker imports
+it and reads what this machine can run (DeviceProbed); the switches the hardware cannot
+use, the dataset check and the memory estimate fill in then. The first frame holds only
+the rows the terminal shows (tui.widgets.first_paint).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual import events, on
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
-from textual.widget import MountError, Widget
-from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
+from textual.widget import MountError
+from textual.widgets import Button, Header, Input, Label, Select, Static, Switch
 
 from engine import rundir
-from engine.config import RunConfig, merge, preset_names, read_toml, resolve
+from engine.config import RunConfig, preset_names, resolve
 from engine.errors import UserError
-from tui import fields as F
+from tui import form_model as F
+from tui.widgets import setting_input
+from tui.widgets.first_paint import CHROME_ROWS, FirstPaint, Row, KeysFooter, SelectStandIn, breakpoint_classes, lines, paint_first
 from tui.widgets.memory import MemoryPanel
 
 if TYPE_CHECKING:
     from engine.device import Capabilities
 
-TRISTATE = (("auto", "auto"), ("on", "on"), ("off", "off"))
-_TRI_TO = {"auto": None, "on": True, "off": False}
-_TRI_FROM = {None: "auto", True: "on", False: "off"}
+PRESET_HELP = "model shape; train/schedule values reset to the preset's"
+__all__ = ["SelectStandIn", "SetupScreen", "paint_first", "wid"]
 
 
 def wid(dotted: str) -> str:
     return "f-" + dotted.replace(".", "-").replace("_", "-")
-
-
-def on_off(value: bool) -> str:
-    """A switch's state in words: visible without colour."""
-    return "on" if value else "off"
-
-
-CHROME_ROWS = 2  # the header and the footer
-PRESET_HELP = "model shape; train/schedule values reset to the preset's"
-
-
-def breakpoint_classes(app: App) -> dict[str, bool]:
-    """The width classes Textual gives a screen of the app's size (its HORIZONTAL_BREAKPOINTS
-    rule: the highest breakpoint at or below the width), for a screen to set before it mounts."""
-    points = sorted(app.HORIZONTAL_BREAKPOINTS or [], reverse=True)
-    chosen = next((name for width, name in points if app.size.width >= width), None)
-    return {name: name == chosen for _, name in points}
-
-
-def paint_first(headless: bool) -> bool:
-    """Paint the rows the terminal shows first, then mount the rest of the form and probe
-    the device on a worker thread; unless torch is imported already (nothing to wait for)
-    or the app is headless (Pilot tests: no one waits for a frame, and a form that is
-    complete at once keeps them deterministic)."""
-    return not ("torch" in sys.modules or headless)
-
-
-def lines(help_: str, width: int) -> int:
-    """About how many lines a field's row takes at this terminal width: its help wraps beside
-    the name (20 columns) and the control (24, tui/app.tcss), inside the form's padding and
-    scrollbar. Word wrap leaves lines short, hence 6/5."""
-    room = max(width - 2 - 20 - 24 - 2 - 2, 10)
-    return max(1, -(-len(help_) * 6 // (5 * room)))
 
 
 def probe_device() -> Capabilities:
@@ -107,36 +70,6 @@ def text_file_advice(path: Path) -> str:
     )
 
 
-class SelectStandIn(Static):
-    """What a compact Select draws (its value, then its arrow, on $surface), for the first
-    frame only: a Select costs ~30 ms to mount on a 2-core VM, 4-6x a plain widget, and the
-    form shows five. The real selects replace these right after that frame, before the form
-    takes input (SetupScreen._after_first_frame)."""
-
-    DEFAULT_CSS = """
-    SelectStandIn { width: 24; height: 1; background: $surface; color: $foreground; }
-    """
-
-    def __init__(self, label: str, id: str):
-        super().__init__(id=id)
-        self.label = label
-
-    def render(self) -> Content:
-        width = self.size.width or 24
-        return Content.assemble((self.label[: width - 3]).ljust(width - 3), " ", ("▼", "$foreground 50%"), " ")
-
-
-class KeysFooter(Footer):
-    """Textual's footer, with its keys in the form's first frame: Footer composes empty until
-    the screen's first bindings signal, which comes only after that frame (and the footer a
-    few hundred ms later, behind the rest of the form)."""
-
-    def compose(self) -> ComposeResult:
-        if hasattr(Footer, "_bindings_ready"):  # Textual's flag; without it, Footer's own timing
-            self.set_reactive(Footer._bindings_ready, True)
-        yield from super().compose()
-
-
 class SetupScreen(Screen):
     """Configure a run. `base` is the config the form starts from (preset, or --config file)."""
 
@@ -153,26 +86,25 @@ class SetupScreen(Screen):
 
     def __init__(self, base: RunConfig | None = None):
         super().__init__()
-        self.base_config = base or resolve("nano")
-        self.base = self.base_config.model_dump(mode="json")
-        self.caps: Capabilities | None = None  # filled in by the probe worker (torch loads there)
-        self.config: RunConfig | None = None
-        self.errors: dict[str, str] = {}
-        self.general: list[str] = []
-        self.dataset_info: Any = None
+        self.model = F.FormModel(base)  # values, verdict, presets, final config, TOML: no Textual
         self._loading = False
         self._pending = False  # a revalidation is queued (_soon)
         self._dataset_dirty = False
         self._resumed = False
-        self._later: list[Callable[[], list[Widget]]] = []  # rows below the first screen
         self._complete = False  # every row mounted: the form can be read
         self._preset_asked: str | None = None  # a preset chosen before that
         self._error_lines: dict[str, Static] = {}  # the error lines mounted so far, by id
-        self._split = False  # the first frame shows only the rows on screen (paint_first), set in compose
-        self._standing_in = False  # composing the first frame: selects drawn by stand-ins
-        self._swaps: list[tuple[Widget, Callable[[], Select]]] = []  # each stand-in, its select
+        self._paint = FirstPaint(False)  # which rows the first frame shows (paint_first), set in compose
         self._probed: Capabilities | None = None  # the probe's answer, if it came before that
         self._quit_asked = False  # ctrl+q before that: quit when it is
+
+    @property
+    def caps(self) -> Capabilities | None:
+        return self.model.caps
+
+    @property
+    def config(self) -> RunConfig | None:
+        return self.model.config
 
     # ----------------------------------------------------------------- layout
 
@@ -182,43 +114,34 @@ class SetupScreen(Screen):
         for name, wanted in breakpoint_classes(self.app).items():
             self.set_class(wanted, name)
         yield Header()
-        items = self._form_items()
-        self._split = paint_first(self.app.is_headless)  # decided once: compose and mount agree
-        if self._split:  # the rows the first screen shows; the rest after it
-            room, shown = self.app.size.height - CHROME_ROWS + 1, 0
-            while shown < len(items) and room > 0:
-                room -= items[shown][0]
-                shown += 1
-            items, self._later = items[:shown], [build for _, build in items[shown:]]
-        self._standing_in = self._split
-        widgets = [w for _, build in items for w in build()]
-        self._standing_in = False
+        self._paint = FirstPaint(paint_first(self.app.is_headless))  # decided once: compose and mount agree
+        widgets = self._paint.first(self._form_items(), self.app.size.height - CHROME_ROWS + 1)
         with VerticalScroll(id="form"):
             yield from widgets
         yield KeysFooter()
 
-    def _form_items(self) -> list[tuple[int, Callable[[], list[Widget]]]]:
+    def _form_items(self) -> list[Row]:
         """The form, top to bottom: (about how many lines it takes, what builds its widgets).
         Error lines are not here: each is mounted below its field the first time it has
         something to say (most forms never show one), and the GPUs row once the probe finds
         more than one."""
         width = self.app.size.width
-        top: list[tuple[int, Callable[[], list[Widget]]]] = [
+        top: list[Row] = [
             (2, lambda: [Horizontal(  # its help below it: beside a select wide enough for the sizes, 80
                 Label("preset", classes="name"),  # columns left it 10 (it wrapped mid-word)
-                self._select(self._preset_options(), self._preset_value(), "preset"),
+                self._paint.select(self._preset_options(), self.model.preset(), "preset"),
                 classes="row",
             ), Static(PRESET_HELP, classes="help-line")]),
             (1, lambda: [Horizontal(
                 Label("dataset", classes="name"),
-                Input(self.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset", compact=True),
+                Input(self.model.base["data"].get("path") or "", placeholder="default: embedded stdlib corpus", id="dataset", compact=True),
                 Button("Browse", id="browse", compact=True),
                 classes="row",
             )]),
             (1, lambda: [Static("", id="dataset-info", classes="help-line")]),
             (1, lambda: [Horizontal(
                 Label("run directory", classes="name"),
-                Input(str(rundir.default_path(self.base.get("preset"))), id="run-dir", compact=True),
+                Input(str(rundir.default_path(self.model.base.get("preset"))), id="run-dir", compact=True),
                 classes="row", id="row-run-dir",
             )]),
         ]  # fmt: skip
@@ -247,28 +170,9 @@ class SetupScreen(Screen):
 
     def _field_row(self, dotted: str) -> Horizontal:
         sp = F.setting(dotted)
-        value = F.get_value(self.base, dotted)
-        parts: list[Widget] = [Label(sp.label, classes="name")]
-        if sp.kind == "bool":
-            parts += [Switch(bool(value), id=wid(dotted)), Static(on_off(bool(value)), id="state-" + wid(dotted), classes="state")]
-        elif sp.kind == "tristate":
-            parts.append(self._select(TRISTATE, _TRI_FROM[value], wid(dotted)))
-        elif sp.kind == "choice":
-            parts.append(self._select([(c, c) for c in sp.choices], str(value), wid(dotted)))
-        else:
-            parts.append(Input(F.to_text(value), placeholder="model context" if sp.optional else sp.bounds, id=wid(dotted), compact=True))
-        parts.append(Static(sp.help, id="help-" + wid(dotted), classes="help", markup=False))
-        return Horizontal(*parts, classes="row", id="row-" + wid(dotted))
-
-    def _select(self, options: Any, value: Any, id: str) -> Widget:
-        """A compact Select; in the first frame, a stand-in drawn the same (SelectStandIn)."""
-        options = list(options)
-        if not self._standing_in:
-            return Select(options, value=value, allow_blank=False, id=id, compact=True)
-        label = next(text for text, v in options if v == value)
-        stand_in = SelectStandIn(label, id=id + "-stand-in")
-        self._swaps.append((stand_in, lambda: Select(options, value=value, allow_blank=False, id=id, compact=True)))
-        return stand_in
+        inputs = setting_input.widgets(sp, F.get_value(self.model.base, dotted), wid(dotted), self._paint.select)
+        help_ = Static(sp.help, id="help-" + wid(dotted), classes="help", markup=False)
+        return Horizontal(Label(sp.label, classes="name"), *inputs, help_, classes="row", id="row-" + wid(dotted))
 
     def _nproc_row(self, gpus: int) -> Horizontal:
         return Horizontal(
@@ -290,7 +194,7 @@ class SetupScreen(Screen):
         from engine import memory
 
         path = self.query_one("#dataset", Input).value.strip() or None
-        data = {"data.path": path, "data.vocab_size": self.base["data"].get("vocab_size", 50257)}
+        data = {"data.path": path, "data.vocab_size": self.model.base["data"].get("vocab_size", 50257)}
         return [(f"{name}  {memory.size_text(resolve(name, overrides=data))}", name) for name in preset_names()]
 
     def _refresh_presets(self) -> None:
@@ -298,10 +202,6 @@ class SetupScreen(Screen):
         value = select.value
         select.set_options(self._preset_options())
         select.value = value  # set_options picks the first; the stale Changed it posts is ignored
-
-    def _preset_value(self) -> str:
-        p = self.base.get("preset")
-        return p if p in preset_names() else "nano"
 
     def on_screen_resume(self, event: events.ScreenResume) -> None:
         """The first resume follows the mount, which has just styled every widget: skip
@@ -313,12 +213,12 @@ class SetupScreen(Screen):
 
     def on_mount(self) -> None:
         self.title = "gpt2-tui - set up a run"
-        if not self._split:  # complete already: check it all now
+        if not self._paint.split:  # complete already: check it all now
             self._complete = True
             self.device_known(probe_device())
         else:  # what the first frame can show before the whole form is checked
             self.query_one("#dataset-info", Static).update("checking the dataset once torch has loaded...")
-            self._show_tokens_per_step(self.base_config)
+            self._show_tokens_per_step(self.model.base_config)
         self.call_after_refresh(self._after_first_frame)
 
     async def _after_first_frame(self) -> None:
@@ -333,16 +233,7 @@ class SetupScreen(Screen):
         if self._complete:
             return
         try:
-            if self._swaps:  # the real selects, in one update (no frame shows both, or neither)
-                with self.app.batch_update():
-                    done = [aw for stand_in, make in self._swaps
-                            for aw in (stand_in.parent.mount(make(), after=stand_in), stand_in.remove())]  # fmt: skip
-                for aw in done:
-                    await aw
-                self._swaps = []
-            if self._later:
-                await form.mount_all([w for build in self._later for w in build()])
-                self._later = []
+            await self._paint.complete(self.app, form)
         except MountError:  # the app is quitting (ctrl+q before the form was complete)
             return
         if not (self.query("#actions") and self.query("#" + wid(F.ALL_FIELDS[-1]))):
@@ -381,7 +272,7 @@ class SetupScreen(Screen):
         check the dataset, size the presets and estimate the memory."""
         from engine import device
 
-        self.caps = caps
+        self.model.caps = caps
         for dotted, why in device.disabled(caps).items():
             if dotted in F.ALL_FIELDS:
                 self.query_one("#" + wid(dotted)).disabled = True
@@ -396,17 +287,8 @@ class SetupScreen(Screen):
     # ----------------------------------------------------------------- values
 
     def values(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for dotted in F.ALL_FIELDS:
-            w = self.query_one("#" + wid(dotted))
-            if isinstance(w, Switch):
-                out[dotted] = w.value
-            elif isinstance(w, Select):
-                out[dotted] = _TRI_TO[w.value] if F.setting(dotted).kind == "tristate" else w.value
-            else:
-                out[dotted] = w.value
-        path = self.query_one("#dataset", Input).value.strip()
-        out["data.path"] = path or None
+        out = {d: setting_input.read(F.setting(d), self.query_one("#" + wid(d))) for d in F.ALL_FIELDS}
+        out["data.path"] = self.query_one("#dataset", Input).value.strip() or None
         return out
 
     def set_values(self, data: dict[str, Any]) -> None:
@@ -414,14 +296,7 @@ class SetupScreen(Screen):
         self._loading = True
         try:
             for dotted in F.ALL_FIELDS:
-                w = self.query_one("#" + wid(dotted))
-                v = F.get_value(data, dotted)
-                if isinstance(w, Switch):
-                    w.value = bool(v)
-                elif isinstance(w, Select):
-                    w.value = _TRI_FROM[v] if F.setting(dotted).kind == "tristate" else str(v)
-                else:
-                    w.value = F.to_text(v)
+                setting_input.write(F.setting(dotted), self.query_one("#" + wid(dotted)), F.get_value(data, dotted))
             self.query_one("#dataset", Input).value = data.get("data", {}).get("path") or ""
         finally:
             self._loading = False
@@ -434,32 +309,15 @@ class SetupScreen(Screen):
         if not self._complete:  # checked once the rest of the form has mounted
             return
         vals = self.values()
-        field_vals = {k: v for k, v in vals.items() if k in F.ALL_FIELDS}
-        base = merge(self.base, {"data": {"path": vals["data.path"]}})
-        config, errors, general = F.validate(base, field_vals)
-        if self.caps is not None:
-            from engine import device
-
-            for dotted, why in device.refuse(field_vals, self.caps).items():
-                errors.setdefault(dotted, F.tui_words(why))
-        if config is not None and self.dataset_info is not None and config.seq_len > 0:
-            T = config.seq_len
-            if self.dataset_info.val_tokens <= T or self.dataset_info.train_tokens <= T:
-                errors.setdefault("train.block_size", f"the dataset is shorter than one block of {T} tokens")
-        self.errors, self.general = errors, general
-        self.config = config if not errors else None
-        if self.config is not None and self.caps is not None:  # the vocab the run gets, for the estimate
-            from engine import memory
-
-            self.config = memory.with_dataset_vocab(self.config)  # (F2 and launch leave it to the data)
+        self.model.check(vals)
         for dotted in F.ALL_FIELDS:
-            self._show_error("err-" + wid(dotted), errors.get(dotted), "#" + wid(dotted))
-        self.query_one("#general", Static).update("\n".join(general))
-        self._show_tokens_per_step(config)
+            self._show_error("err-" + wid(dotted), self.model.errors.get(dotted), "#" + wid(dotted))
+        self.query_one("#general", Static).update("\n".join(self.model.general))
+        self._show_tokens_per_step(self.model.validated)
         panel = self.query_one(MemoryPanel)
         if self.caps is None:
             panel.waiting()
-        elif self.config is not None and (self.dataset_info is not None or vals["data.path"] is None):
+        elif self.config is not None and (self.model.dataset_info is not None or vals["data.path"] is None):
             panel.show(self.config, vals.get("speed.device", "auto"))
         else:
             panel.show(None)
@@ -481,7 +339,7 @@ class SetupScreen(Screen):
             anchor = {"err-dataset": "#dataset-info", "err-run-dir": "#row-run-dir"}.get(err_id, "#row-" + err_id[4:])
             self.query_one("#form").mount(err, after=anchor)
         if err is not None:
-            err.update(f"  ^ {F.tui_words(why)}" if why else "")
+            err.update(f"  ^ {why}" if why else "")
             err.display = bool(why)
         if field_sel:
             self.query_one(field_sel).set_class(bool(why), "invalid")
@@ -498,7 +356,7 @@ class SetupScreen(Screen):
         try:
             rundir.check_new(Path(text))
         except UserError as err:
-            return F.tui_words(str(err))
+            return F.form_words(err)
         return None
 
     def _update_launch(self) -> None:
@@ -515,13 +373,9 @@ class SetupScreen(Screen):
 
     def refusal(self) -> str | None:
         """Why Launch is refused, naming the part of the form to change; None: it is not."""
-        if self.caps is None:
-            return "still loading torch to check this machine: launch in a moment"
-        bad = [d for d in F.ALL_FIELDS if d in self.errors]
-        if bad:
-            return f"fix the fields marked in red first ({F.setting(bad[0]).label}: {F.tui_words(self.errors[bad[0]])})"
-        if self.general:
-            return f"fix the config first: {self.general[0]}"
+        why = self.model.refusal()
+        if why is not None:
+            return why
         if self.error_shown("err-dataset"):
             return "fix the dataset first (marked in red)"
         if self.config is None:
@@ -537,7 +391,7 @@ class SetupScreen(Screen):
     def _check_dataset(self) -> None:
         path = self.query_one("#dataset", Input).value.strip()
         info_w = self.query_one("#dataset-info", Static)
-        self.dataset_info = None
+        self.model.dataset_info = None
         if self.caps is None:  # the probe imports the dataset reader (torch); checked when it is done
             return
         from engine.data import open_dataset
@@ -553,12 +407,12 @@ class SetupScreen(Screen):
             self._show_error("err-dataset", text_file_advice(Path(path).expanduser()), "#dataset")
             return
         try:
-            ds = open_dataset(Path(path), vocab_size=self.base["data"].get("vocab_size", 50257), preload=False)
+            ds = open_dataset(Path(path), vocab_size=self.model.base["data"].get("vocab_size", 50257), preload=False)
         except UserError as err:
             info_w.update("")
-            self._show_error("err-dataset", str(err), "#dataset")
+            self._show_error("err-dataset", F.form_words(err), "#dataset")
             return
-        self.dataset_info = ds.info
+        self.model.dataset_info = ds.info
         i = ds.info
         info_w.update(
             f"{i.format}: {i.train_tokens:,} train + {i.val_tokens:,} val tokens, {i.dtype}, vocab {i.vocab_size:,}"
@@ -593,7 +447,7 @@ class SetupScreen(Screen):
 
     @on(Switch.Changed)
     def _switch_changed(self, event: Switch.Changed) -> None:
-        self.query_one("#state-" + (event.switch.id or ""), Static).update(on_off(event.value))
+        setting_input.switch_changed(self, event)
         if not self._loading:
             self._soon()
 
@@ -603,7 +457,7 @@ class SetupScreen(Screen):
             return
         if event.value != event.select.value:  # stale: set_options' pick, already replaced
             return
-        if event.select.id == "preset" and event.value != self.base.get("preset"):
+        if event.select.id == "preset" and event.value != self.model.base.get("preset"):
             if not self._complete:  # its fields are not all mounted yet: applied when they are
                 self._preset_asked = str(event.value)
                 return
@@ -614,9 +468,9 @@ class SetupScreen(Screen):
     def _apply_preset(self, name: str) -> None:
         """A new preset: its model shape and its train/optim values; speed and data kept."""
         current = self.values()
-        self.base = merge(resolve(name).model_dump(mode="json"), {"data": self.base["data"], "speed": self.base["speed"]})
-        self.set_values(self.base)
-        for dotted in F.SECTIONS[1][1]:  # the speed switches stay as the user set them
+        self.model.apply_preset(name)
+        self.set_values(self.model.base)
+        for dotted in F.KEPT_ON_PRESET:  # the device and speed switches stay as the user set them
             self._set_one(dotted, current[dotted])
         self.query_one("#run-dir", Input).value = str(rundir.default_path(name))
         self.revalidate()
@@ -624,11 +478,7 @@ class SetupScreen(Screen):
     def _set_one(self, dotted: str, value: Any) -> None:
         self._loading = True
         try:
-            w = self.query_one("#" + wid(dotted))
-            if isinstance(w, Select) and F.setting(dotted).kind == "tristate":
-                w.value = _TRI_FROM[value]
-            else:
-                w.value = value
+            setting_input.write(F.setting(dotted), self.query_one("#" + wid(dotted)), value)
         finally:
             self._loading = False
 
@@ -660,10 +510,7 @@ class SetupScreen(Screen):
         if why is not None:
             self.notify(why, severity="error")
             return None
-        assert self.config is not None
-        # the vocab is the dataset's unless the config named one: leave it to open_data
-        vocab = self.base["model"].get("vocab_size")
-        return self.config.model_copy(update={"model": self.config.model.model_copy(update={"vocab_size": vocab})})
+        return self.model.launch_config()
 
     def action_launch(self, detached: bool = True) -> None:
         """The default launch is detached: the headless CLI in its own process, so the run
@@ -708,21 +555,6 @@ class SetupScreen(Screen):
         self.revalidate()
         self.notify(f"applied: {panel.fix_text(fix)}")
 
-    def toml_text(self) -> str:
-        """The form as a run config file. The vocab is written once at most: the dataset decides
-        it unless the config named one; [data] vocab_size only where it decides (nanoGPT/llm.c
-        files, which carry none)."""
-        assert self.config is not None
-        data = self.config.model_dump(mode="json", exclude_none=True)
-        if self.base["model"].get("vocab_size") is None:
-            data["model"].pop("vocab_size", None)
-        headerless = self.dataset_info is not None and self.dataset_info.format != "gpt2-tui"
-        if "vocab_size" in data["model"] or not headerless:
-            data["data"].pop("vocab_size", None)
-        import tomli_w
-
-        return tomli_w.dumps(data)
-
     def action_save_config(self) -> None:
         if self.opening():
             return
@@ -730,7 +562,7 @@ class SetupScreen(Screen):
         if self.config is None:
             self.notify("fix the fields marked in red before saving", severity="error")
             return
-        text = self.toml_text()
+        text = self.model.toml_text()
 
         def write(yes: bool | None = True) -> None:
             if not yes:
@@ -757,19 +589,17 @@ class SetupScreen(Screen):
             return
         path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
         try:
-            data = read_toml(path)
-            config = resolve(data["preset"], path) if data.get("preset") in preset_names() else resolve(None, path)
+            config = F.load_file(path)
         except UserError as err:
-            self.notify(F.tui_words(str(err)), severity="error")
+            self.notify(F.form_words(err), severity="error")
             return
         self.load(config)
         self.notify(f"loaded {path}")
 
     def load(self, config: RunConfig) -> None:
-        self.base_config = config
-        self.base = config.model_dump(mode="json")
+        self.model.load(config)
         self._loading = True
-        self.query_one("#preset", Select).value = self._preset_value()
+        self.query_one("#preset", Select).value = self.model.preset()
         self._loading = False
-        self.set_values(self.base)
+        self.set_values(self.model.base)
 

@@ -1,7 +1,7 @@
 """The live run's switches (issue 14): change speed switches of a running run from its dashboard.
 
 Each switch of engine.segments.SWITCHES gets the widget its setting's kind calls for
-(engine.settings), with the run's current value; micro-batch x grad-accum is one choice of
+(tui.widgets.setting_input, as in the setup form), with the run's current value; micro-batch x grad-accum is one choice of
 the pairs that keep the tokens per optimizer step. What this machine cannot use is disabled
 with engine.device's reason. As the user edits, the memory estimate of the new set is shown
 against the budget the trainer will check it against; Apply runs the engine's own toggle
@@ -22,18 +22,17 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Select, Static, Switch
 
 from engine import device, memory, toggle
-from engine.config import RunConfig, build, merge, set_dotted
+from engine.config import RunConfig, overlay
 from engine.errors import UserError
 from engine.text import change_text, format_table, human, verdict
 from engine.segments import SWITCHES, changed, switches
 from engine.settings import setting
-from tui.fields import tui_words
+from tui.form_model import form_words
+from tui.widgets import setting_input
 from tui.widgets.memory import MemoryPanel
 
 BATCH = "train.batch_size"  # with train.grad_accum: one widget, the pairs of the same product
 ACCUM = "train.grad_accum"
-TRISTATE = [("auto", "auto"), ("on", "on"), ("off", "off")]
-_TRI = {"auto": None, "on": True, "off": False}
 
 
 def wid(dotted: str) -> str:
@@ -52,10 +51,7 @@ def pair_text(b: int, a: int) -> str:
 
 def with_switches(config: RunConfig, values: dict[str, Any]) -> RunConfig:
     """`config` with `values` ({dotted: value}) set, validated as a config file would be."""
-    nested: dict[str, Any] = {}
-    for dotted, value in values.items():
-        set_dotted(nested, dotted, value)
-    return build(merge(config.model_dump(mode="json", exclude_none=True), nested))
+    return overlay(config.model_dump(mode="json", exclude_none=True), values)
 
 
 class ToggleScreen(ModalScreen[dict[str, Any] | None]):
@@ -116,25 +112,17 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             b, a = self.current[BATCH], self.current[ACCUM]
             label, help_ = "micro-batch x accum", "same tokens per optimizer step; a smaller micro-batch needs less memory"
             options = [(pair_text(p, q), pair_text(p, q)) for p, q in pairs(b, a)]
-            widget: Any = Select(options, value=pair_text(b, a), allow_blank=False, id=wid(dotted), compact=True)
+            inputs = [setting_input.compact_select(options, pair_text(b, a), wid(dotted))]
         else:
             sp = setting(dotted)
             label, help_ = sp.label, sp.help
-            if sp.kind == "bool":
-                widget = Switch(value=bool(value), id=wid(dotted))
-            elif sp.kind == "tristate":
-                tri = {None: "auto", True: "on", False: "off"}[value]
-                widget = Select(TRISTATE, value=tri, allow_blank=False, id=wid(dotted), compact=True)
-            else:
-                widget = Select([(c, c) for c in sp.choices], value=str(value), allow_blank=False, id=wid(dotted), compact=True)
-        widget.disabled = why is not None
+            inputs = setting_input.widgets(sp, value, wid(dotted))
+        inputs[0].disabled = why is not None
         with Horizontal(classes="row"):
             yield Label(label, classes="name")
-            yield widget
-            if isinstance(widget, Switch):  # on/off in words: visible without colour
-                yield Static("on" if value else "off", id=wid(dotted) + "-state", classes="state")
+            yield from inputs
             yield Static(f"cannot change here: {why}" if why else help_, classes="help", markup=False,
-                         id=wid(dotted) + "-help")  # fmt: skip
+                         id="help-" + wid(dotted))  # fmt: skip
 
     def on_mount(self) -> None:
         self.evaluate()
@@ -149,14 +137,10 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
                 continue
             w = self.query_one("#" + wid(dotted))
             if dotted == BATCH:
-                b, a = str(w.value).split(" x ")
+                b, a = str(w.value).split(" x ")  # type: ignore[attr-defined]
                 out[BATCH], out[ACCUM] = int(b), int(a)
-            elif isinstance(w, Switch):
-                out[dotted] = w.value
-            elif setting(dotted).kind == "tristate":
-                out[dotted] = _TRI[str(w.value)]
             else:
-                out[dotted] = w.value
+                out[dotted] = setting_input.read(setting(dotted), w)
         return out
 
     def changes(self) -> dict[str, Any]:
@@ -164,7 +148,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         return {n: new for n, (_, new) in changed(self.current, self.values()).items()}
 
     def on_switch_changed(self, event: Switch.Changed) -> None:
-        self.query_one(f"#{event.switch.id}-state", Static).update("on" if event.value else "off")
+        setting_input.switch_changed(self, event)
         self.evaluate()
 
     def on_select_changed(self, _: Select.Changed) -> None:
@@ -190,7 +174,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         except UserError as err:
             mem.update("")
             self.memory_line = ""
-            return tui_words(str(err)), None
+            return form_words(err), None
         total, source = device.budget(est.target)
         self.memory_line = verdict(est, total)
         mem.update(f"memory of the new set [{source}]\n{format_table(est, total)}")
@@ -207,7 +191,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         try:
             toggle.check(self.config, changes)  # the trainer's own check: what passes here passes there
         except UserError as err:
-            return tui_words(str(err)), fits
+            return form_words(err), fits
         return None, fits
 
     def _memory_fix(self, new: RunConfig, total: int) -> str:
