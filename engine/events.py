@@ -116,6 +116,17 @@ class Gpu(_Event):
     gpus: list[GpuSample]  # one per visible GPU
 
 
+class RequestAck(_Event):
+    """A request to the run (engine.control) was applied or dropped, and why (dropped ones)."""
+
+    event: Literal["request"] = "request"
+    id: str
+    kind: str  # pause, resume, save, stop, toggle; "?" for a line that was no request
+    status: Literal["applied", "dropped"]
+    step: int
+    reason: str = ""
+
+
 SegmentReason = Literal["start", "resume", "toggle", "oom"]
 
 
@@ -131,7 +142,8 @@ class Segment(_Event):
 
 
 Event = Annotated[
-    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu, Segment],
+    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu, Segment,
+          RequestAck],
     Field(discriminator="event"),
 ]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)
@@ -321,6 +333,9 @@ def describe(e: _Event, max_steps: int | None = None, eta: float | None = None) 
             return f"paused at step {e.step}"
         case Resumed():
             return f"resumed at step {e.step}"
+        case RequestAck():
+            why = f": {e.reason}" if e.reason else ""
+            return f"request {e.id} ({e.kind}) {e.status} at step {e.step}{why}"
         case Segment():
             if e.reason == "start":
                 return ""  # run_started already said it all
