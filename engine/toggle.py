@@ -23,13 +23,19 @@ from engine.segments import SWITCHES
 REQUEST = MAILBOX  # every request to a run, toggles included, goes through its mailbox
 
 
-def request(run_dir: Path, overrides: dict[str, Any]) -> Request:
-    """Ask the run writing `run_dir` to switch to `overrides` ({dotted switch: value}), by its
-    mailbox (engine/control.py); the request, whose id its acknowledgement will carry."""
+def ask(overrides: dict[str, Any]) -> Request:
+    """The toggle request for `overrides` ({dotted switch: value}); UserError naming what no
+    live run may change."""
     unknown = sorted(set(overrides) - set(SWITCHES))
     if unknown:
         raise UserError(f"{', '.join(unknown)} cannot change on a live run; the switches that can: {', '.join(SWITCHES)}")
-    asked = Request("toggle", switches=dict(overrides))
+    return Request("toggle", switches=dict(overrides))
+
+
+def request(run_dir: Path, overrides: dict[str, Any]) -> Request:
+    """Ask the run writing `run_dir` for these switches through its mailbox (engine/control.py);
+    the request, whose id its acknowledgement will carry."""
+    asked = ask(overrides)
     post(run_dir, asked)
     return asked
 
