@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +32,14 @@ if TYPE_CHECKING:
 class RunWriter:
     """Holds the run directory for one process (rank 0 writes; other ranks only take requests)."""
 
-    def __init__(self, run_dir: Path, sinks: Sequence[ev.Sink] = (), control: Control | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, sinks: Sequence[ev.Sink] = (), control: Control | None = None,
+        next_segment: Callable[[RunWriter, RunConfig, type[Trainer]], Trainer] | None = None,
+    ) -> None:
+        """`next_segment`: how a live toggle's next segment is made (engine.start passes its own
+        start(), resuming under this owner)."""
         self.run_dir = Path(run_dir)
+        self.next_segment = next_segment
         self.sinks: list[ev.Sink] = list(sinks)  # the run's JSONL joins once the first set-up succeeds
         self.control = control or Control()
         self.dist = distributed.current()
@@ -90,8 +96,6 @@ class RunWriter:
 
     def run(self, trainer: Trainer) -> str:
         """Train segment after segment; returns how the run ended ("completed" or "stopped")."""
-        from engine.start import start
-
         why, applied = ("resume" if trainer.resume else "start"), []
         try:
             while True:
@@ -111,7 +115,9 @@ class RunWriter:
                 _empty_device_cache()
                 applied = ending.applied
                 try:
-                    trainer = start(ending.next_config, self.run_dir, resume=True, owner=self, trainer_class=kind)
+                    if self.next_segment is None or ending.next_config is None:
+                        raise RuntimeError("a live toggle needs a run started by engine.start")
+                    trainer = self.next_segment(self, ending.next_config, kind)
                 except BaseException as err:
                     self._drop(applied, step, f"the new segment could not start: {err}")
                     raise

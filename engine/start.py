@@ -98,7 +98,7 @@ def start(
         run_dir = Path(distributed.broadcast_object(str(run_dir)))
         config = config.model_copy(update={"out_dir": str(run_dir)})
     handing_over = owner is not None
-    owner = owner or RunWriter(run_dir, sinks, control)
+    owner = owner or RunWriter(run_dir, sinks, control, next_segment=_next_segment)
     if resume and not handing_over:
         owner.lock()  # one writer: a second resume is refused before anything is read or written
     try:
@@ -113,6 +113,12 @@ def start(
         if not handing_over:  # a hand-over's owner releases at its run's end
             owner.release()
         raise
+
+
+def _next_segment(owner: RunWriter, config: RunConfig, kind: type[Trainer]) -> Trainer:
+    """A live toggle's next segment: the run resumed from the checkpoint just saved, under the
+    owner that holds it."""
+    return start(config, owner.run_dir, resume=True, owner=owner, trainer_class=kind)
 
 
 def run_live(trainer: Trainer) -> str:
