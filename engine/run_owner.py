@@ -18,7 +18,7 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import distributed, rundir
 from engine import events as ev
@@ -26,7 +26,28 @@ from engine.control import Control, Mailbox, Request
 
 if TYPE_CHECKING:
     from engine.config import RunConfig
-    from engine.trainer import Trainer
+
+
+@dataclasses.dataclass
+class Ending:
+    """How a segment ended: "completed", "stopped", or "toggle" with the next segment's config
+    and the toggle requests it applies (acknowledged once that segment opens)."""
+
+    reason: str
+    next_config: RunConfig | None = None
+    applied: list[Request] = dataclasses.field(default_factory=list)
+
+
+class Trainer(Protocol):
+    """What the owner asks of a segment (engine.trainer.Trainer)."""
+
+    config: RunConfig
+    resume: bool
+    step: int
+
+    def setup(self) -> None: ...
+    def train(self, why: str, applied: Sequence[Request] = ()) -> Ending: ...
+    def close(self) -> None: ...
 
 
 class RunWriter:
@@ -34,7 +55,7 @@ class RunWriter:
 
     def __init__(
         self, run_dir: Path, sinks: Sequence[ev.Sink] = (), control: Control | None = None,
-        next_segment: Callable[[RunWriter, RunConfig, type[Trainer]], Trainer] | None = None,
+        next_segment: Callable[[RunWriter, RunConfig, type], Trainer] | None = None,
     ) -> None:
         """`next_segment`: how a live toggle's next segment is made (engine.start passes its own
         start(), resuming under this owner)."""

@@ -16,7 +16,6 @@ and a `--log-interval N` step makes no host read at all.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import random
@@ -34,7 +33,7 @@ from engine import events as ev
 from engine import device as devices
 from engine import compile_cache, distributed, guard, rundir, toggle
 from engine.control import Control, Request
-from engine.run_owner import RunWriter
+from engine.run_owner import Ending, RunWriter
 from engine.config import OptimConfig, RunConfig
 from engine.data import BatchLoader, BatchSampler, Dataset
 from engine.errors import UserError
@@ -106,16 +105,6 @@ class _StepClock:
     def per_step(self) -> tuple[float, float]:
         """(wall seconds, seconds waiting for data) per step since the restart; sync first."""
         return (time.perf_counter() - self.t0) / self.steps, self.data_s / self.steps
-
-
-@dataclasses.dataclass
-class Ending:
-    """How a segment ended: "completed", "stopped", or "toggle" with the next segment's config
-    and the toggle requests it applies (acknowledged once that segment opens)."""
-
-    reason: str
-    next_config: RunConfig | None = None
-    applied: list[Request] = dataclasses.field(default_factory=list)
 
 
 class Trainer:
