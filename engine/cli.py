@@ -197,8 +197,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _steer_by_signals(control: Any, distributed_run: bool) -> Callable[[], None]:
     """First Ctrl-C / SIGTERM: stop at the step boundary with a checkpoint; second: at once.
-    SIGUSR1 saves now, SIGUSR2 pauses or resumes (how the TUI steers detached runs)."""
-    from engine.control import PAUSE_SIGNAL, SAVE_SIGNAL
+    (Every other request reaches the run through its mailbox, engine/control.py.)"""
 
     def on_stop(signum: int, _frame: Any) -> None:
         if not distributed_run:  # ranks stop together at a step boundary; torchrun escalates to SIGKILL
@@ -208,9 +207,6 @@ def _steer_by_signals(control: Any, distributed_run: bool) -> Callable[[], None]
         print(f"\n{signal.Signals(signum).name}: saving a checkpoint and stopping (again to quit now)", file=sys.stderr)
 
     previous = signal.signal(signal.SIGINT, on_stop), signal.signal(signal.SIGTERM, on_stop)
-    if SAVE_SIGNAL is not None and PAUSE_SIGNAL is not None:
-        signal.signal(SAVE_SIGNAL, lambda *_: control.save_now())
-        signal.signal(PAUSE_SIGNAL, lambda *_: control.resume() if control.paused else control.pause())
 
     def restore() -> None:
         signal.signal(signal.SIGINT, previous[0])
@@ -305,8 +301,11 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     diff = changed(switches(config), switches(toggle.check(config, overrides)))
     if not diff:
         raise UserError(f"{args.run_dir} already runs with those switches; nothing to change")
-    toggle.request(args.run_dir, {name: new for name, (_, new) in diff.items()})
-    print(f"asked {args.run_dir} to switch {change_text(diff)}: it applies at the next step boundary "
+    try:
+        asked = toggle.request(args.run_dir, {name: new for name, (_, new) in diff.items()})
+    except OSError as err:
+        raise UserError(f"could not write the request into {args.run_dir} ({err.strerror}); free space or fix its permissions") from None
+    print(f"asked {args.run_dir} to switch {change_text(diff)} (request {asked.id}): it applies at the next step boundary "
           f"(`gpt2-tui attach {args.run_dir}` shows the new segment)")
     return 0
 

@@ -291,21 +291,22 @@ def gather_floats(value: float, ctx: Context) -> list[float] | None:
     return [t.item() for t in out]
 
 
-def agree(control: Any, ctx: Context) -> None:
-    """A stop or save asked of any rank (a signal reaches them one by one) happens on all of
-    them at the same step boundary; ranks that disagree would deadlock in the next collective."""
+def agree(requests: list[Any], ctx: Context) -> list[Any]:
+    """Rank 0's requests (engine.control: it alone reads the mailbox) on every rank, plus a stop
+    asked of any rank (a signal reaches them one by one), so all act at the same step boundary;
+    ranks that disagree would deadlock in the next collective."""
     if not ctx.enabled:
-        return
-    flags = torch.tensor([control.stop_requested, control.take_save_request(), control.toggle_requested],
-                         dtype=torch.int32)  # fmt: skip
+        return requests
+    stop = any(r.kind == "stop" for r in requests)
+    flags = torch.tensor([stop, bool(requests) and ctx.is_main], dtype=torch.int32)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=_control_group)
-    stop, save, toggle = flags.tolist()
-    if stop:
-        control.stop()
-    if save:
-        control.save_now()
-    if toggle:  # rank 0 read the request: every rank applies the same switches
-        control.request_toggle(broadcast_object(control.take_toggle()) or {})
+    any_stop, rank0_has = flags.tolist()
+    shared = broadcast_object(requests if ctx.is_main else None) if rank0_has else []
+    if any_stop and not any(r.kind == "stop" for r in shared):
+        from engine.control import Request
+
+        shared = [*shared, Request("stop")]
+    return shared
 
 
 # ---------------------------------------------------------------- portable state

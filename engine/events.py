@@ -114,6 +114,16 @@ class Gpu(_Event):
     gpus: list[GpuSample]  # one per visible GPU
 
 
+class RequestAck(_AtStep):
+    """A request to the run (engine.control) was applied or dropped, and why (dropped ones)."""
+
+    event: Literal["request"] = "request"
+    id: str
+    kind: str  # pause, resume, save, stop, toggle; "?" for a line that was no request
+    status: Literal["applied", "dropped"]
+    reason: str = ""
+
+
 SegmentReason = Literal["start", "resume", "toggle", "oom"]
 
 
@@ -128,7 +138,8 @@ class Segment(_AtStep):
 
 
 Event = Annotated[
-    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu, Segment],
+    Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu, Segment,
+          RequestAck],
     Field(discriminator="event"),
 ]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)

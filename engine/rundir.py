@@ -236,6 +236,12 @@ def holder(path: Path) -> str:
     return f"pid {locker} on this host (starting up)" if locker else "another process (starting up)"
 
 
+def lock_holder(path: Path) -> int | None:
+    """The pid holding the run's writer lock (Linux), or None: who writes a run, and whether
+    anyone does, comes from the lock, never from writer.pid alone."""
+    return _flock_pid(Path(path) / WRITER_LOCK)
+
+
 def _flock_pid(lock_file: Path) -> int | None:
     """The pid holding a flock on `lock_file`, from /proc/locks (Linux), or None."""
     try:

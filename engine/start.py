@@ -10,18 +10,17 @@ every run is checked the same way before a byte is written.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from engine import device, distributed, events, memory, rundir
 from engine.config import RunConfig, overlay, resolve
 from engine.control import Control
 from engine.data import Dataset, open_dataset
 from engine.errors import UserError
+from engine.run_owner import RunWriter
 from engine.trainer import Trainer
 
 
@@ -79,51 +78,47 @@ def start(
     force: bool = False,
     dataset: Dataset | None = None,
     trainer_class: type[Trainer] = Trainer,
+    owner: RunWriter | None = None,
 ) -> Trainer:
-    """Open the data, check the memory budget, create the run directory; return the Trainer.
+    """Open the data, check the memory budget, create the run directory; return the Trainer,
+    whose `run()` trains the run to its end, live toggles included (engine/run_owner.py).
 
     Under torchrun every rank calls this: rank 0 names the directory and builds what is
     shared (the default dataset, the run directory) before the others read it. A `dataset`
     already opened by open_data (with `config` bound by it) is reused; the measuring tools
-    pass a `trainer_class` that skips evals and checkpoints. The run directory is locked for
-    this process (its one writer) before anything is written; Trainer.run releases it.
+    pass a `trainer_class` that skips evals and checkpoints. The run's owner locks the run
+    directory (its one writer) before anything is written and holds it to the run's end; a
+    live toggle's next segment is started here with the `owner` that already holds it.
     """
     device.check(config.speed.device, config.speed.precision, config.speed.compile)  # before a byte is written
     ctx = distributed.init(config.speed.device)  # under torchrun: join the process group
     if ctx.enabled and not resume:  # rank 0's clock names the run directory
         run_dir = Path(distributed.broadcast_object(str(run_dir)))
         config = config.model_copy(update={"out_dir": str(run_dir)})
-    if resume and ctx.is_main:
-        rundir.lock(run_dir)  # one writer: a second resume is refused before anything is read or written
+    handing_over = owner is not None
+    owner = owner or RunWriter(run_dir, sinks, control, next_segment=_next_segment)
+    if resume and not handing_over:
+        owner.lock()  # one writer: a second resume is refused before anything is read or written
     try:
         with distributed.main_first():
             if dataset is None:
                 config, dataset = open_data(config)
             memory.check_fits(config, force)  # refuse what will not fit, before allocating
-            if not resume and ctx.is_main:
-                rundir.create(run_dir, config, dataset.info.tokenizer)  # locked: held until the run ends
-        return trainer_class(config, run_dir, dataset, sinks=sinks, control=control, resume=resume, resume_from=resume_from)
+            if not resume:
+                owner.create(config, dataset.info.tokenizer)  # locked: held until the run ends
+        return trainer_class(config, run_dir, dataset, owner=owner, resume=resume, resume_from=resume_from)
     except BaseException:
-        if ctx.is_main:
-            rundir.release_writer(run_dir)
+        if not handing_over:  # a hand-over's owner releases at its run's end
+            owner.release()
         raise
 
 
+def _next_segment(owner: RunWriter, config: RunConfig, kind: type[Trainer]) -> Trainer:
+    """A live toggle's next segment: the run resumed from the checkpoint just saved, under the
+    owner that holds it."""
+    return start(config, owner.run_dir, resume=True, owner=owner, trainer_class=kind)
+
+
 def run_live(trainer: Trainer) -> str:
-    """`trainer.run()`, continued with the new switches after every accepted live toggle
-    (engine/toggle.py): the CLI, the app and torchrun ranks all run a run this way.
-
-    Returns how the run ended ("completed" or "stopped"), like Trainer.run.
-    """
-    while True:
-        reason = trainer.run()
-        if reason != "toggle":
-            return reason
-        config, run_dir, sinks, control = trainer.next_config, trainer.run_dir, trainer.given_sinks, trainer.control
-        kind = type(trainer)
-        gc.collect()  # the old segment dropped its model and optimizer: free them before the next one
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        trainer = start(config, run_dir, resume=True, sinks=sinks, control=control, trainer_class=kind)
-        trainer.segment_reason = "toggle"
-
+    """`trainer.run()`: kept for the callers that name it (the run goes on after live toggles)."""
+    return trainer.run()

@@ -166,6 +166,9 @@ def describe(e: Any, max_steps: int | None = None, eta: float | None = None) -> 
             return f"run failed at step {e.step}: {e.error}"
         case "paused" | "resumed":
             return f"{e.event} at step {e.step}"
+        case "request":
+            why = f": {e.reason}" if e.reason else ""
+            return f"request {e.id} ({e.kind}) {e.status} at step {e.step}{why}"
         case "segment":
             if e.reason == "start":
                 return ""  # run_started already said it all

@@ -1,4 +1,7 @@
-"""The training loop: one run, from set-up to its last checkpoint, steered by a Control.
+"""The training loop: one segment of a run, from set-up to its end, steered by requests.
+
+Its owner (engine/run_owner.py) holds the run directory, the sinks and the requests; a
+segment ends with an `Ending` the owner acts on (the run is over, or a live toggle goes on).
 
 Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss/accum ->
 (fp16) unscale -> clip, recording the pre-clip norm -> optimizer step -> scaler update,
@@ -29,7 +32,8 @@ from engine import checkpoint as ckpt
 from engine import events as ev
 from engine import device as devices
 from engine import compile_cache, distributed, guard, rundir, toggle
-from engine.control import Control
+from engine.control import Control, Request
+from engine.run_owner import Ending, RunWriter
 from engine.config import OptimConfig, RunConfig
 from engine.data import BatchLoader, BatchSampler, Dataset
 from engine.errors import UserError
@@ -104,7 +108,8 @@ class _StepClock:
 
 
 class Trainer:
-    """Trains one run into `run_dir`, emitting events to the run's JSONL and to `sinks`.
+    """Trains one segment of a run into `run_dir`; its owner (given by engine.start, or made
+    here from `sinks` and `control`) carries the events and the requests.
 
     `config` must come from `open_data` (vocab and block size bound). With `resume`, the
     latest checkpoint in run_dir/checkpoints is loaded first.
@@ -119,13 +124,11 @@ class Trainer:
         control: Control | None = None,
         resume: bool = False,
         resume_from: str | None = None,
+        owner: RunWriter | None = None,
     ):
         self.config, self.run_dir, self.dataset = config, Path(run_dir), dataset
-        self.control = control or Control()
+        self.owner = owner or RunWriter(run_dir, sinks, control)
         self.resume, self.resume_from = resume, resume_from
-        self.sinks: list[ev.Sink] = list(sinks)  # the run's JSONL joins once set-up succeeds
-        self.given_sinks = list(sinks)  # what a live toggle's next segment reports to
-        self.next_config: RunConfig | None = None  # set when the run stops for a live toggle
         self.ckpts = ckpt.CheckpointDir(self.run_dir / rundir.CHECKPOINTS, config.train.keep_last)
         self.step = 0
         self.tokens = 0
@@ -136,6 +139,11 @@ class Trainer:
         self.dist = distributed.current()  # rank 0 alone writes events, config and checkpoints
         self._emit_lock = threading.Lock()  # the GPU sampler's thread emits too
         self._bad_reported = 0
+        self._resumed_from_config: dict[str, Any] | None = None  # the switches it trained with: a segment's "before"
+        self._tokenizer: Any = None
+        self._gpu_sampler: Any = None
+        self.loader: BatchLoader | None = None
+        self._paused = False
 
     # ------------------------------------------------------------------ plumbing
 
@@ -143,8 +151,7 @@ class Trainer:
         if not self.dist.is_main:
             return
         with self._emit_lock:
-            for sink in self.sinks:
-                sink.emit(event)
+            self.owner.emit(event)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -245,7 +252,7 @@ class Trainer:
         state = ckpt.load(path)
         _check_shapes(self.model, state["model"], path)  # first: "another model shape" says the most
         ckpt.check_resumable(state, path, self.optimizer)
-        self._resumed_from_config = state.get("config")  # the switches it trained with: a segment's "before"
+        self._resumed_from_config = state.get("config")
         distributed.load_full_state(self.model, self.optimizer, state)
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -289,7 +296,7 @@ class Trainer:
         from engine.sample import generate_text, load_tokenizer
 
         try:
-            if getattr(self, "_tokenizer", None) is None:
+            if self._tokenizer is None:
                 self._tokenizer = load_tokenizer(Path(tok_path))
             self.model.eval()
             with self.autocast():
@@ -366,35 +373,17 @@ class Trainer:
             self.optimizer.step()
         return loss_sum, norm
 
-    def _loop(self) -> str:
-        cfg, ctl = self.config.train, self.control
+    def _loop(self) -> Ending:
+        cfg = self.config.train
         max_steps = cfg.max_steps
         if self.step == 0 or not self.last_eval:
             self.evaluate()
         clock = self.clock
         clock.restart()
         while self.step < max_steps:
-            if self.dist.is_main:
-                # a UI's request (in-app, attach or torchrun alike): one failed open() a step when
-                # there is none (microseconds), so a toggle lands at the very next step boundary
-                pending = toggle.take(self.run_dir)
-                if pending is not None:
-                    ctl.request_toggle(pending)
-            distributed.agree(ctl, self.dist)  # a stop/save/toggle reaches all ranks at the same step
-            if ctl.paused:
-                self.emit(ev.Paused(step=self.step))
-                ctl.wait_while_paused(self.save_checkpoint)
-                self.emit(ev.Resumed(step=self.step))
-                clock.restart()
-            if ctl.stop_requested:
-                self.save_checkpoint(final=True)
-                return "stopped"
-            if ctl.take_save_request():
-                self.save_checkpoint()
-                clock.restart()
-            if ctl.toggle_requested and self._accept_toggle(ctl.take_toggle() or {}):
-                self.save_checkpoint(final=True)  # the next segment resumes from exactly here
-                return "toggle"
+            ending = self._at_boundary()  # every UI's requests (in-app, attach, torchrun alike)
+            if ending is not None:
+                return ending
 
             lr = lr_at(self.step, self.config.optim, max_steps)
             loss, _ = self.train_step(lr)  # no host read here: see the module docstring
@@ -424,7 +413,79 @@ class Trainer:
             if save:
                 self.save_checkpoint(final=last)
             clock.restart()
-        return "completed"
+        return Ending("completed")
+
+    # ------------------------------------------------------------------ requests
+
+    def _at_boundary(self) -> Ending | None:
+        """Act on the requests asked since the last step boundary, each acknowledged in the
+        events; a pause waits here (taking requests) until a resume or a stop."""
+        toggles: list[Request] = []
+        ending = self._act_on(self.owner.take(), toggles)
+        if self._paused and ending is None:
+            self.emit(ev.Paused(step=self.step))
+            while self._paused and ending is None:
+                time.sleep(0.1)
+                ending = self._act_on(self.owner.take(), toggles)
+            self.emit(ev.Resumed(step=self.step))
+            self.clock.restart()
+        if ending is not None:
+            self._drop(toggles, "the run stopped")
+            return ending
+        return self._toggle(toggles)
+
+    def _act_on(self, requests: list[Request], toggles: list[Request]) -> Ending | None:
+        """Pause, resume and save act at once; toggles are gathered (checked after a pause)."""
+        stopping = None
+        for r in requests:
+            if r.kind == "mailbox":  # the mailbox itself was refused: one warning, training goes on
+                self.emit(ev.Warning_(message=r.problem or "the request mailbox was refused"))
+            elif r.problem is not None:
+                if r.problem.startswith("stale"):
+                    self.emit(ev.Warning_(message=f"discarded a {r.kind} request ({r.id}) left by a run that is gone"))
+                self._drop([r], r.problem)
+            elif stopping is not None:
+                self._drop([r], "the run stopped")
+            elif r.kind == "toggle":
+                toggles.append(r)
+            elif r.kind == "stop":
+                stopping = r
+            else:
+                if r.kind == "save":
+                    self.save_checkpoint()
+                    self.clock.restart()
+                else:
+                    self._paused = r.kind == "pause"
+                self._ack(r, "applied")
+        if stopping is None:
+            return None
+        self._ack(stopping, "applied")
+        self.save_checkpoint(final=True)
+        return Ending("stopped")
+
+    def _toggle(self, toggles: list[Request]) -> Ending | None:
+        """Check each toggle as a launch would, in order, on top of the ones accepted before it;
+        a refusal is a warning and the run trains on; any accepted: save and hand over."""
+        accepted, config = [], self.config
+        for r in toggles:
+            try:
+                config = toggle.check(config, r.switches)
+            except UserError as err:
+                self.emit(ev.Warning_(message=f"toggle refused at step {self.step}: {err}; the run goes on with its switches"))
+                self._drop([r], str(err))
+                continue
+            accepted.append(r)
+        if not accepted:
+            return None
+        self.save_checkpoint(final=True)  # the next segment resumes from exactly here
+        return Ending("toggle", config, accepted)
+
+    def _ack(self, r: Request, status: str, reason: str = "") -> None:
+        self.emit(ev.RequestAck(id=r.id, kind=r.kind, status=status, step=self.step, reason=reason))
+
+    def _drop(self, requests: list[Request], reason: str) -> None:
+        for r in requests:
+            self._ack(r, "dropped", reason)
 
     def _act(self, verdict: guard.Verdict) -> None:
         """Carry out a guard verdict: always a warning event; a stop raises its one-line error."""
@@ -443,15 +504,6 @@ class Trainer:
         self._act(guard.diverged(self.guard, self.step, self.ckpts.latest(), self.precision,
                                  self.config.optim.lr, self.run_dir))  # fmt: skip
 
-    def _accept_toggle(self, overrides: dict[str, Any]) -> bool:
-        """Check a live toggle as a launch would; a refusal is a warning and the run trains on."""
-        try:
-            self.next_config = toggle.check(self.config, overrides)
-        except UserError as err:
-            self.emit(ev.Warning_(message=f"toggle refused at step {self.step}: {err}; the run goes on with its switches"))
-            return False
-        return True
-
     def _check_run_dir(self) -> None:
         """A run whose directory vanished (deleted, unmounted) stops instead of training blind."""
         if self.dist.is_main and not (self.run_dir / rundir.EVENTS).exists():
@@ -460,7 +512,7 @@ class Trainer:
                 "the run stopped, as nothing could be saved; restore the directory or start a new run"
             )
 
-    def _loop_or_oom(self) -> str:
+    def _loop_or_oom(self) -> Ending:
         """The loop, with a CUDA out-of-memory turned into a clean stop that says what fits."""
         try:
             return self._loop()
@@ -502,20 +554,14 @@ class Trainer:
         }
 
     def run(self) -> str:
-        """Set up, train to max_steps or a stop; returns "completed" or "stopped"."""
+        """Set up and train to max_steps or a stop, live toggles included (its owner goes on
+        in new segments); returns "completed" or "stopped"."""
+        return self.owner.run(self)
+
+    def train(self, why: str, applied: Sequence[Request] = ()) -> Ending:
+        """After setup(): open a segment (`why`: start, resume or toggle; `applied`: the
+        toggles that made it, acknowledged now that it runs) and train it to its end."""
         try:
-            self.setup()
-        except BaseException:
-            self._close()  # bad input found in set-up: nothing is written to the run
-            if self.dist.is_main:
-                rundir.release_writer(self.run_dir)  # start() locked it; an in-app retry must not be refused
-            raise
-        if self.dist.is_main:
-            self.sinks.insert(0, ev.JsonlSink(self.run_dir / rundir.EVENTS))
-            rundir.claim_writer(self.run_dir)  # a kill -9 leaves it behind: attach sees a dead pid
-        try:
-            if self.resume and self.dist.is_main:
-                rundir.write_config(self.run_dir, self.config)  # flags given at resume are kept
             self.emit(
                 ev.RunStarted(
                     config=self.config.model_dump(mode="json"), n_params=self.n_params,
@@ -528,8 +574,9 @@ class Trainer:
             )
             from engine.segments import opening  # every start, resume or toggle opens a segment
 
-            why = getattr(self, "segment_reason", None) or ("resume" if self.resume else "start")
-            self.emit(opening(self.config, self.step, getattr(self, "_resumed_from_config", None), why))
+            self.emit(opening(self.config, self.step, self._resumed_from_config, why))
+            for r in applied:
+                self._ack(r, "applied")
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
             aside = self.ckpts.set_aside_after(self.step) if self.resume_from and self.dist.is_main else None
@@ -537,25 +584,23 @@ class Trainer:
                 self.emit(ev.Warning_(message=f"resumed from step {self.step}: its later checkpoints were moved to {aside}"))
             self._start_gpu_sampler()
             try:
-                reason = self._loop_or_oom()
+                ending = self._loop_or_oom()
             finally:
                 self._stop_gpu_sampler()  # its last reading lands before run_finished
-            if reason == "toggle":  # not the end: start.run_live continues the run in a new segment
+            if ending.reason == "toggle":  # not the end: the owner continues the run in a new segment
                 self.model = self.forward = self.optimizer = None  # its memory goes to the next segment
-                self._keep_lock = True  # held across the hand-over: no other writer slips in between
-                return reason
+                return ending
             self.emit(
-                ev.RunFinished(step=self.step, reason=reason, best_val_loss=self.best_val_loss, summary=self.summary())
-            )
-            return reason
+                ev.RunFinished(step=self.step, reason=ending.reason, best_val_loss=self.best_val_loss,
+                               summary=self.summary())
+            )  # fmt: skip
+            return ending
         except BaseException as err:
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             self.emit(ev.RunFailed(step=self.step, error=f"{type(err).__name__}: {message}"))
             raise
         finally:
-            if self.dist.is_main and not getattr(self, "_keep_lock", False):
-                rundir.release_writer(self.run_dir)
-            self._close()
+            self.close()
 
     def _start_gpu_sampler(self) -> None:
         """NVML readings into the run's events (about 1 Hz): the dashboard's GPU tab, live or attached."""
@@ -567,15 +612,13 @@ class Trainer:
         self._gpu_sampler.start()
 
     def _stop_gpu_sampler(self) -> None:
-        sampler, self._gpu_sampler = getattr(self, "_gpu_sampler", None), None
+        sampler, self._gpu_sampler = self._gpu_sampler, None
         if sampler is not None:
             sampler.stop()
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Let go of the segment's threads (prefetch, GPU sampler); the owner closes the sinks."""
         self._stop_gpu_sampler()
-        loader = getattr(self, "loader", None)
-        if loader is not None:
-            loader.close()
-        for sink in self.sinks:
-            sink.close()
+        if self.loader is not None:
+            self.loader.close()
 

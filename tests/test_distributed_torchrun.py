@@ -139,18 +139,46 @@ def test_one_process_checkpoint_resumes_under_two_with_plain_torchrun(tmp_path, 
 
 
 def test_a_live_toggle_under_torchrun_continues_the_same_curve(tmp_path, one_process_run, reference):
-    """A toggle asked of a 2-process run (toggle.json, as any UI writes it) is taken by rank 0,
-    applied by both ranks at the same step boundary, and the run goes on as a new segment."""
-    from engine import toggle
+    """A toggle asked of a 2-process run while it trains (its mailbox, as any UI writes it) is
+    taken by rank 0, applied by both ranks at the same step boundary, acknowledged, and the run
+    goes on as a new segment; then a stop request ends it with a checkpoint."""
+    import time
+
+    from engine import control, toggle
 
     run = Path(shutil.copytree(one_process_run, tmp_path / "one"))
-    toggle.request(run, {"data.prefetch": False})
-    _ok(_cli("--resume", str(run), "--nproc", "2", "--max-steps", "8", "--grad-accum", "1"))
-    _assert_same(run, reference, range(5, 9))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "train", "--resume", str(run), "--nproc", "2", "--max-steps", "100000",
+         "--grad-accum", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    def wait_for(what, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not what(_events(run)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:] if proc.stderr else ""
+            time.sleep(0.05)
+
+    try:
+        wait_for(lambda evs: any(e["event"] == "run_started" and e["world_size"] == 2 for e in evs))
+        asked = toggle.request(run, {"data.prefetch": False})  # asked of the live run: not stale
+        wait_for(lambda evs: any(e["event"] == "segment" and e["reason"] == "toggle" for e in evs)
+                 and max((e["step"] for e in evs if e["event"] == "step"), default=0) >= 8)  # fmt: skip
+        control.post(run, control.Request("stop"))
+        assert proc.wait(timeout=180) == 0, proc.stderr.read()[-3000:] if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _assert_same(run, reference, range(5, 9))  # prefetch does not change the math, wherever it landed
     events = _events(run)
     segments = [(e["step"], e["reason"], e["changed"]) for e in events if e["event"] == "segment"]
-    assert segments[-2:] == [(4, "resume", {"train.grad_accum": [2, 1]}), (4, "toggle", {"data.prefetch": [True, False]})]
-    assert not (run / toggle.REQUEST).exists() and events[-1]["event"] == "run_finished"
+    assert segments[-2][:3] == (4, "resume", {"train.grad_accum": [2, 1]})
+    assert segments[-1][1:] == ("toggle", {"data.prefetch": [True, False]}) and segments[-1][0] >= 4
+    acks = [(e["id"], e["kind"], e["status"]) for e in events if e["event"] == "request"]
+    assert acks[0] == (asked.id, "toggle", "applied") and acks[-1][1:] == ("stop", "applied")
+    assert not (run / toggle.REQUEST).exists()
+    assert events[-1]["event"] == "run_finished" and events[-1]["reason"] == "stopped"
 
 
 def test_fsdp2_trains_checkpoints_full_state_and_resumes_under_one(tmp_path, data, reference, reference_run):

@@ -192,7 +192,7 @@ def test_detached_launch_is_tailed_live_and_stopped(tiny_dataset: Path, tmp_path
             await until(pilot, lambda: state.step >= 2, "steps tailed from the live file")
             seen = state.step
             await until(pilot, lambda: state.step > seen, "more steps while it runs")
-            await pilot.press("p")  # steered by signals: SIGUSR2 pauses, SIGUSR1 saves
+            await pilot.press("p")  # steered through the run's mailbox: pause, then save
             await until(pilot, lambda: state.paused, "paused event tailed")
             await pilot.press("p")
             await until(pilot, lambda: not state.paused, "resumed event tailed")

@@ -78,7 +78,8 @@ def copy_run(src: Path, dst: Path, *, finished: bool = True) -> Path:
 
 def test_reattached_dashboard_steers_an_own_detached_run(tiny_dataset: Path, tmp_path: Path) -> None:
     """The run goes on in its own process after the app that launched it quit; `attach`
-    reaches it by signals to the writer pid it recorded: pause, save (while paused), stop."""
+    reaches it through its mailbox, the writer pid it recorded holding its lock: pause, save
+    (while paused), stop."""
     run_dir = tmp_path / "own"
     proc = headless(run_dir, tiny_dataset, "--max-steps", "100000", "--ckpt-interval", "100000")
 
@@ -93,15 +94,15 @@ def test_reattached_dashboard_steers_an_own_detached_run(tiny_dataset: Path, tmp
             due = app.screen.query_one("#ckpt-due")
             await until(pilot, lambda: "first checkpoint due at step 100000" in str(due.render()), "when it is due")
             await pilot.press("p")
-            await until(pilot, lambda: state.paused, "paused by SIGUSR2")
+            await until(pilot, lambda: state.paused, "paused by a mailbox request")
             await pilot.press("s")
-            await until(pilot, lambda: len(state.checkpoints) == 1, "saved by SIGUSR1, while paused")
+            await until(pilot, lambda: len(state.checkpoints) == 1, "saved by a mailbox request, while paused")
             await pilot.press("p")
             await until(pilot, lambda: not state.paused, "resumed")
             await pilot.press("q", "y")
             if state.live:  # until run_finished comes: STOPPING (eval + sample + checkpoint)
                 assert "STOPPING" in status_text(state, app.session)
-            await until(pilot, lambda: state.state == "stopped", "stopped by SIGTERM, with a checkpoint")
+            await until(pilot, lambda: state.state == "stopped", "stopped by a mailbox request, with a checkpoint")
             assert footer(app)["q"] == "next" and "p" not in footer(app)
 
     try:
@@ -117,8 +118,8 @@ def test_reattached_dashboard_steers_an_own_detached_run(tiny_dataset: Path, tmp
 
 
 def test_others_runs_are_watch_only_and_the_footer_says_why(tmp_path: Path) -> None:
-    """Another host's writer, or a live process that takes no steering signals (here: this
-    test's own pid), leave the run watch-only: no p/s/q in the footer, the reason and pid shown."""
+    """Another host's writer, or a live process that does not hold the run's lock (so reads
+    no mailbox), leave the run watch-only: no p/s/q in the footer, the reason and pid shown."""
     run_dir = copy_run(DATA / "tui-run", tmp_path / "theirs", finished=False)
 
     def attach_with_writer(record: str) -> tuple[str, dict[str, str]]:
@@ -136,15 +137,14 @@ def test_others_runs_are_watch_only_and_the_footer_says_why(tmp_path: Path) -> N
     text, keys = attach_with_writer("elsewhere.example 4242")
     assert "watch only: written by pid 4242 on elsewhere.example, another host" in text
     assert not {"p", "s", "q"} & keys.keys()
-    # a process of ours that catches no steering signal (this test's own pid would depend on what
-    # handlers earlier tests left installed in the pytest process)
+    # a live process of ours that is not the run's writer (a recycled pid, a stale record)
     deaf = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         text, keys = attach_with_writer(f"{socket.gethostname()} {deaf.pid}")
     finally:
         deaf.kill()
         deaf.wait()
-    assert f"watch only: pid {deaf.pid} takes no steering signals" in text and "RUNNING" in text
+    assert f"watch only: pid {deaf.pid} does not hold the run's lock" in text and "RUNNING" in text
     assert not {"p", "s", "q"} & keys.keys()
 
 

@@ -9,10 +9,11 @@ Detached: the headless CLI in its own session (`start_new_session`), writing the
 directory; the dashboard tails its events.jsonl like any `attach`, and the run survives
 the terminal going away.
 
-Steering (pause, save now, stop) reaches this app's own trainer through its Control, and
-any other run by signals to the writer pid its run directory records (engine.control's
-SIGUSR2 pause, SIGUSR1 save, SIGTERM stop): when that writer is alive on this host, is
-this user's, and catches those signals (the headless CLI does). Others' runs are watched.
+Steering (pause, save now, stop, toggle) is one call, `steer(request)`: this app's own
+trainer takes it from its Control, any other run from the mailbox in its run directory
+(engine/control.py), when that run's writer holds its lock, on this host, as this user.
+A run acknowledges each request in its events. A process launched from here that does not
+read its mailbox yet (or any more) is stopped by SIGTERM. Others' runs are watched.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, Callable
 from engine import events as ev
 from engine import rundir
 from engine.config import RunConfig
+from engine.control import Control, Request, post
 from engine.errors import UserError
 from tui.runstate import Building, RunState
 from tui.tail import EventTail
@@ -49,34 +51,25 @@ def _proc_status(pid: int) -> dict[str, str]:
 
 
 def writer_target(run_dir: Path) -> tuple[int | None, str]:
-    """The writer pid of a run that this app may steer by signals, or None and why not:
-    only a live writer on this host, of this user, that catches the steering signals (an
-    app's in-process run does not: a SIGUSR1 would end that app)."""
-    from engine.control import PAUSE_SIGNAL, SAVE_SIGNAL
-
+    """The writer pid of a run this app may steer through its mailbox, or None and why not:
+    the recorded writer must hold the run's lock, on this host, as this user."""
     record = rundir.writer_of(run_dir)
     if record is None:
         return None, "no writer recorded: the run is not running"
     host, pid = record
     if host != socket.gethostname():
         return None, f"written by pid {pid} on {host}, another host"
-    if SAVE_SIGNAL is None or PAUSE_SIGNAL is None:
-        return None, f"pid {pid}: steering by signals needs a POSIX system"
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return None, f"its writer, pid {pid}, is gone"
     except PermissionError:
         return None, f"pid {pid} belongs to another user"
-    if rundir.writer_alive(run_dir) is False:
-        return None, f"its writer, pid {pid}, is gone"
     status = _proc_status(pid)
-    if status:
-        if int(status["Uid"].split()[0]) != os.getuid():
-            return None, f"pid {pid} belongs to another user"
-        caught = int(status["SigCgt"].strip(), 16)
-        if not all(caught >> (sig - 1) & 1 for sig in (SAVE_SIGNAL, PAUSE_SIGNAL)):
-            return None, f"pid {pid} takes no steering signals (a run inside an app: steer it there)"
+    if status and int(status["Uid"].split()[0]) != os.getuid():
+        return None, f"pid {pid} belongs to another user"
+    if rundir.lock_holder(run_dir) != pid:
+        return None, f"pid {pid} does not hold the run's lock (not its writer)"
     return pid, f"pid {pid}"
 
 
@@ -85,7 +78,7 @@ class RunSession:
     run_dir: Path
     mode: str  # "in-process" | "detached" | "attached"
     state: RunState = field(default_factory=RunState)
-    control: Any = None  # engine.control.Control for in-process runs
+    control: Control | None = None  # for in-process runs
     thread: threading.Thread | None = None
     process: subprocess.Popen | None = None
     tail: EventTail | None = None
@@ -118,36 +111,27 @@ class RunSession:
         pid, why = writer_target(self.run_dir)
         return pid is not None, why
 
-    def _signal(self, sig: int) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, sig)
+    def steer(self, request: Request) -> None:
+        """Pause, resume, save, stop or toggle: to this app's trainer, or to the run's mailbox."""
+        if self.control is not None:
+            self.control.steer(request)
             return
         pid, why = writer_target(self.run_dir)
         if pid is None:
+            if request.kind == "stop" and self.process is not None and self.process.poll() is None:
+                os.kill(self.process.pid, signal.SIGTERM)  # launched from here, not reading its mailbox yet
+                return
             raise UserError(f"cannot steer {self.run_dir}: {why}")
-        os.kill(pid, sig)
+        post(self.run_dir, request)
 
     def toggle_pause(self) -> bool:
         """Pause or resume; True if a pause was asked for."""
-        if self.control is not None:
-            if self.control.paused:
-                self.control.resume()
-                return False
-            self.control.pause()
-            return True
-        from engine.control import PAUSE_SIGNAL
-
         pausing = not self.state.paused
-        self._signal(PAUSE_SIGNAL)
+        self.steer(Request("pause" if pausing else "resume"))
         return pausing
 
     def save_now(self) -> None:
-        if self.control is not None:
-            self.control.save_now()
-        else:
-            from engine.control import SAVE_SIGNAL
-
-            self._signal(SAVE_SIGNAL)
+        self.steer(Request("save"))
 
     def alive(self) -> bool:
         if self.thread is not None:
@@ -193,10 +177,7 @@ class RunSession:
 
     def request_stop(self) -> None:
         """Graceful: the trainer saves a checkpoint at the next step boundary and ends."""
-        if self.control is not None:
-            self.control.stop()
-        else:
-            self._signal(signal.SIGTERM)
+        self.steer(Request("stop"))
         self.stopping = True
         self.state.note_stop()
 
@@ -215,8 +196,7 @@ def start_in_process(
 ) -> RunSession:
     """`threads`: torch intra-op threads set on the trainer thread (a thread's OpenMP team
     is its own; the overhead benchmark pins it so both of its modes run alike)."""
-    from engine.control import Control
-    from engine.start import run_live, start
+    from engine.start import start
 
     rundir.check_new(run_dir)
     session = RunSession(run_dir=run_dir, mode="in-process", control=Control())
@@ -237,7 +217,7 @@ def start_in_process(
                     on_event(session, Building(False))
             sink = ev.CallbackSink(lambda e: on_event(session, e))
             cfg = config.model_copy(update={"out_dir": str(run_dir)})
-            run_live(start(cfg, run_dir, sinks=[sink], control=session.control))  # live toggles continue it
+            start(cfg, run_dir, sinks=[sink], control=session.control).run()  # live toggles continue it
         except UserError as err:  # bad input found at set-up: one line, nothing written
             on_event(session, ev.RunFailed(step=None, error=str(err)))
         except BaseException:  # the trainer has already emitted run_failed

@@ -426,7 +426,7 @@ class DashboardScreen(Screen):
         world, parallel = (started.world_size, started.parallel) if started else (1, "ddp")
         self.app.push_screen(ToggleScreen(self.session.run_dir, config, world_size=world,
                                           sharding="fsdp" if parallel == "fsdp" else "ddp",
-                                          steerable=lambda: self._steerable("toggle")))  # fmt: skip
+                                          steerable=lambda: self._steerable("toggle"), send=self.session.steer))  # fmt: skip
 
     def action_logy(self) -> None:
         self.logy = not self.logy

@@ -75,12 +75,13 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, run_dir: Path, config: RunConfig, *, world_size: int = 1, sharding: memory.Sharding = "ddp",
-                 steerable: Callable[[], bool] = lambda: True) -> None:  # fmt: skip
+                 steerable: Callable[[], bool] = lambda: True, send: Callable[[Any], None] | None = None) -> None:  # fmt: skip
         """`config`: what the run trains with now; `steerable`: asked again at Apply (the run
-        may have ended, or its writer gone, while this screen was open)."""
+        may have ended, or its writer gone, while this screen was open); `send`: the session's
+        steer (else the request goes to the run directory's mailbox)."""
         super().__init__()
         self.run_dir, self.config = Path(run_dir), memory.with_dataset_vocab(config)
-        self.world_size, self.sharding, self.steerable = world_size, sharding, steerable
+        self.world_size, self.sharding, self.steerable, self.send = world_size, sharding, steerable, send
         self.current = switches(self.config)
         self.caps = device.capabilities()
         self.off = device.disabled(self.caps)  # switch -> why this machine cannot use it
@@ -220,7 +221,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             return
         changes = self.changes()
         try:
-            toggle.request(self.run_dir, changes)
+            self.send(toggle.ask(changes)) if self.send else toggle.request(self.run_dir, changes)
         except (UserError, OSError) as err:
             self.notify(f"not applied: {err}", severity="error", timeout=10)
             return
