@@ -127,6 +127,10 @@ def test_launch_pressed_while_torch_loads_is_kept_and_launches_once_loaded(tiny_
             assert any("as soon as" in n for n in seen), seen
             release.set()
             await until(pilot, lambda: (run_dir / "events.jsonl").exists(), "the launch, once torch loaded")
+            from tui.screens.dashboard import DashboardScreen  # and its dashboard, mounted before the app closes
+
+            await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
+            await pilot.pause()
 
     try:
         asyncio.run(go())

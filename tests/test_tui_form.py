@@ -119,11 +119,15 @@ def test_the_form_paints_first_and_the_device_fills_in_when_probed(
             assert form.caps is None and form.query_one("#preset").display  # painted, device unknown
             assert "once torch has loaded" in text_of(form, "#mem-table")
             assert form.query_one("#launch").disabled is True
+            # issue 22: a key pressed while torch loads is kept (the last one wins) and runs once it has
             await pilot.press("f5")
-            assert any("loading torch" in n for n in seen) and not (tmp_path / "run").exists()
+            assert any("launching as soon as torch has loaded" in n for n in seen) and not (tmp_path / "run").exists()
+            await pilot.press("f4")  # replaces the launch: the form stays, so it can be read below
+            assert any("fitting the memory as soon as torch has loaded" in n for n in seen)
             release.set()
             await until(pilot, lambda: form.caps is not None, "the probe's answer")
-            await pilot.pause()
+            await until(pilot, lambda: any("nothing to fix" in n for n in seen), "the kept F4, run once loaded")
+            assert app.screen is form and not (tmp_path / "run").exists()  # F5 was replaced, not run too
             # the first frame's stand-ins and the rows below it gave way to the whole form, in order
             assert not form.query(setup_mod.SelectStandIn)
             fields = [w.id for w in form.query("#form Input, #form Select, #form Switch")]
