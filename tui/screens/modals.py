@@ -36,8 +36,16 @@ Anywhere
           dashboard with `gpt2-tui attach RUN_DIR`"""
 
 
+# Arrow keys move between a dialog's buttons and switches, as Tab does (a focused widget that
+# uses an arrow itself, an Input or a Select, keeps it: these bindings are not priority).
+ARROWS = [
+    Binding("down,right", "app.focus_next", "next", show=False),
+    Binding("up,left", "app.focus_previous", "previous", show=False),
+]
+
+
 class ConfirmScreen(ModalScreen[bool]):
-    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
+    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no"), *ARROWS]
 
     def __init__(self, question: str):
         super().__init__()
