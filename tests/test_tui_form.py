@@ -26,7 +26,7 @@ from engine.errors import UserError
 from tui import form_model as F
 from tui.app import GPT2App
 from tui.screens import setup as setup_mod
-from tui.screens.modals import HELP, ConfirmScreen, HelpScreen, PickDirectory
+from tui.screens.modals import HELP, AskPath, ConfirmScreen, HelpScreen, PickDirectory
 from tui.screens.setup import SetupScreen, wid
 from tui.widgets.memory import MemoryPanel
 from pilot_wait import until
@@ -302,19 +302,26 @@ def test_f2_writes_the_vocab_once_and_asks_before_overwriting(tmp_path: Path) ->
         async with app.run_test(size=SIZE) as pilot:
             form = await open_form(pilot, app)
             await set_value(pilot, form, "#toml-path", str(target))
-            await pilot.press("f2")
+
+            async def save() -> None:  # issue 22: F2 asks where (the path typed here, shown whole), Enter saves
+                await pilot.press("f2")
+                await until(pilot, lambda: isinstance(app.screen, AskPath), "where to save")
+                assert app.screen.query_one("#path").value == str(target)
+                await pilot.press("enter")
+
+            await save()
             await until(pilot, lambda: target.exists(), "the TOML written")
             text = target.read_text()
             assert text.count("vocab_size") <= 1
             assert resolve(None, target).train.max_steps == 600  # loads back
 
             target.write_text("# mine\n")
-            await pilot.press("f2")
+            await save()
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the overwrite question")
             await pilot.press("n")
             await until(pilot, lambda: app.screen is form, "back to the form")
             assert target.read_text() == "# mine\n"
-            await pilot.press("f2")
+            await save()
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the overwrite question")
             await pilot.press("y")
             await until(pilot, lambda: target.read_text() != "# mine\n", "the TOML overwritten")

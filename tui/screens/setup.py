@@ -162,7 +162,7 @@ class SetupScreen(Screen):
                 Button("Launch [F5]", id="launch", variant="success", compact=True),
                 Button("Launch in-app [F6]", id="launch-in-app", compact=True),
                 Button("Fit memory [F4]", id="fix", compact=True),
-                Input("run.toml", id="toml-path", compact=True),
+                Input("", placeholder="TOML path", id="toml-path", compact=True),
                 Button("Save [F2]", id="save", compact=True),
                 Button("Load [F3]", id="load", compact=True),
                 id="actions",
@@ -583,39 +583,61 @@ class SetupScreen(Screen):
         self.revalidate()
         self.notify(f"applied: {panel.fix_text(fix)}")
 
+    def toml_path(self) -> Path:
+        """Where F2 offers to save the form (and F3 loads from): the path typed beside the
+        buttons, else run.toml in the runs' root (the run directory's parent), else beside
+        the dataset, else in the home directory; never the current directory unasked."""
+        typed = self.query_one("#toml-path", Input).value.strip()
+        if typed:
+            return Path(typed).expanduser().resolve()
+        run_dir = self.query_one("#run-dir", Input).value.strip()
+        data = self.query_one("#dataset", Input).value.strip()
+        base = Path(run_dir).expanduser().resolve().parent if run_dir else (
+            Path(data).expanduser().resolve().parent if data else Path.home())
+        return base / "run.toml"
+
     def action_save_config(self) -> None:
+        """F2: asks where (a path shown whole, editable), writes nothing until confirmed,
+        and asks again before overwriting a file."""
         if self.opening():
             return
-        path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
         if self.config is None:
             self.notify("fix the fields marked in red before saving", severity="error")
             return
         text = self.model.toml_text()
+        from tui.screens.modals import AskPath, ConfirmScreen
 
-        def write(yes: bool | None = True) -> None:
-            if not yes:
-                self.notify(f"not saved: {path} left as it was")
+        def where(path: Path | None) -> None:
+            if path is None:
+                self.notify("not saved")
                 return
-            from engine.checkpoint import atomic_write_bytes
+            self.query_one("#toml-path", Input).value = str(path)
 
-            try:
-                atomic_write_bytes(path, text.encode())
-            except OSError as err:
-                self.notify(f"cannot write {path}: {err.strerror}", severity="error")
-                return
-            self.notify(f"saved {path}")
+            def write(yes: bool | None = True) -> None:
+                if not yes:
+                    self.notify(f"not saved: {path} left as it was")
+                    return
+                from engine.checkpoint import atomic_write_bytes
 
-        if path.exists():
-            from tui.screens.modals import ConfirmScreen
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)  # the runs' root, before the first run
+                    atomic_write_bytes(path, text.encode())
+                except OSError as err:
+                    self.notify(f"cannot write {path}: {err.strerror}", severity="error")
+                    return
+                self.notify(f"saved {path}")
 
-            self.app.push_screen(ConfirmScreen(f"{path} exists. Overwrite it with this form?"), write)
-        else:
-            write()
+            if path.exists():
+                self.app.push_screen(ConfirmScreen(f"{path} exists. Overwrite it with this form?"), write)
+            else:
+                write()
+
+        self.app.push_screen(AskPath("Save the form as TOML to:", self.toml_path()), where)
 
     def action_load_config(self) -> None:
         if self.opening():
             return
-        path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
+        path = self.toml_path()
         try:
             config = F.load_file(path)
         except UserError as err:
