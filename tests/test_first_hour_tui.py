@@ -296,3 +296,12 @@ def test_ladder_screen_run_button_is_on_screen_at_80x24():
             assert button.width > 0 and button.right <= 80 and button.bottom <= 24, (button, screen_text(app))
 
     asyncio.run(go())
+
+
+def test_ladder_warning_names_a_run_in_its_own_process_as_such():
+    """An attached (or F5) run trains in its own process: not "in this app"."""
+    from tui.screens.benchmark import sharing_warning
+
+    assert "in this app" in sharing_warning(app_runs=1)
+    own = sharing_warning(app_runs=0, process_runs=1)
+    assert own is not None and "own process" in own and "in this app" not in own
