@@ -109,27 +109,32 @@ def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) 
     return [(f"{short(n)}={value_text(s.switches.get(n))}", s.switches.get(n) != base.switches.get(n)) for n in order]
 
 
-COLUMNS = ("run", "steps", "why", "switches", "warm-up", "ms/step", "tok/s", "MFU", "peak mem", "vs prev", "vs first", "best val")  # fmt: skip
+# The speed first, the switches last: at 80 columns the figures the product exists to show
+# stay on screen however many switches a run changed (issue 22).
+COLUMNS = ("run", "steps", "why", "warm-up", "ms/step", "tok/s", "MFU", "peak mem", "vs prev", "vs first", "best val", "switches")  # fmt: skip
+SWITCHES_COLUMN = COLUMNS.index("switches")
+LEFT = frozenset({0, 1, 2, SWITCHES_COLUMN})  # text columns; the figures are right-aligned
 
 
 def cells(r: Row) -> list[str]:
-    """Every column but `switches` (index 3), which the caller renders with its highlighting."""
+    """Every column but `switches` (the last, left empty), which the caller renders with its
+    highlighting."""
     s = r.segment
     return [
-        r.run, f"{s.from_step}-{s.to_step}", s.reason, "",
+        r.run, f"{s.from_step}-{s.to_step}", s.reason,
         "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s",
         "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}",
         "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
         "-" if s.mfu is None else f"{100 * s.mfu:.1f}%",
         human(s.peak_mem_bytes), ratio_text(r.vs_prev), ratio_text(r.vs_first),
-        "" if r.best_val_loss is None else f"{r.best_val_loss:.4f}",
+        "" if r.best_val_loss is None else f"{r.best_val_loss:.4f}", "",
     ]  # fmt: skip
 
 
 def shown_switches(segs: Sequence[SegmentSummary]) -> list[str]:
-    """The switches a table shows: those that differ somewhere, or all when none do."""
-    diff = varying(segs)
-    return diff or [n for n in SWITCHES if any(n in s.switches for s in segs)]
+    """The switches a table shows: only those that differ somewhere (one segment: none; the
+    rest are the same in every row, which a table says once if at all)."""
+    return varying(segs)
 
 
 def table_rows(c: Comparison) -> list[Row]:
@@ -151,12 +156,11 @@ def format_table(c: Comparison) -> str:
     body = []
     for r in table:
         row = cells(r)
-        row[3] = " ".join(text + ("*" if hot else "") for text, hot in switch_items(r.segment, shown, segs[0]))
+        row[SWITCHES_COLUMN] = " ".join(text + ("*" if hot else "") for text, hot in switch_items(r.segment, shown, segs[0]))
         body.append(row)
     widths = [max(len(x[i]) for x in [list(COLUMNS), *body]) for i in range(len(COLUMNS))]
-    left = {0, 1, 2, 3}
     for row in [list(COLUMNS), *body]:
-        lines.append("  ".join(x.ljust(w) if i in left else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths))).rstrip())
+        lines.append("  ".join(x.ljust(w) if i in LEFT else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths))).rstrip())
     lines.append("* differs from the first row; speed-ups are settled tok/s ratios; warm-up = the first logged step")
     return "\n".join(lines)
 

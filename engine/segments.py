@@ -150,6 +150,11 @@ class SegmentReader:
             case ev.Eval() | ev.Checkpoint() | ev.RunFinished() | ev.RunFailed() if cur is not None:
                 cur.to_step = max(cur.to_step, e.step if e.step is not None else cur.to_step)
 
+    def current_step_times(self) -> list[float]:
+        """The step times of the segment being read (none yet: empty): what a live view's
+        settled speed and ETA come from, by the same rule as the segment's summary."""
+        return list(self.current.times) if self.current else []
+
     def segments(self) -> list[SegmentSummary]:
         return self.closed + ([self.current.summary()] if self.current else [])
 

@@ -73,3 +73,15 @@ def test_log_ticks_inside_any_range() -> None:
         assert all(lo - 0.051 <= t <= hi + 0.051 for t in ticks), (lo, hi, ticks)
         assert len({len(x) for x in labels}) == 1  # one width: labels never run together
         assert all(math.isclose(float(x), 10**t, rel_tol=0.01) for x, t in zip(labels, ticks)), (labels, ticks)
+
+
+def test_segment_labels_on_a_chart_never_overlap() -> None:
+    """Issue 22: two segments close together wrote their labels over each other
+    ("prefetprecision auto -> bf16"); the second goes a row lower, a third with no room is left out."""
+    from tui.widgets.charts import label_row
+
+    placed: list[int] = []
+    assert label_row(placed, 10, 16, 2) == 0  # "prefetch on -> off" at column 10
+    assert label_row(placed, 14, 21, 2) == 1  # "precision auto -> bf16" would overlap it: a row lower
+    assert label_row(placed, 18, 5, 2) is None  # no row free there
+    assert label_row(placed, 40, 5, 2) == 0  # far enough right: the top row again

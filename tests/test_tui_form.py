@@ -26,7 +26,7 @@ from engine.errors import UserError
 from tui import form_model as F
 from tui.app import GPT2App
 from tui.screens import setup as setup_mod
-from tui.screens.modals import HELP, ConfirmScreen, HelpScreen, PickDirectory
+from tui.screens.modals import HELP, AskPath, ConfirmScreen, HelpScreen, PickDirectory
 from tui.screens.setup import SetupScreen, wid
 from tui.widgets.memory import MemoryPanel
 from pilot_wait import until
@@ -119,11 +119,15 @@ def test_the_form_paints_first_and_the_device_fills_in_when_probed(
             assert form.caps is None and form.query_one("#preset").display  # painted, device unknown
             assert "once torch has loaded" in text_of(form, "#mem-table")
             assert form.query_one("#launch").disabled is True
+            # issue 22: a key pressed while torch loads is kept (the last one wins) and runs once it has
             await pilot.press("f5")
-            assert any("loading torch" in n for n in seen) and not (tmp_path / "run").exists()
+            assert any("launching as soon as torch has loaded" in n for n in seen) and not (tmp_path / "run").exists()
+            await pilot.press("f4")  # replaces the launch: the form stays, so it can be read below
+            assert any("fitting the memory as soon as torch has loaded" in n for n in seen)
             release.set()
             await until(pilot, lambda: form.caps is not None, "the probe's answer")
-            await pilot.pause()
+            await until(pilot, lambda: any("nothing to fix" in n for n in seen), "the kept F4, run once loaded")
+            assert app.screen is form and not (tmp_path / "run").exists()  # F5 was replaced, not run too
             # the first frame's stand-ins and the rows below it gave way to the whole form, in order
             assert not form.query(setup_mod.SelectStandIn)
             fields = [w.id for w in form.query("#form Input, #form Select, #form Switch")]
@@ -298,19 +302,26 @@ def test_f2_writes_the_vocab_once_and_asks_before_overwriting(tmp_path: Path) ->
         async with app.run_test(size=SIZE) as pilot:
             form = await open_form(pilot, app)
             await set_value(pilot, form, "#toml-path", str(target))
-            await pilot.press("f2")
+
+            async def save() -> None:  # issue 22: F2 asks where (the path typed here, shown whole), Enter saves
+                await pilot.press("f2")
+                await until(pilot, lambda: isinstance(app.screen, AskPath), "where to save")
+                assert app.screen.query_one("#path").value == str(target)
+                await pilot.press("enter")
+
+            await save()
             await until(pilot, lambda: target.exists(), "the TOML written")
             text = target.read_text()
             assert text.count("vocab_size") <= 1
             assert resolve(None, target).train.max_steps == 600  # loads back
 
             target.write_text("# mine\n")
-            await pilot.press("f2")
+            await save()
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the overwrite question")
             await pilot.press("n")
             await until(pilot, lambda: app.screen is form, "back to the form")
             assert target.read_text() == "# mine\n"
-            await pilot.press("f2")
+            await save()
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the overwrite question")
             await pilot.press("y")
             await until(pilot, lambda: target.read_text() != "# mine\n", "the TOML overwritten")

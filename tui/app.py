@@ -180,6 +180,11 @@ class GPT2App(App):
             self.push_screen(HelpScreen())
 
     def action_open_extra(self, title: str) -> None:
+        """F7/F8. On the form while torch loads, the key is kept and the screen opens once
+        it has (opening it now would wait on the same import with the UI frozen)."""
+        when_loaded = getattr(self.screen, "when_loaded", None)
+        if when_loaded is not None and when_loaded(f"opening {title}", lambda: self.action_open_extra(title)):
+            return
         for _, t, factory, _ in EXTRA_SCREENS:
             if t == title:
                 self.push_screen(factory())

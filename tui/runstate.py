@@ -94,6 +94,8 @@ class RunState:
         self.failed: ev.RunFailed | None = None
         self.paused = False
         self.t0: float | None = None
+        self.paused_s = 0.0  # time spent paused (not counted in elapsed)
+        self._paused_at: float | None = None  # when the pause in progress began
         self.step = 0
         self.tokens = 0
         self.last_event_time: float | None = None
@@ -173,18 +175,28 @@ class RunState:
             self.version += 1
 
     def settled_step_time(self) -> float | None:
-        return ev.settled_step_time(self.series["step_time"].y)
+        """The current segment's settled step time: the figure the Segments tab, the summary
+        and `compare` give for it (one rule, engine.segments), not one across every segment."""
+        return ev.settled_step_time(self.segments.current_step_times())
 
     def elapsed(self, now: float | None = None) -> float:
+        """Time the run has been running: pauses do not count."""
         if self.t0 is None:
             return 0.0
-        end = self.last_event_time if not self.live else (now or time.time())
-        return max(0.0, (end or self.t0) - self.t0)
+        end = (self.last_event_time if not self.live else (now or time.time())) or self.t0
+        pausing = max(0.0, end - self._paused_at) if self._paused_at is not None else 0.0
+        return max(0.0, end - self.t0 - self.paused_s - pausing)
+
+    def _pause_ends(self, t: float | None) -> None:
+        if self._paused_at is not None:
+            self.paused_s += max(0.0, (t or self._paused_at) - self._paused_at)
+            self._paused_at = None
 
     def eta(self) -> float | None:
+        """Time left at the current segment's settled speed (the console's rule)."""
         if not self.live or self.stop_since is not None:
             return None
-        return ev.eta_seconds(self.series["step_time"].y, self.step, self.max_steps)  # the console's rule
+        return ev.eta_seconds(self.segments.current_step_times(), self.step, self.max_steps)
 
     # ----------------------------------------------------------------- feeding
 
@@ -203,6 +215,7 @@ class RunState:
         self.segments.feed(e)
         match e:
             case ev.RunStarted():
+                self._pause_ends(e.time)
                 self.started, self.finished, self.failed, self.paused = e, None, None, False
                 self.building_since, self.segment_steps, self._pinned = None, 0, 0
                 self.t0 = self.t0 or e.time
@@ -232,16 +245,21 @@ class RunState:
                     self._log(line, e.time)
             case ev.Paused():
                 self.paused = True
+                if self._paused_at is None:
+                    self._paused_at = e.time
                 self._log(describe(e), e.time)
             case ev.Resumed():
                 self.paused = False
+                self._pause_ends(e.time)
                 self._log(describe(e), e.time)
             case ev.RunFinished():
                 self.finished, self.paused = e, False
+                self._pause_ends(e.time)
                 self.step = e.step
                 self._log(describe(e).splitlines()[0], e.time)
             case ev.RunFailed():
                 self.failed = e
+                self._pause_ends(e.time)
                 self._log(describe(e), e.time, "error")
 
     def gpu_since(self, seen: int) -> list[list[Any]]:

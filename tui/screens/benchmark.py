@@ -36,10 +36,15 @@ SHORT = {"precision": "prec", "vs baseline": "vs base", "first step s": "1st ste
 BUSY_LOAD = 0.5  # a 1-minute load average above this share of the CPUs before the ladder: shared
 
 
-def sharing_warning(app_runs: int = 0) -> str | None:
-    """Why the ladder's timings would be slower than this machine can do, or None."""
+def sharing_warning(app_runs: int = 0, process_runs: int = 0) -> str | None:
+    """Why the ladder's timings would be slower than this machine can do, or None.
+    `app_runs`: live runs on this app's thread; `process_runs`: live runs this app opened
+    that train in their own process (launched with F5, or attached)."""
     if app_runs:
         return "a run is training in this app: the ladder shares the machine with it, its timings will be slower"
+    if process_runs:
+        return ("a run this app follows is training in its own process on this machine: the ladder shares "
+                "the machine with it, its timings will be slower")  # fmt: skip
     try:
         one = os.getloadavg()[0]
     except (OSError, AttributeError):
@@ -60,8 +65,11 @@ class BenchmarkScreen(Screen):
     DEFAULT_CSS = """
     BenchmarkScreen #bench-form { height: 3; padding: 0 1; }
     BenchmarkScreen #bench-form Label { height: 3; content-align: left middle; padding: 0 1 0 0; }
-    BenchmarkScreen #bench-preset { width: 24; }
-    BenchmarkScreen #bench-steps { width: 10; }
+    BenchmarkScreen #bench-preset { width: 18; }
+    BenchmarkScreen #bench-compile { width: 8; padding: 0 1; }
+    BenchmarkScreen #bench-run { min-width: 9; width: auto; }  /* whole at 80 columns */
+    BenchmarkScreen #bench-steps { width: 8; }
+    BenchmarkScreen #bench-form Label.gap { padding: 0 1 0 1; }
     BenchmarkScreen #bench-status { height: 3; padding: 0 1; background: $boost; }
     BenchmarkScreen #bench-table { height: auto; max-height: 14; }
     BenchmarkScreen #bench-notes { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
@@ -93,17 +101,23 @@ class BenchmarkScreen(Screen):
             names = preset_names()
             value = self.config.preset if self.config.preset in names else names[0]
             yield Select([(n, n) for n in names], value=value, allow_blank=False, id="bench-preset")
-            yield Label(" timed steps")
+            yield Label("steps", classes="gap")  # timed steps per rung
             yield Input(str(self.config.steps), id="bench-steps", type="integer")
-            yield Label(" compile")
-            yield Switch("compile" not in self.config.skip, id="bench-compile")
-            yield Button("Run", id="bench-run", variant="primary")
+            yield Label("compile", classes="gap")
+            on = "compile" not in self.config.skip
+            yield Switch(on, id="bench-compile")
+            yield Label("on " if on else "off", id="bench-compile-state")  # in words, not a bare box
+            yield Button("Run [r]", id="bench-run", variant="primary")
         yield Static("r: run the ladder (each rung adds one optimization); s: stop; esc: back",
                      id="bench-status", markup=False)  # fmt: skip
         yield DataTable(id="bench-table", zebra_stripes=True)
         yield Static("", id="bench-notes", markup=False)
         yield PlotextPlot(id="bench-chart")
         yield Footer()
+
+    def on_switch_changed(self, event: Switch.Changed) -> None:
+        if event.switch.id == "bench-compile":
+            self.query_one("#bench-compile-state", Label).update("on " if event.value else "off")
 
     def on_mount(self) -> None:
         self.title = "gpt2-tui - speed ladder"
@@ -141,7 +155,9 @@ class BenchmarkScreen(Screen):
         self.config, self.out_used = config, out
         self.rungs, self.result, self.error, self._live = [], None, None, None
         self._stop.clear()
-        self.warning = sharing_warning(len([s for s in getattr(self.app, "sessions", []) if s.alive()]))
+        live = [s for s in getattr(self.app, "sessions", []) if s.alive()]
+        in_app = [s for s in live if getattr(s, "thread", None) is not None]
+        self.warning = sharing_warning(len(in_app), len(live) - len(in_app))
         self._to_run = self._planned(config)
         self._started = self._rung_started = time.monotonic()
         self.running = True

@@ -118,15 +118,17 @@ class OverlayChart(PlotextPlot):
                     continue
                 ys_all += ys
                 self.drawn.append(label)
+                # no plotext legend: it sat over the first third of the curves; the run's
+                # colour is named in the legend line above the charts (#compare-legend)
                 if scatter:
-                    plt.scatter(xs, ys, color=run.color, marker="dot", label=label)
+                    plt.scatter(xs, ys, color=run.color, marker="dot")
                 else:
-                    plt.plot(xs, ys, color=run.color, marker="braille", label=label)
+                    plt.plot(xs, ys, color=run.color, marker="braille")
             for step, tokens, t in run.starts[1:]:
                 plt.vline({"step": step, "tokens": tokens, "time": t}[axis], color=run.color)
         if logy and ys_all:
             plt.ylim(*log_range(ys_all))
-        plt.title(self.title_text + ("  (log10)" if logy else ""))
+        plt.title(self.title_text + ("  (log10)" if logy else "") + ("  lines: train, dots: val" if self.val else ""))
         plt.xlabel({"step": "step", "tokens": "tokens", "time": "seconds (resume gaps cut)"}[axis])
         self.refresh()
 

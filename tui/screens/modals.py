@@ -1,4 +1,4 @@
-"""Small modal screens: a yes/no confirm, the key help, a directory picker."""
+"""Small modal screens: a yes/no confirm, the key help, a directory picker, a file path."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, DirectoryTree, Static
+from textual.widgets import Button, DirectoryTree, Input, Static
 
 # One entry a line, every line under 72 columns: at 80x24 the dialog wraps nothing mid-phrase.
 HELP = """\
@@ -36,8 +36,16 @@ Anywhere
           dashboard with `gpt2-tui attach RUN_DIR`"""
 
 
+# Arrow keys move between a dialog's buttons and switches, as Tab does (a focused widget that
+# uses an arrow itself, an Input or a Select, keeps it: these bindings are not priority).
+ARROWS = [
+    Binding("down,right", "app.focus_next", "next", show=False),
+    Binding("up,left", "app.focus_previous", "previous", show=False),
+]
+
+
 class ConfirmScreen(ModalScreen[bool]):
-    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
+    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no"), *ARROWS]
 
     def __init__(self, question: str):
         super().__init__()
@@ -55,6 +63,40 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+
+class AskPath(ModalScreen["Path | None"]):
+    """A file path, shown whole and editable before anything is written (F2 asks where)."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel"), *ARROWS]
+
+    def __init__(self, question: str, default: Path, ok: str = "Save"):
+        super().__init__()
+        self.question, self.default, self.ok = question, default, ok
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Static(self.question, markup=False)
+            yield Input(str(self.default), id="path")
+            with Horizontal(classes="buttons"):
+                yield Button(f"{self.ok} [enter]", id="ok", variant="primary")
+                yield Button("Cancel [esc]", id="cancel")
+
+    def _answer(self) -> None:
+        text = self.query_one("#path", Input).value.strip()
+        self.dismiss(Path(text).expanduser() if text else None)
+
+    def on_input_submitted(self, _: Input.Submitted) -> None:
+        self._answer()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "ok":
+            self._answer()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
 
 
 class HelpScreen(ModalScreen[None]):

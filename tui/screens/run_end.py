@@ -16,6 +16,7 @@ from textual.widgets import Button, Input, Static
 
 from engine import rundir
 from engine.errors import UserError
+from tui.screens.modals import ARROWS
 
 CSS = """
 RunEndScreen, ResumeScreen { align: center middle; }
@@ -31,6 +32,7 @@ class RunEndScreen(ModalScreen["str | None"]):
         Binding("r", "choose('resume')", "resume"),
         Binding("o,f7", "choose('runs')", "other run"),
         Binding("escape,q", "choose(None)", "stay"),
+        *ARROWS,
     ]
 
     def __init__(self, summary: str, can_resume: bool = True):
@@ -57,7 +59,7 @@ class RunEndScreen(ModalScreen["str | None"]):
 
 class ResumeScreen(ModalScreen["int | None"]):
     DEFAULT_CSS = CSS
-    BINDINGS = [Binding("escape", "cancel", "cancel")]
+    BINDINGS = [Binding("escape", "cancel", "cancel"), *ARROWS]
 
     def __init__(self, name: str, step: int, max_steps: int | None):
         super().__init__()

@@ -12,6 +12,7 @@ the rows the terminal shows (tui.widgets.first_paint).
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from textual import events, on
@@ -88,7 +89,7 @@ class SetupScreen(Screen):
         super().__init__()
         self.model = F.FormModel(base)  # values, verdict, presets, final config, TOML: no Textual
         self._loading = False
-        self._pending = False  # a revalidation is queued (_soon)
+        self._revalidation_queued = False  # a revalidation is queued (_soon)
         self._dataset_dirty = False
         self._resumed = False
         self._complete = False  # every row mounted: the form can be read
@@ -97,6 +98,7 @@ class SetupScreen(Screen):
         self._paint = FirstPaint(False)  # which rows the first frame shows (paint_first), set in compose
         self._probed: Capabilities | None = None  # the probe's answer, if it came before that
         self._quit_asked = False  # ctrl+q before that: quit when it is
+        self._waiting: tuple[str, Callable[[], None]] | None = None  # a key pressed before torch loaded
 
     @property
     def caps(self) -> Capabilities | None:
@@ -160,7 +162,7 @@ class SetupScreen(Screen):
                 Button("Launch [F5]", id="launch", variant="success", compact=True),
                 Button("Launch in-app [F6]", id="launch-in-app", compact=True),
                 Button("Fit memory [F4]", id="fix", compact=True),
-                Input("run.toml", id="toml-path", compact=True),
+                Input("", placeholder="TOML path", id="toml-path", compact=True),
                 Button("Save [F2]", id="save", compact=True),
                 Button("Load [F3]", id="load", compact=True),
                 id="actions",
@@ -258,6 +260,27 @@ class SetupScreen(Screen):
         self._quit_asked = True
         return True
 
+    def loading(self) -> bool:
+        """True while torch loads (or the rows below the first screen mount): Launch and
+        the memory fix cannot be checked yet."""
+        return self.caps is None or not self._complete
+
+    def when_loaded(self, what: str, action: Callable[[], None]) -> bool:
+        """A key pressed while torch loads is kept, not dropped: `action` runs once the form
+        is checked (the last such key wins; it is checked again then, and a refusal then is
+        shown as usual). True if it was kept for later, False if the form is ready now."""
+        if not self.loading():
+            return False
+        self._waiting = (what, action)
+        self.notify(f"{what} as soon as torch has loaded", timeout=10)
+        return True
+
+    def _run_waiting(self) -> None:
+        if self._waiting is not None and not self.loading():
+            _, action = self._waiting
+            self._waiting = None
+            action()
+
     def _probe(self) -> None:  # on a worker thread
         self.post_message(DeviceProbed(probe_device()))
 
@@ -283,6 +306,8 @@ class SetupScreen(Screen):
         self._check_dataset()
         self._refresh_presets()
         self.revalidate()
+        if self._waiting is not None:  # after the revalidation's refresh: the form as the user sees it
+            self.call_after_refresh(self._run_waiting)
 
     # ----------------------------------------------------------------- values
 
@@ -426,12 +451,12 @@ class SetupScreen(Screen):
         """Check the form once for a burst of Changed messages (mounting posts one per field,
         a preset or a loaded TOML one per value): one revalidation, not one each."""
         self._dataset_dirty |= dataset
-        if not self._pending:
-            self._pending = True
+        if not self._revalidation_queued:
+            self._revalidation_queued = True
             self.call_later(self._settle)
 
     def _settle(self) -> None:
-        self._pending = False
+        self._revalidation_queued = False
         if self._dataset_dirty:
             self._dataset_dirty = False
             self._check_dataset()
@@ -515,7 +540,10 @@ class SetupScreen(Screen):
     def action_launch(self, detached: bool = True) -> None:
         """The default launch is detached: the headless CLI in its own process, so the run
         survives the terminal and the dashboard cannot slow it through the GIL (see
-        docs/benchmarks.md); F6 trains on a thread of this app instead."""
+        docs/benchmarks.md); F6 trains on a thread of this app instead. Pressed while torch
+        loads, it launches once it has (when_loaded)."""
+        if self.when_loaded("launching" if detached else "launching in-app", lambda: self.action_launch(detached)):
+            return
         config = self.final_config()
         if config is None:
             return
@@ -536,7 +564,7 @@ class SetupScreen(Screen):
         return not self._complete
 
     def action_apply_fix(self) -> None:
-        if self.opening():
+        if self.when_loaded("fitting the memory", self.action_apply_fix):
             return
         panel = self.query_one(MemoryPanel)
         fix = panel.fix
@@ -555,39 +583,61 @@ class SetupScreen(Screen):
         self.revalidate()
         self.notify(f"applied: {panel.fix_text(fix)}")
 
+    def toml_path(self) -> Path:
+        """Where F2 offers to save the form (and F3 loads from): the path typed beside the
+        buttons, else run.toml in the runs' root (the run directory's parent), else beside
+        the dataset, else in the home directory; never the current directory unasked."""
+        typed = self.query_one("#toml-path", Input).value.strip()
+        if typed:
+            return Path(typed).expanduser().resolve()
+        run_dir = self.query_one("#run-dir", Input).value.strip()
+        data = self.query_one("#dataset", Input).value.strip()
+        base = Path(run_dir).expanduser().resolve().parent if run_dir else (
+            Path(data).expanduser().resolve().parent if data else Path.home())
+        return base / "run.toml"
+
     def action_save_config(self) -> None:
+        """F2: asks where (a path shown whole, editable), writes nothing until confirmed,
+        and asks again before overwriting a file."""
         if self.opening():
             return
-        path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
         if self.config is None:
             self.notify("fix the fields marked in red before saving", severity="error")
             return
         text = self.model.toml_text()
+        from tui.screens.modals import AskPath, ConfirmScreen
 
-        def write(yes: bool | None = True) -> None:
-            if not yes:
-                self.notify(f"not saved: {path} left as it was")
+        def where(path: Path | None) -> None:
+            if path is None:
+                self.notify("not saved")
                 return
-            from engine.checkpoint import atomic_write_bytes
+            self.query_one("#toml-path", Input).value = str(path)
 
-            try:
-                atomic_write_bytes(path, text.encode())
-            except OSError as err:
-                self.notify(f"cannot write {path}: {err.strerror}", severity="error")
-                return
-            self.notify(f"saved {path}")
+            def write(yes: bool | None = True) -> None:
+                if not yes:
+                    self.notify(f"not saved: {path} left as it was")
+                    return
+                from engine.checkpoint import atomic_write_bytes
 
-        if path.exists():
-            from tui.screens.modals import ConfirmScreen
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)  # the runs' root, before the first run
+                    atomic_write_bytes(path, text.encode())
+                except OSError as err:
+                    self.notify(f"cannot write {path}: {err.strerror}", severity="error")
+                    return
+                self.notify(f"saved {path}")
 
-            self.app.push_screen(ConfirmScreen(f"{path} exists. Overwrite it with this form?"), write)
-        else:
-            write()
+            if path.exists():
+                self.app.push_screen(ConfirmScreen(f"{path} exists. Overwrite it with this form?"), write)
+            else:
+                write()
+
+        self.app.push_screen(AskPath("Save the form as TOML to:", self.toml_path()), where)
 
     def action_load_config(self) -> None:
         if self.opening():
             return
-        path = Path(self.query_one("#toml-path", Input).value.strip() or "run.toml")
+        path = self.toml_path()
         try:
             config = F.load_file(path)
         except UserError as err:

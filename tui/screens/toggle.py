@@ -27,6 +27,7 @@ from engine.errors import UserError
 from engine.text import change_text, format_table, human, verdict
 from engine.segments import SWITCHES, changed, switches
 from engine.settings import setting
+from tui.screens.modals import ARROWS
 from tui.form_model import form_words
 from tui.widgets import setting_input
 from tui.widgets.memory import MemoryPanel
@@ -72,7 +73,8 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
     ToggleScreen .buttons { height: auto; }
     ToggleScreen Button { margin-right: 2; }
     """
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    # Apply a key away (not ~12 Tabs); `a` is no switch's key, and no row takes typed text
+    BINDINGS = [Binding("a", "apply", "Apply"), Binding("escape", "cancel", "Cancel"), *ARROWS]
 
     def __init__(self, run_dir: Path, config: RunConfig, *, world_size: int = 1, sharding: memory.Sharding = "ddp",
                  steerable: Callable[[], bool] = lambda: True, send: Callable[[Any], None] | None = None) -> None:  # fmt: skip
@@ -104,7 +106,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
                 yield Static("", id="toggle-memory", markup=False)
             yield Static("", id="toggle-verdict", markup=False)
             with Horizontal(classes="buttons"):
-                yield Button("Apply", id="apply", variant="primary")
+                yield Button("Apply [a]", id="apply", variant="primary")
                 yield Button("Cancel [esc]", id="cancel")
 
     def _row(self, dotted: str) -> ComposeResult:

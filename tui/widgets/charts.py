@@ -67,6 +67,21 @@ def _log_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], list[str]
     return ticks, [x.rjust(width) for x in labels]
 
 
+MAX_LABEL_ROWS = 3  # marker labels stacked at most this deep under the chart's top
+
+
+def label_row(placed: list[int], col: int, width: int, max_rows: int) -> int | None:
+    """The first label row where `width` characters from `col` overlap no label placed
+    before (`placed`: per row, its first free column; updated), or None: no room."""
+    for row in range(max_rows):
+        if row == len(placed):
+            placed.append(0)
+        if col >= placed[row]:
+            placed[row] = col + width + 1
+            return row
+    return None
+
+
 def log_range(ys: list[float]) -> tuple[float, float]:
     """The y range a log chart shows: the data's, widened a little so no point sits on the frame."""
     lo, hi = min(ys), max(ys)
@@ -164,15 +179,29 @@ class MetricChart(PlotextPlot):
         if not self.markers or not all_y or not self.lines:
             return
         s = self.series_of(state, self.lines[0].series)
+        if not len(s):
+            return
+        xs_all = s.xs(axis)
+        lo_x, hi_x = xs_all[0], xs_all[-1]
+        top, bottom = max(all_y), min(all_y)
+        rows = max(1, self.size.height - 5)  # the canvas (see _above_legend)
+        cols = max(10, self.size.width - 10)  # less the y tick labels and the frame
+        placed: list[int] = []  # per label row, the first free column
         for step, label in self.markers:
             i = bisect.bisect_left(s.step, step)
             if i >= len(s):
                 continue  # no point there yet
-            x = float(step) if axis == "step" else s.xs(axis)[i]
+            x = float(step) if axis == "step" else xs_all[i]
             plt = self.plt
             plt.vline(x, color="magenta")
-            plt.text(label[:24], x, max(all_y), color="magenta")
             self.markers_drawn.append((x, label))
+            text = label[:24]
+            col = int((x - lo_x) / max(hi_x - lo_x, 1e-12) * cols)
+            row = label_row(placed, col, len(text), MAX_LABEL_ROWS)
+            if row is None:
+                continue  # no room beside the others: the line alone (the Segments tab names it)
+            y = top - row * (top - bottom) / rows if top > bottom else top
+            plt.text(text, x, y, color="magenta")
 
     def _above_legend(self, lo: float, hi: float) -> tuple[float, float]:
         """A top for the y range that leaves the legend's rows (one per line, at the top of

@@ -4,7 +4,8 @@ Fed with a run's events one at a time (`feed`, cheap: no drawing), it redraws on
 slow timer, only when something changed and it is on screen, so a dashboard can mount it
 and forget it. The Compare screen fills it with several runs at once (`show`). Rows,
 cells and speed-ups come from engine.compare, the same as `gpt2-tui compare` prints;
-switches that differ from the first row are highlighted, the ones a segment changed first.
+the speed columns come first and the switches last, only those that differ between rows,
+highlighted where they differ from the first row, the ones a segment changed first.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from engine import events as ev
-from engine.compare import COLUMNS, Row, cells, rows, shown_switches, switch_items
+from engine.compare import COLUMNS, LEFT, SWITCHES_COLUMN, Row, cells, rows, shown_switches, switch_items
 from engine.segments import SegmentReader, SegmentSummary
 
 HOT = "bold yellow"  # a switch that differs from the first row
-NUMERIC = range(4, len(COLUMNS))  # right-aligned, so figures line up
 
 
 class SegmentTable(DataTable):
@@ -41,11 +41,14 @@ class SegmentTable(DataTable):
         self.rows_shown: list[Row] = []  # what is on screen, for tests and callers
 
     def on_mount(self) -> None:
-        for name in COLUMNS if self.run_column else COLUMNS[1:]:
-            self.add_column(name, key=name)
+        self._add_columns()
         if self.refresh_s > 0:
             self.set_interval(self.refresh_s, self.redraw)
         self.redraw()
+
+    def _add_columns(self) -> None:
+        for name in COLUMNS if self.run_column else COLUMNS[1:]:
+            self.add_column(name, key=name)
 
     def feed(self, event: Any) -> None:
         """One event of the run this table follows (any kind; the ones it needs count)."""
@@ -70,12 +73,15 @@ class SegmentTable(DataTable):
         runs = self._runs if self._runs is not None else [("", self.reader.segments(), self._best)]
         table = rows(runs)
         self.rows_shown = table
-        self.clear()
+        # The columns go too: a DataTable keeps a column as wide as the widest cell it ever
+        # held, so the first draw's content would set the widths for good.
+        self.clear(columns=True)
+        self._add_columns()
         segs = [r.segment for r in table]
         shown = shown_switches(segs) if segs else []
         for r in table:
-            row: list[Any] = [Text(c, justify="right") if i in NUMERIC else c for i, c in enumerate(cells(r))]
-            row[3] = Text(" ").join(
+            row: list[Any] = [c if i in LEFT else Text(c, justify="right") for i, c in enumerate(cells(r))]
+            row[SWITCHES_COLUMN] = Text(" ").join(
                 Text(text, style=HOT if hot else "") for text, hot in switch_items(r.segment, shown, segs[0])
             )
             self.add_row(*(row if self.run_column else row[1:]))
