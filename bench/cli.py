@@ -29,8 +29,7 @@ BENCH_DATA_ARGS = ("--data", *(f for f, _, _ in BENCH_DATA_FLAGS))
 
 def add_parsers(sub: Any) -> None:
     """Add `bench-data` and `bench` to the subparsers of engine.cli.build_parser."""
-    from bench.gpu_report import PARTS
-    from bench.ladder import RUNG_NAMES
+    from bench.names import PARTS, RUNG_NAMES
 
     # checked here (one line on bad input), then handed to bench.batching as given
     d = sub.add_parser("bench-data", help="time batch building: vectorized vs loop, RAM vs memmap")

@@ -83,7 +83,9 @@ LADDER: list[RungSpec] = [
              why="lm_head + cross-entropy over row chunks: never the whole B x T x V logits "
              "(a memory rung: the saving is in its peak memory column; docs/memory.md)"),
 ]
-RUNG_NAMES = [r.name for r in LADDER]
+from bench.names import RUNG_NAMES  # noqa: E402  (torch-free, for --help)
+
+assert RUNG_NAMES == [r.name for r in LADDER], "bench/names.py lists the ladder's rungs in order"
 
 
 class BenchConfig(BaseModel):

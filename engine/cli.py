@@ -25,7 +25,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
 from engine import settings  # noqa: E402
-from engine.config import MAX_CONTEXT, MAX_VOCAB, SEED_LIMIT  # noqa: E402
+from engine.config import DEFAULT_VOCAB, MAX_CONTEXT, MAX_VOCAB, SEED_LIMIT  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 
 
@@ -96,8 +96,6 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     """The parser of the headless commands, and its subparsers (gpt2_tui adds the UI's)."""
-    from engine.prepare import DEFAULT_VOCAB
-
     parser = Parser(prog=prog, description="Train GPT-2-class models fast, and watch it live.")
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
@@ -134,14 +132,18 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     p.add_argument("--val-fraction", type=float, default=0.05, metavar="F", help="share of documents held out")
     p.add_argument("--seed", type=SEED, default=0, metavar="S", help="seed of the train/val document split")
 
-    s = sub.add_parser("sample", help="generate text from a run or checkpoint")
+    s = sub.add_parser("sample", help="generate text from a run or checkpoint",
+                       usage="%(prog)s [options] RUN_DIR_OR_CHECKPOINT")  # the options, each with its default, follow
     s.add_argument("path", type=Path, metavar="RUN_DIR_OR_CHECKPOINT")
     s.add_argument("--prompt", default="", help="text to continue")
-    s.add_argument("--max-new-tokens", type=Bounded(1, MAX_CONTEXT), default=200, metavar="N")
-    s.add_argument("--temperature", type=float, default=0.8, metavar="X")
-    s.add_argument("--top-k", type=Bounded(1, MAX_VOCAB), default=50, metavar="K")
-    s.add_argument("--seed", type=SEED, default=None, metavar="S")
-    s.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+    s.add_argument("--max-new-tokens", type=Bounded(1, MAX_CONTEXT), default=200, metavar="N",
+                   help="how many tokens to generate after the prompt (default %(default)s)")
+    s.add_argument("--temperature", type=float, default=0.8, metavar="X",
+                   help="sharpness of the sampling: below 1 more predictable, above 1 more varied (default %(default)s)")
+    s.add_argument("--top-k", type=Bounded(1, MAX_VOCAB), default=50, metavar="K",
+                   help="sample only among the K likeliest next tokens (default %(default)s)")
+    s.add_argument("--seed", type=SEED, default=None, metavar="S", help="seed for repeatable text (default: random)")
+    s.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"], help="where to run the model (default %(default)s)")
     s.add_argument("--tokenizer", type=Path, metavar="FILE", help="tokenizer.json, when the run has none")
 
     from engine.segments import SWITCHES

@@ -38,6 +38,7 @@ MAX_BATCH = 2**16  # sequences per micro-batch, micro-batches per step
 MAX_STEPS = 10**12  # any step count or interval
 MAX_COUNT = 10**6  # evals' batches, kept checkpoints, bad steps in a row
 MAX_SAMPLE_TOKENS = 2**16
+DEFAULT_VOCAB = 8192  # entries of the BPE `prepare` trains unless told (the default dataset's too)
 SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's range)
 
 

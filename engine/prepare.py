@@ -32,12 +32,11 @@ import numpy as np
 
 from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
 from engine import rundir
-from engine.config import SEED_LIMIT
+from engine.config import DEFAULT_VOCAB, SEED_LIMIT
 from engine.errors import UserError
 from engine.text import path_text
 
 EOT = "<|endoftext|>"
-DEFAULT_VOCAB = 8192
 TEXT_SUFFIXES = frozenset(
     ".txt .text .md .markdown .rst .py .pyi .json .jsonl .toml .yaml .yml .ini .cfg .csv .tsv "
     ".c .h .cc .cpp .hpp .cu .cuh .rs .go .java .js .ts .html .htm .css .xml .tex .sh .sql".split()
