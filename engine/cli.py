@@ -27,6 +27,7 @@ from typing import Any, NoReturn  # noqa: E402
 from engine import settings  # noqa: E402
 from engine.config import DEFAULT_VOCAB, MAX_CONTEXT, MAX_VOCAB, SEED_LIMIT  # noqa: E402
 from engine.errors import UserError  # noqa: E402
+from engine.text import program  # noqa: E402
 
 
 class Parser(argparse.ArgumentParser):
@@ -180,12 +181,16 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         if args.resume_from:
             raise UserError("--from picks the checkpoint a --resume continues from; add --resume RUN_DIR")
         config, run_dir = new_config(args.preset, args.config, overrides, args.out)
+        for note in config.notes:  # what resolve decided on its own (a warmup that follows --max-steps)
+            print(note, flush=True)
     if launch.requested(args.nproc):  # --nproc N: check everything, then relaunch under torch.distributed.run
         return launch.run(args.nproc, config, run_dir, bool(args.resume), args.force, argv, out_given=bool(args.out))
     control = Control()
     trainer = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force,
                     resume_from=args.resume_from)
     run_dir = trainer.run_dir
+    if distributed.current().is_main:  # before the first step: a second terminal can follow it at once
+        print(following_text(run_dir, config.speed.compile), flush=True)
     restore = _steer_by_signals(control, distributed.current().enabled)
     try:
         run_live(trainer)  # a live toggle (engine/toggle.py) continues the run in a new segment
@@ -195,6 +200,15 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if distributed.current().is_main:
         print(f"run directory: {run_dir}")
     return 0
+
+
+def following_text(run_dir: Path, compiled: bool) -> str:
+    """Where a headless run writes and how to watch and steer it from another terminal."""
+    prog = program()
+    return (f"run directory: {run_dir}\n"
+            f"follow it: {prog} attach {run_dir}\n"
+            f"change its speed switches live: {prog} toggle {run_dir} {'--no-compile' if compiled else '--compile'} "
+            f"(see `{prog} toggle --help`)")  # fmt: skip
 
 
 def _steer_by_signals(control: Any, distributed_run: bool) -> Callable[[], None]:
@@ -232,6 +246,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if device_bytes is not None and overrides.get("speed.device", "auto") == "auto":
         overrides["speed.device"] = "cuda"  # a memory size to plan for means a GPU
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
+    for note in config.notes:
+        print(note)
     if config.data.path is not None:
         from engine.data import check_dir
 
@@ -297,19 +313,19 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     config = rundir.load_config(args.run_dir)
     overrides = overrides_from(args)
     if not overrides:
-        raise UserError("name the switches to change, e.g. --compile or --no-prefetch; see `gpt2-tui toggle --help`")
+        raise UserError(f"name the switches to change, e.g. --compile or --no-prefetch; see `{program()} toggle --help`")
     overlay(config.model_dump(mode="json", exclude_none=True), overrides)  # the values are valid at all
     if rundir.writer_alive(args.run_dir) is not True:
         raise UserError(
             f"no live run writes {args.run_dir}; change a stopped run's switches as you resume it: "
-            f"gpt2-tui train --resume {args.run_dir} {' '.join(as_flags(overrides))}"
+            f"{program()} train --resume {args.run_dir} {' '.join(as_flags(overrides))}"
         )
     diff = changed(switches(config), switches(toggle.check(config, overrides)))
     if not diff:
         raise UserError(f"{args.run_dir} already runs with those switches; nothing to change")
     toggle.request(args.run_dir, {name: new for name, (_, new) in diff.items()})
     print(f"asked {args.run_dir} to switch {change_text(diff)}: it applies at the next step boundary "
-          f"(`gpt2-tui attach {args.run_dir}` shows the new segment)")
+          f"(`{program()} attach {args.run_dir}` shows the new segment)")
     return 0
 
 
@@ -330,7 +346,7 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
 
         print(compare.run(args.run_dirs, as_json=args.json))
         return 0
-    raise UserError("no command given; see `gpt2-tui --help`")
+    raise UserError(f"no command given; see `{program()} --help`")
 
 
 def guarded(body: Callable[[], int]) -> int:
