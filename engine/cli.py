@@ -130,8 +130,10 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     source.add_argument("--vocab-size", type=Bounded(257, MAX_VOCAB), default=DEFAULT_VOCAB, metavar="N",
                         help=f"train a byte-level BPE with N entries (default {DEFAULT_VOCAB})")  # fmt: skip
     source.add_argument("--tokenizer", type=Path, metavar="FILE", help="use this tokenizer.json instead")
-    p.add_argument("--val-fraction", type=float, default=0.05, metavar="F", help="share of documents held out")
-    p.add_argument("--seed", type=SEED, default=0, metavar="S", help="seed of the train/val document split")
+    p.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
+                   help="share of each document's tokens held out for val, from its end (default %(default)s)")
+    p.add_argument("--seed", type=SEED, default=0, metavar="S",
+                   help="seed of the order of the documents in the token files (default %(default)s)")
 
     s = sub.add_parser("sample", help="generate text from a run or checkpoint",
                        usage="%(prog)s [options] RUN_DIR_OR_CHECKPOINT")  # the options, each with its default, follow
@@ -277,11 +279,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     print(
         f"wrote {info.path}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens "
         f"({info.dtype}), vocab {info.vocab_size}, eot id {info.eot_id}; "
-        f"{report.train_docs} train / {report.val_docs} val documents, {len(report.skipped)} files skipped; "
-        f"{report.seconds:.1f} s"
+        f"the last {args.val_fraction:.0%} of each of {report.train_docs} documents held out for val, "
+        f"{len(report.skipped)} files skipped; {report.seconds:.1f} s"
     )
     if report.skipped:
         print(f"skipped {len(report.skipped)} files: {skipped_text(report.skipped)}")
+    for line in report.warnings:  # stderr, as every warning: stdout is the result
+        print(line, file=sys.stderr)
     return 0
 
 
