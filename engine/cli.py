@@ -183,8 +183,6 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         if args.resume_from:
             raise UserError("--from picks the checkpoint a --resume continues from; add --resume RUN_DIR")
         config, run_dir = new_config(args.preset, args.config, overrides, args.out)
-        for note in config.notes:  # what resolve decided on its own (a warmup that follows --max-steps)
-            print(note, flush=True)
     if launch.requested(args.nproc):  # --nproc N: check everything, then relaunch under torch.distributed.run
         return launch.run(args.nproc, config, run_dir, bool(args.resume), args.force, argv, out_given=bool(args.out))
     control = Control()

@@ -530,6 +530,8 @@ class Trainer:
 
             why = getattr(self, "segment_reason", None) or ("resume" if self.resume else "start")
             self.emit(opening(self.config, self.step, getattr(self, "_resumed_from_config", None), why))
+            for note in self.config.notes:  # what the front door noticed (start.open_data): said in the run's log
+                self.emit(ev.Warning_(message=note))
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
             aside = self.ckpts.set_aside_after(self.step) if self.resume_from and self.dist.is_main else None
