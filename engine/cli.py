@@ -261,6 +261,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(est.model_dump_json(indent=2))
     else:
         print(text.format_table(est, device_bytes))
+        if est.target == "cpu":  # a half precision this CPU emulates: fits, but far slower than fp32
+            slow = device.cpu_half_reason(device.precision(config.speed.precision, "cpu"))
+            if slow:
+                print(f"note: {slow}; prefer --precision fp32 here")
         if not fits:
             print(text.advice(memory.suggest_fit(config, device_bytes, args.world_size, args.sharding)))  # type: ignore[arg-type]
     return 0 if fits else 1
