@@ -321,8 +321,8 @@ def run_ladder(
         if on_rung is not None:
             on_rung(r)
         save(result, out)
-    if stop is not None and stop.is_set() and not any(r.status == "ran" for r in result.rungs):
-        shutil.rmtree(out, ignore_errors=True)  # stopped before any rung measured: no empty tables left behind
+    if stop is not None and stop.is_set() and last_rung_s is None:
+        shutil.rmtree(out, ignore_errors=True)  # stopped before any rung started: no empty tables left behind
     return result
 
 
