@@ -91,3 +91,20 @@ def test_the_presets_warmup_follows_max_steps_the_form_shortened() -> None:
     assert len(model.notes) == 1 and "50 -> 3" in model.notes[0]
     assert model.base["optim"]["warmup_steps"] == 50  # the preset's value stays the form's base
     assert resolve("nano", overrides={"train.max_steps": 30}).optim.warmup_steps == 3  # the same on the CLI
+
+
+def test_bf16_on_a_cpu_without_it_natively_is_said_in_the_form(monkeypatch) -> None:
+    """Issue 22 item 10: the ladder's rule (engine.device.cpu_native), seen from the form: a CPU
+    whose torch probes say no avx512_bf16 and no AMX (an AVX2 CI box) emulates bf16."""
+    import torch
+
+    from engine import device
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    model = F.FormModel(resolve("nano", overrides={"speed.device": "cpu"}))
+    model.caps = device.capabilities()
+    model.check(shown(model, speed__precision="bf16"))
+    assert model.errors == {} and any("native bf16" in n and "fp32" in n for n in model.notes), model.notes
+    model.check(shown(model, speed__precision="fp32"))
+    assert not any("native" in n for n in model.notes)

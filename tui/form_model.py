@@ -150,6 +150,13 @@ class FormModel:
 
             for dotted, why in device.refuse(fields, self.caps).items():
                 errors.setdefault(dotted, why)
+        if config is not None and self.caps is not None and config.speed.precision in ("bf16", "fp16"):
+            from engine import device
+
+            if config.speed.device == "cpu" or (config.speed.device == "auto" and self.caps.device == "cpu"):
+                slow = device.cpu_half_reason(config.speed.precision, measure=False)  # the ladder's and estimate's rule
+                if slow:
+                    self.notes.append(f"{slow}, far slower than fp32: choose fp32 on this CPU")
         if config is not None and self.dataset_info is not None and config.seq_len > 0:
             T = config.seq_len
             if self.dataset_info.val_tokens <= T or self.dataset_info.train_tokens <= T:
