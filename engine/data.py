@@ -165,8 +165,8 @@ def not_a_dataset(path: Path) -> UserError:
     """A file given as the dataset, and what to do instead: its directory, when it is one file
     of a dataset; else tokenize it once (`prepare` is a shell step) and give the result."""
     if path.suffix == ".bin" or path.name == SIDECAR:
-        return UserError(f"{path_text(path.name)} is one file of a dataset: give the directory that holds it",
-                         {"data.path": path_text(path.parent)})  # fmt: skip
+        return UserError(f"{path_text(path.name)} is one file of a dataset, not a dataset directory: "
+                         "give the directory that holds it", {"data.path": path_text(path.parent)})  # fmt: skip
     out = path.with_name(path.stem + "-tokens")
     return UserError(
         f"{path_text(path)} is a text file, not a tokenized dataset: tokenize it once, in a shell: "
