@@ -281,7 +281,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     print(
         f"wrote {info.path}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens "
         f"({info.dtype}), vocab {info.vocab_size}, eot id {info.eot_id}; "
-        f"the last {args.val_fraction:.0%} of each of {report.train_docs} documents held out for val, "
+        f"{report.train_docs} document{'' if report.train_docs == 1 else 's'}, "
+        f"the last {args.val_fraction:.0%} of each held out for val, "
         f"{len(report.skipped)} files skipped; {report.seconds:.1f} s"
     )
     if report.skipped:
