@@ -88,7 +88,7 @@ def build_parser() -> tuple[cli.Parser, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:  # the bare command: open the form at once (building the parser imports torch)
+    if not argv:  # the bare command: open the form at once, no parser needed
         return cli.guarded(lambda: _app(None))
     parser, _ = build_parser()
     args, rest = cli.parse(parser, argv)

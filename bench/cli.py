@@ -29,8 +29,7 @@ BENCH_DATA_ARGS = ("--data", *(f for f, _, _ in BENCH_DATA_FLAGS))
 
 def add_parsers(sub: Any) -> None:
     """Add `bench-data` and `bench` to the subparsers of engine.cli.build_parser."""
-    from bench.gpu_report import PARTS
-    from bench.ladder import RUNG_NAMES
+    from bench.names import PARTS, RUNG_NAMES
 
     # checked here (one line on bad input), then handed to bench.batching as given
     d = sub.add_parser("bench-data", help="time batch building: vectorized vs loop, RAM vs memmap")
@@ -68,7 +67,9 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--part", action="append", default=[], choices=PARTS, metavar="PART",
                    help=f"--gpu-report: only this part (repeatable), merged into the day's report: {', '.join(PARTS)}")  # fmt: skip
     b.add_argument("--dry-run", action="store_true", help="--gpu-report on CPU with the tiniest shapes (the plumbing)")
-    b.add_argument("--budget", type=Bounded(1, 10**6), metavar="S", help="--gpu-report: seconds each part may take (default: its own)")
+    b.add_argument("--budget", type=Bounded(1, 10**6), metavar="S",
+                   help="seconds the whole ladder may take: past it, rungs are skipped with that reason (default: "
+                   "480 on a CPU, none on a GPU); with --gpu-report: seconds each part may take (default: its own)")  # fmt: skip
 
 
 def run_command(args: argparse.Namespace, argv: list[str]) -> int:

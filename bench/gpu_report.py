@@ -41,7 +41,7 @@ from engine.checkpoint import atomic_write_bytes
 from engine.errors import UserError
 from bench.common import BenchOptions
 
-PARTS = ("tests", "ladder", "best", "memory", "overhead")
+from bench.names import PARTS  # noqa: E402  (torch-free, for --help)
 BUDGET_S = {"tests": 90, "ladder": 200, "best": 120, "memory": 80, "overhead": 50}  # 9 minutes together
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: every part runs from here
 TAIL_LINES = 15  # of a failed or interrupted part's output, kept in the report

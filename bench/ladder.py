@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import shutil
 import statistics
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -33,11 +35,12 @@ from engine.config import resolve
 from engine.data import Dataset
 from engine.errors import UserError
 from engine.control import Control
-from engine.device import describe as describe_device, idle_data_switches, pick as pick_device
+from engine.device import cpu_half_reason, describe as describe_device, idle_data_switches, pick as pick_device
 from bench.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
 from engine.start import open_data
 
 GPT2_VOCAB = 50257
+CPU_BUDGET_S = 480  # the whole ladder on a CPU: nano's finishes in minutes even on 2 cores, measured or skipped
 
 
 class RungSpec(BaseModel):
@@ -83,7 +86,9 @@ LADDER: list[RungSpec] = [
              why="lm_head + cross-entropy over row chunks: never the whole B x T x V logits "
              "(a memory rung: the saving is in its peak memory column; docs/memory.md)"),
 ]
-RUNG_NAMES = [r.name for r in LADDER]
+from bench.names import RUNG_NAMES  # noqa: E402  (torch-free, for --help)
+
+assert RUNG_NAMES == [r.name for r in LADDER], "bench/names.py lists the ladder's rungs in order"
 
 
 class BenchConfig(BaseModel):
@@ -104,6 +109,12 @@ class BenchConfig(BaseModel):
         None, description="compiled rungs: torch.compile's caches cold, warm or both (None: the user's cache)"
     )
     seed: int = 1337
+    budget_s: float | None = Field(
+        None, gt=0, description="seconds the whole ladder may take; None: CPU_BUDGET_S on a CPU, no bound elsewhere"
+    )
+
+    def budget_for(self, device: torch.device) -> float | None:
+        return self.budget_s if self.budget_s is not None else (CPU_BUDGET_S if device.type == "cpu" else None)
 
 
 class RungResult(BaseModel):
@@ -177,7 +188,8 @@ def applicable(name: str, value: Any, device: torch.device, vocab: int) -> tuple
     if name == "speed.precision" and value == "tf32":
         return value, _tf32_reason(device)
     if name == "speed.precision" and value == "amp":
-        return _amp_precision(device), None
+        amp = _amp_precision(device)  # a CPU without native bf16 emulates it at ~1/400 of fp32: skipped, measured
+        return amp, cpu_half_reason(amp) if device.type == "cpu" else None
     if name == "optim.fused" and value:
         return value, _fused_adamw_reason(device)
     if name in ("data.pin_memory", "data.prefetch") and value:
@@ -276,16 +288,31 @@ def run_ladder(
     warm_intervals = -(-bench.warmup // bench.log_interval)
     baseline: float | None = None
     prev: float | None = None
+    budget = bench.budget_for(device)
+    t0 = time.monotonic()
+    deadline = None if budget is None else t0 + budget
+    last_rung_s: float | None = None  # the wall time of the rung before: the next one's prediction
     for i, (spec, overrides, skip_reason, notes) in enumerate(the_plan):
         r = result.rungs[i]
         r.notes = notes
+        left = None if deadline is None else deadline - time.monotonic()
         if stop is not None and stop.is_set():
             r.status, r.reason = "skipped", "stopped before this rung"
         elif overrides is None:
             r.status, r.reason = "skipped", skip_reason
+        elif left is not None and left <= 0:
+            r.status, r.reason = "skipped", f"past the ladder's time budget of {budget:g} s (--budget)"
+        elif left is not None and last_rung_s is not None and last_rung_s > left:
+            r.status, r.reason = "skipped", (f"would outlast the ladder's time budget of {budget:g} s (--budget): "
+                                             f"the rung before took {last_rung_s:.0f} s, {left:.0f} s are left")  # fmt: skip
         else:
+            began = time.monotonic()
             _run_rung(r, bench, base | overrides, dataset, out / f"{i}-{spec.name}", result, warm_intervals,
-                      stop, on_step)  # fmt: skip
+                      stop, on_step, deadline)  # fmt: skip
+            last_rung_s = time.monotonic() - began
+            stopped_by_user = stop is not None and stop.is_set()
+            if r.status == "skipped" and deadline is not None and time.monotonic() >= deadline and not stopped_by_user:
+                r.reason = f"stopped during this rung: past the ladder's time budget of {budget:g} s (--budget)"
             if r.status == "ran" and r.median_step_s:
                 baseline = baseline or r.median_step_s
                 r.speedup_vs_baseline = baseline / r.median_step_s
@@ -294,23 +321,25 @@ def run_ladder(
         if on_rung is not None:
             on_rung(r)
         save(result, out)
+    if stop is not None and stop.is_set() and last_rung_s is None:
+        shutil.rmtree(out, ignore_errors=True)  # stopped before any rung started: no empty tables left behind
     return result
 
 
 def _run_rung(
     r: RungResult, bench: BenchConfig, overrides: dict[str, Any], dataset: Dataset, run_dir: Path,
     result: LadderResult, warm_intervals: int, stop: threading.Event | None,
-    on_step: Callable[[str, ev.Step], None] | None,
+    on_step: Callable[[str, ev.Step], None] | None, deadline: float | None = None,
 ) -> None:  # fmt: skip
     config, ds = open_data(resolve(bench.preset, None, overrides))
     control = Control()
     watcher = None
-    if stop is not None:  # forward a stop request to this rung's trainer
+    if stop is not None or deadline is not None:  # forward a stop request (or the budget's end) to this rung's trainer
         done = threading.Event()
 
         def watch() -> None:
             while not done.wait(0.1):
-                if stop.is_set():
+                if (stop is not None and stop.is_set()) or (deadline is not None and time.monotonic() >= deadline):
                     control.stop()
                     return
 
@@ -420,7 +449,7 @@ def run(args: BenchOptions, command: str) -> int:
         preset=preset, data=args.data, device=args.device,
         vocab_size=args.vocab_size or GPT2_VOCAB, batch_size=args.batch_size, block_size=args.block_size,
         grad_accum=args.grad_accum, steps=args.steps or 20, warmup=args.warmup,
-        log_interval=args.log_interval or 1, skip=args.skip, compile_cache=args.compile_cache,
+        log_interval=args.log_interval or 1, skip=args.skip, compile_cache=args.compile_cache, budget_s=args.budget,
     )  # fmt: skip
     out = args.out or default_out(preset)
 

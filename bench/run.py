@@ -23,9 +23,11 @@ def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
     device.pick(opts.device)  # a device this machine lacks: one line, before any out dir exists
     if opts.out is not None:
         rundir.check_new(opts.out)  # each tool checks again where it creates it
-    report_only = [f for f, v in (("--part", opts.part), ("--dry-run", opts.dry_run), ("--budget", opts.budget)) if v]
+    report_only = [f for f, v in (("--part", opts.part), ("--dry-run", opts.dry_run)) if v]
     if report_only:
         raise UserError(f"{report_only[0]} belongs to --gpu-report; add --gpu-report or leave it out")
+    if opts.budget and (opts.config is not None or opts.plain or opts.best):
+        raise UserError("--budget bounds the ladder (and --gpu-report's parts), not --config, --plain or --best; leave it out")
     if opts.compile_cache and (opts.plain or opts.best):
         raise UserError("--compile-cache times the ladder or --config FILE, not --plain or --best; leave it out")
     if opts.config is not None:

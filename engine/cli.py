@@ -25,8 +25,9 @@ from pathlib import Path  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
 from engine import settings  # noqa: E402
-from engine.config import MAX_CONTEXT, MAX_VOCAB, SEED_LIMIT  # noqa: E402
+from engine.config import DEFAULT_VOCAB, MAX_CONTEXT, MAX_VOCAB, SEED_LIMIT  # noqa: E402
 from engine.errors import UserError  # noqa: E402
+from engine.text import program  # noqa: E402
 
 
 class Parser(argparse.ArgumentParser):
@@ -96,8 +97,6 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     """The parser of the headless commands, and its subparsers (gpt2_tui adds the UI's)."""
-    from engine.prepare import DEFAULT_VOCAB
-
     parser = Parser(prog=prog, description="Train GPT-2-class models fast, and watch it live.")
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
@@ -131,17 +130,23 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     source.add_argument("--vocab-size", type=Bounded(257, MAX_VOCAB), default=DEFAULT_VOCAB, metavar="N",
                         help=f"train a byte-level BPE with N entries (default {DEFAULT_VOCAB})")  # fmt: skip
     source.add_argument("--tokenizer", type=Path, metavar="FILE", help="use this tokenizer.json instead")
-    p.add_argument("--val-fraction", type=float, default=0.05, metavar="F", help="share of documents held out")
-    p.add_argument("--seed", type=SEED, default=0, metavar="S", help="seed of the train/val document split")
+    p.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
+                   help="share of each document's tokens held out for val, from its end (default %(default)s)")
+    p.add_argument("--seed", type=SEED, default=0, metavar="S",
+                   help="seed of the order of the documents in the token files (default %(default)s)")
 
-    s = sub.add_parser("sample", help="generate text from a run or checkpoint")
+    s = sub.add_parser("sample", help="generate text from a run or checkpoint",
+                       usage="%(prog)s [options] RUN_DIR_OR_CHECKPOINT")  # the options, each with its default, follow
     s.add_argument("path", type=Path, metavar="RUN_DIR_OR_CHECKPOINT")
     s.add_argument("--prompt", default="", help="text to continue")
-    s.add_argument("--max-new-tokens", type=Bounded(1, MAX_CONTEXT), default=200, metavar="N")
-    s.add_argument("--temperature", type=float, default=0.8, metavar="X")
-    s.add_argument("--top-k", type=Bounded(1, MAX_VOCAB), default=50, metavar="K")
-    s.add_argument("--seed", type=SEED, default=None, metavar="S")
-    s.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+    s.add_argument("--max-new-tokens", type=Bounded(1, MAX_CONTEXT), default=200, metavar="N",
+                   help="how many tokens to generate after the prompt (default %(default)s)")
+    s.add_argument("--temperature", type=float, default=0.8, metavar="X",
+                   help="sharpness of the sampling: below 1 more predictable, above 1 more varied (default %(default)s)")
+    s.add_argument("--top-k", type=Bounded(1, MAX_VOCAB), default=50, metavar="K",
+                   help="sample only among the K likeliest next tokens (default %(default)s)")
+    s.add_argument("--seed", type=SEED, default=None, metavar="S", help="seed for repeatable text (default: random)")
+    s.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"], help="where to run the model (default %(default)s)")
     s.add_argument("--tokenizer", type=Path, metavar="FILE", help="tokenizer.json, when the run has none")
 
     from engine.segments import SWITCHES
@@ -184,6 +189,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     trainer = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force,
                     resume_from=args.resume_from)
     run_dir = trainer.run_dir
+    if distributed.current().is_main:  # before the first step: a second terminal can follow it at once
+        print(following_text(run_dir, config.speed.compile), flush=True)
     restore = _steer_by_signals(control, distributed.current().enabled)
     try:
         run_live(trainer)  # a live toggle (engine/toggle.py) continues the run in a new segment
@@ -193,6 +200,15 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if distributed.current().is_main:
         print(f"run directory: {run_dir}")
     return 0
+
+
+def following_text(run_dir: Path, compiled: bool) -> str:
+    """Where a headless run writes and how to watch and steer it from another terminal."""
+    prog = program()
+    return (f"run directory: {run_dir}\n"
+            f"follow it: {prog} attach {run_dir}\n"
+            f"change its speed switches live: {prog} toggle {run_dir} {'--no-compile' if compiled else '--compile'} "
+            f"(see `{prog} toggle --help`)")  # fmt: skip
 
 
 def _steer_by_signals(control: Any, distributed_run: bool) -> Callable[[], None]:
@@ -226,6 +242,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if device_bytes is not None and overrides.get("speed.device", "auto") == "auto":
         overrides["speed.device"] = "cuda"  # a memory size to plan for means a GPU
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
+    for note in config.notes:
+        print(note)
     if config.data.path is not None:
         from engine.data import check_dir
 
@@ -239,6 +257,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(est.model_dump_json(indent=2))
     else:
         print(text.format_table(est, device_bytes))
+        if est.target == "cpu":  # a half precision this CPU emulates: fits, but far slower than fp32
+            slow = device.cpu_half_reason(device.precision(config.speed.precision, "cpu"))
+            if slow:
+                print(f"note: {slow}; prefer --precision fp32 here")
         if not fits:
             print(text.advice(memory.suggest_fit(config, device_bytes, args.world_size, args.sharding)))  # type: ignore[arg-type]
     return 0 if fits else 1
@@ -255,11 +277,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     print(
         f"wrote {info.path}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens "
         f"({info.dtype}), vocab {info.vocab_size}, eot id {info.eot_id}; "
-        f"{report.train_docs} train / {report.val_docs} val documents, {len(report.skipped)} files skipped; "
-        f"{report.seconds:.1f} s"
+        f"{report.train_docs} document{'' if report.train_docs == 1 else 's'}, "
+        f"the last {args.val_fraction:.0%} of each held out for val, "
+        f"{len(report.skipped)} files skipped; {report.seconds:.1f} s"
     )
     if report.skipped:
         print(f"skipped {len(report.skipped)} files: {skipped_text(report.skipped)}")
+    for line in report.warnings:  # stderr, as every warning: stdout is the result
+        print(line, file=sys.stderr)
     return 0
 
 
@@ -291,12 +316,12 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     config = rundir.load_config(args.run_dir)
     overrides = overrides_from(args)
     if not overrides:
-        raise UserError("name the switches to change, e.g. --compile or --no-prefetch; see `gpt2-tui toggle --help`")
+        raise UserError(f"name the switches to change, e.g. --compile or --no-prefetch; see `{program()} toggle --help`")
     overlay(config.model_dump(mode="json", exclude_none=True), overrides)  # the values are valid at all
     if rundir.writer_alive(args.run_dir) is not True:
         raise UserError(
             f"no live run writes {args.run_dir}; change a stopped run's switches as you resume it: "
-            f"gpt2-tui train --resume {args.run_dir} {' '.join(as_flags(overrides))}"
+            f"{program()} train --resume {args.run_dir} {' '.join(as_flags(overrides))}"
         )
     diff = changed(switches(config), switches(toggle.check(config, overrides)))
     if not diff:
@@ -306,7 +331,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UserError(f"could not write the request into {args.run_dir} ({err.strerror}); free space or fix its permissions") from None
     print(f"asked {args.run_dir} to switch {change_text(diff)} (request {asked.id}): it applies at the next step boundary "
-          f"(`gpt2-tui attach {args.run_dir}` shows the new segment)")
+          f"(`{program()} attach {args.run_dir}` shows the new segment)")
     return 0
 
 
@@ -327,7 +352,7 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
 
         print(compare.run(args.run_dirs, as_json=args.json))
         return 0
-    raise UserError("no command given; see `gpt2-tui --help`")
+    raise UserError(f"no command given; see `{program()} --help`")
 
 
 def guarded(body: Callable[[], int]) -> int:

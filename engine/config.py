@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from engine.errors import Invalid, Refusal, UserError
 
@@ -38,6 +38,7 @@ MAX_BATCH = 2**16  # sequences per micro-batch, micro-batches per step
 MAX_STEPS = 10**12  # any step count or interval
 MAX_COUNT = 10**6  # evals' batches, kept checkpoints, bad steps in a row
 MAX_SAMPLE_TOKENS = 2**16
+DEFAULT_VOCAB = 8192  # entries of the BPE `prepare` trains unless told (the default dataset's too)
 SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's range)
 
 
@@ -211,6 +212,12 @@ class RunConfig(_Strict):
     optim: OptimConfig = OptimConfig()
     speed: SpeedConfig = SpeedConfig()
     train: TrainConfig = TrainConfig()
+    _notes: list[str] = PrivateAttr(default_factory=list)  # what resolve changed on its own (fit_warmup)
+
+    @property
+    def notes(self) -> list[str]:
+        """One line each for what resolve decided that the user did not ask for: print them."""
+        return self._notes
 
     @model_validator(mode="after")
     def _block_fits_context(self) -> RunConfig:
@@ -222,11 +229,13 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _warmup_before_the_end(self) -> RunConfig:
-        """A warmup as long as the run never reaches the peak lr: refused, not kept silently."""
+        """A warmup as long as the run never reaches the peak lr: refused, not kept silently (a
+        warmup the user did not set follows a shortened run instead: fit_warmup, before this)."""
         w, n = self.optim.warmup_steps, self.train.max_steps
         if w >= n:
             raise Invalid(f"warmup steps {w} is not below max steps {n}: the lr would never reach its peak",
-                          {"optim.warmup_steps": f"{max(0, n // 10)} or less"}, {"train.max_steps": f"{w + 1} or more"})
+                          {"optim.warmup_steps": f"{n - 1} or less" if n >= 2 else "0"},
+                          {"train.max_steps": f"{w + 1} or more"})  # fmt: skip
         return self
 
     @property
@@ -337,11 +346,35 @@ def set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
 def resolve(
     preset: str | None = None, file: Path | None = None, overrides: dict[str, Any] | None = None
 ) -> RunConfig:
-    """preset < config file < flags (`overrides` maps dotted names like 'optim.lr' to values)."""
+    """preset < config file < flags (`overrides` maps dotted names like 'optim.lr' to values);
+    a warmup the flags did not set follows max steps they shortened (fit_warmup: config.notes)."""
     data: dict[str, Any] = load_preset(preset) if preset else {}
     if file is not None:
         data = merge(data, read_toml(file))
-    return overlay(data, overrides or {})
+    nested: dict[str, Any] = {}
+    for dotted, value in (overrides or {}).items():
+        set_dotted(nested, dotted, value)
+    data = merge(data, nested)
+    note = fit_warmup(data, set(overrides or {}))
+    config = build(data)
+    config._notes = [note] if note else []
+    return config
+
+
+def fit_warmup(data: dict[str, Any], user_set: set[str]) -> str | None:
+    """The one rule for a run shortened below its warmup (the CLI's resolve and the form's check
+    both call it on the nested config before validating): when the user set max steps but not
+    the warmup (that came from the preset, a config file or the default) and the warmup would
+    not end before the run does, it becomes a tenth of the run. Changes `data`; returns the one
+    line that says so, or None. Both set by the user and in conflict: the validator refuses."""
+    if "train.max_steps" not in user_set or "optim.warmup_steps" in user_set:
+        return None
+    n = data.get("train", {}).get("max_steps", TrainConfig.model_fields["max_steps"].default)
+    w = data.get("optim", {}).get("warmup_steps", OptimConfig.model_fields["warmup_steps"].default)
+    if type(n) is not int or type(w) is not int or n < 1 or w < n:
+        return None  # not numbers yet (pydantic refuses them), or the warmup fits
+    data["optim"] = {**data.get("optim", {}), "warmup_steps": n // 10}  # a new dict: a preset's stays as read
+    return f"warmup steps {w} -> {n // 10}: a tenth of the {n} max steps you set (a warmup of {w} would outlast the run)"
 
 
 def overlay(data: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine import config as _  # noqa: F401  (the flags its refusals' fixes are worded with)
 from engine.errors import UserError
+from engine.text import path_text, program
 
 LLMC_MAGIC = 20240520
 LLMC_VERSION = 1
@@ -160,6 +161,20 @@ class Dataset:
 # --------------------------------------------------------------------------- open + validate
 
 
+def not_a_dataset(path: Path) -> UserError:
+    """A file given as the dataset, and what to do instead: its directory, when it is one file
+    of a dataset; else tokenize it once (`prepare` is a shell step) and give the result."""
+    if path.suffix == ".bin" or path.name == SIDECAR:
+        return UserError(f"{path_text(path.name)} is one file of a dataset, not a dataset directory: "
+                         "give the directory that holds it", {"data.path": path_text(path.parent)})  # fmt: skip
+    out = path.with_name(path.stem + "-tokens")
+    return UserError(
+        f"{path_text(path)} is a text file, not a tokenized dataset: tokenize it once, in a shell: "
+        f"`{program()} prepare {path_text(path)} --out {path_text(out)}`, then use the result",
+        {"data.path": path_text(out)},
+    )
+
+
 def check_dir(root: Path) -> list[Path]:
     """A dataset path that is a readable directory (its entries), or one line saying what it is
     instead; cheap enough for the estimator, which does not open token files."""
@@ -167,10 +182,10 @@ def check_dir(root: Path) -> list[Path]:
         raise UserError(f"dataset path {root} is a symbolic link that leads nowhere (a loop or a missing target)",
                      {"data.path": "the dataset directory itself"})  # fmt: skip
     if not root.exists():
-        raise UserError(f"dataset directory {root} does not exist (make one with `gpt2-tui prepare TEXT... --out DIR`)",
+        raise UserError(f"dataset directory {root} does not exist (make one with `{program()} prepare TEXT... --out DIR`)",
                      {"data.path": "an existing directory"})  # fmt: skip
     if not root.is_dir():
-        raise UserError(f"{root} is a file, not a dataset directory", {"data.path": "the directory holding it"})
+        raise not_a_dataset(root)
     try:
         return list(root.iterdir())
     except OSError as exc:
@@ -195,7 +210,7 @@ def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True
         if not train_files and not val_files:
             raise UserError(
                 f"{root} is not a recognised dataset: {_EXPECTED}; "
-                f"make one with `gpt2-tui prepare TEXT... --out DIR`"
+                f"make one with `{program()} prepare TEXT... --out DIR`"
             )
         if not train_files or not val_files:
             missing = "train" if not train_files else "val"

@@ -17,6 +17,7 @@ import torch
 
 from engine.config import RunConfig
 from engine.errors import UserError
+from engine.text import program
 
 
 class Diverged(UserError):
@@ -142,7 +143,7 @@ def healthy(val_loss: float, best: float | None) -> bool:
 
 def _continue(run_dir: Path, lr: float) -> str:
     """Advice that runs as printed: resume from the last good checkpoint with a lower LR."""
-    return f"continue with `gpt2-tui train --resume {run_dir} --lr {lower_lr(lr):.2g}` (or add `--from best`)"
+    return f"continue with `{program()} train --resume {run_dir} --lr {lower_lr(lr):.2g}` (or add `--from best`)"
 
 
 def diverged(g: StepGuard, step: int, kept: Path | None, precision: str, lr: float, run_dir: Path) -> Verdict:

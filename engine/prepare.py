@@ -24,7 +24,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,11 @@ import numpy as np
 
 from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
 from engine import rundir
-from engine.config import SEED_LIMIT
+from engine.config import DEFAULT_VOCAB, SEED_LIMIT
 from engine.errors import UserError
 from engine.text import path_text
 
 EOT = "<|endoftext|>"
-DEFAULT_VOCAB = 8192
 TEXT_SUFFIXES = frozenset(
     ".txt .text .md .markdown .rst .py .pyi .json .jsonl .toml .yaml .yml .ini .cfg .csv .tsv "
     ".c .h .cc .cpp .hpp .cu .cuh .rs .go .java .js .ts .html .htm .css .xml .tex .sh .sql".split()
@@ -73,6 +72,10 @@ class PrepareReport:
     val_docs: int
     skipped: list[Skipped]
     seconds: float
+    warnings: list[str] = field(default_factory=list)  # one line each: a dataset that will train badly
+
+
+TINY_TRAIN = 100_000  # train tokens below which a model learns little: said, not refused
 
 
 def skipped_text(skipped: list[Skipped], limit: int = SKIPPED_NAMED) -> str:
@@ -201,13 +204,48 @@ def _read_corpus(files: list[Path]) -> _Corpus:
     return _Corpus(texts, skipped)
 
 
-def _split_documents(n: int, val_fraction: float, seed: int) -> np.ndarray:
-    """A boolean mask of val documents: a seeded choice, at least one in each split."""
-    n_val = min(max(1, round(n * val_fraction)), n - 1)
-    chosen = np.random.default_rng(seed).permutation(n)[:n_val]
-    mask = np.zeros(n, dtype=bool)
-    mask[chosen] = True
-    return mask
+def _cut(text: str, val_fraction: float) -> int:
+    """Where a document's held-out tail starts: near (1 - f) of its length, at a line end when
+    one is close, else at a space, else right there (BPE does not mind a cut word)."""
+    n = len(text)
+    target = round(n * (1 - val_fraction))
+    slack = max(1, round(n * val_fraction / 2))
+    lo, hi = max(0, target - slack), min(n, target + slack)
+    for sep in ("\n", " "):
+        near = [i + 1 for i in (text.rfind(sep, lo, target), text.find(sep, target, hi)) if i >= 0]
+        if near:
+            return min(near, key=lambda c: abs(c - target))
+    return target
+
+
+def split_by_tokens(texts: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Train and val texts: the last `val_fraction` of every document is held out (as nanoGPT
+    holds out the end of its one stream), so one file is a dataset and neither split is one
+    accidental file; documents come in a seeded order. The BPE trains on the train parts only."""
+    order = np.random.default_rng(seed).permutation(len(texts))
+    cuts = [(texts[i], _cut(texts[i], val_fraction)) for i in order]
+    train = [t[:c] for t, c in cuts if c > 0]
+    val = [t[c:] for t, c in cuts if c < len(t)]
+    if not train or not val:
+        size = sum(map(len, texts))
+        raise UserError(f"the text is too short to hold out {val_fraction:.0%} of it for val ({size} characters); "
+                        "pass more text (or a larger --val-fraction)")  # fmt: skip
+    return train, val
+
+
+def report_warnings(info: DatasetInfo, asked_vocab: int | None) -> list[str]:
+    """What makes a dataset train badly, one line each: said after a build that succeeded."""
+    out = []
+    if info.train_tokens < info.val_tokens:
+        out.append(f"warning: train ({info.train_tokens:,} tokens) is smaller than val ({info.val_tokens:,}); "
+                   "pass a smaller --val-fraction")  # fmt: skip
+    if info.train_tokens < TINY_TRAIN:
+        out.append(f"warning: train holds only {info.train_tokens:,} tokens (under {TINY_TRAIN:,}): a model "
+                   "memorizes so little text rather than learning from it; pass more text")  # fmt: skip
+    if asked_vocab is not None and info.vocab_size < asked_vocab / 2:
+        out.append(f"warning: asked for a vocab of {asked_vocab} ids, the text gave {info.vocab_size}: "
+                   f"pass --vocab-size {info.vocab_size} (or more text)")  # fmt: skip
+    return out
 
 
 def _load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
@@ -331,14 +369,7 @@ def prepare_report(
             f"no readable UTF-8 text among the inputs ({len(corpus.skipped)} files skipped{named}); "
             f"pass text files (.txt .md .py ...) or directories holding them"
         )
-    if len(corpus.texts) < 2:
-        raise UserError(
-            "only 1 document found, and train and val need at least one each; "
-            "pass at least 2 text files (each file is one document)"
-        )
-    is_val = _split_documents(len(corpus.texts), val_fraction, seed)
-    train_texts = [t for t, v in zip(corpus.texts, is_val) if not v]
-    val_texts = [t for t, v in zip(corpus.texts, is_val) if v]
+    train_texts, val_texts = split_by_tokens(corpus.texts, val_fraction, seed)
 
     rundir.make_dir(out.parent)
     _sweep_dead_builds(out)
@@ -361,7 +392,7 @@ def prepare_report(
         if eot_id is None:
             _say(f"note: the tokenizer has no {EOT} token; documents are joined without one", progress)
         dtype = dtype_for_vocab(vocab)
-        with _Progress("encoding", sum(map(len, corpus.texts)), progress) as bar:
+        with _Progress("encoding", sum(map(len, train_texts + val_texts)), progress) as bar:
             counts = {
                 name: _encode_to_file(tok, texts, eot_id, dtype, tmp / f"{name}.bin", bar)
                 for name, texts in (("train", train_texts), ("val", val_texts))
@@ -395,6 +426,7 @@ def prepare_report(
         val_docs=len(val_texts),
         skipped=corpus.skipped,
         seconds=time.perf_counter() - t0,
+        warnings=report_warnings(info, vocab_size if tokenizer is None else None),
     )
 
 

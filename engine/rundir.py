@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine.config import RunConfig, build, read_toml
 from engine.errors import UserError
+from engine.text import program
 
 CONFIG, EVENTS, CHECKPOINTS, TOKENIZER = "config.toml", "events.jsonl", "checkpoints", "tokenizer.json"
 WRITER = "writer.pid"  # "host pid since" of the process writing the run, while it runs
@@ -212,7 +213,7 @@ def lock(path: Path) -> None:
         os.close(fd)
         raise UserError(
             f"{path} is being written by {holder(path)}; wait for it, stop it, or watch it with "
-            f"`gpt2-tui attach {path}`"
+            f"`{program()} attach {path}`"
         ) from None
     _held[key] = fd
 

@@ -63,7 +63,20 @@ def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:
     data["data"]["path"] = str(path)
     data["model"]["vocab_size"] = vocab
     data["train"]["block_size"] = T
-    return RunConfig.model_validate(data), ds
+    bound = RunConfig.model_validate(data)
+    bound._notes = [*config.notes, *short_train_notes(bound, ds.info.train_tokens)]  # the trainer warns them
+    return bound, ds
+
+
+def short_train_notes(config: RunConfig, train_tokens: int) -> list[str]:
+    """A train split smaller than one optimizer step's read: every step sees the same text again."""
+    need = config.tokens_per_step
+    if train_tokens >= need:
+        return []
+    t = config.train
+    return [f"the train split holds {train_tokens:,} tokens, fewer than one optimizer step reads "
+            f"({t.batch_size} x {t.grad_accum} x {config.seq_len} = {need:,}): each step repeats the same text; "
+            "prepare more text, or lower the batch size or block size"]  # fmt: skip
 
 
 

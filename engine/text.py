@@ -5,7 +5,12 @@ switch names, samples, each event's text, the memory estimate's table and advice
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import shutil
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import UserError
@@ -28,6 +33,24 @@ def path_text(path: object) -> str:
     """A file name safe for one terminal line: control characters and undecodable bytes escaped
     (not dotted as `printable` does: the name must stay findable)."""
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(path))
+
+
+@functools.cache
+def program() -> str:
+    """How to run gpt2-tui in a printed command, so the advice runs as printed: `gpt2-tui` when
+    that name on PATH is this program, else the script as it was invoked (`.venv/bin/gpt2-tui`
+    when the venv is not on PATH), else this Python running the entry module."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    on_path = shutil.which("gpt2-tui")
+    script = Path(argv0) if Path(argv0).name == "gpt2-tui" and os.access(argv0, os.X_OK) else None
+    if script is None:  # not started as the script (python -m, pytest, torchrun): the venv's own script
+        sibling = Path(sys.executable).parent / "gpt2-tui"
+        script = sibling if os.access(sibling, os.X_OK) else None
+    if script is None:
+        return "gpt2-tui" if on_path else f"{sys.executable} -m gpt2_tui"
+    if on_path and Path(on_path).resolve() == script.resolve():
+        return "gpt2-tui"
+    return str(script) if "/" in str(script) else str(script.resolve())
 
 
 SAMPLE_LINES, SAMPLE_CHARS = 6, 400  # a console sample: a glance at the model, not a page

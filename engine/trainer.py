@@ -577,6 +577,8 @@ class Trainer:
             self.emit(opening(self.config, self.step, self._resumed_from_config, why))
             for r in applied:
                 self._ack(r, "applied")
+            for note in self.config.notes:  # what the front door noticed (start.open_data): said in the run's log
+                self.emit(ev.Warning_(message=note))
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
             aside = self.ckpts.set_aside_after(self.step) if self.resume_from and self.dist.is_main else None

@@ -276,3 +276,15 @@ def test_a_stop_request_ends_the_ladder_at_a_step_boundary(tmp_path, tiny_datase
     assert {r.reason for r in result.rungs[1:]} == {"stopped before this rung"}
     steps = [e for e in read_events(tmp_path / "out" / "0-baseline" / rundir.EVENTS)[0] if e.event == "step"]
     assert len(steps) < 50
+
+
+def test_a_ladder_stopped_before_any_rung_leaves_no_directory(tmp_path, tiny_dataset):
+    """Issue 22 item 10: F8 then stop at once left an empty runs/bench-... behind."""
+    import threading
+
+    stop = threading.Event()
+    stop.set()
+    cfg = bench.BenchConfig(preset="micro", data=str(tiny_dataset), device="cpu", vocab_size=64, steps=1, warmup=1)
+    result = bench.run_ladder(cfg, tmp_path / "out", stop=stop)
+    assert {r.reason for r in result.rungs} == {"stopped before this rung"}
+    assert not (tmp_path / "out").exists()

@@ -36,12 +36,12 @@ def test_every_live_switch_is_in_the_form_and_only_switches_are_under_speed_swit
 
 
 def test_a_refusal_words_its_fix_as_flags_on_the_cli_and_as_fields_in_the_form() -> None:
-    with pytest.raises(UserError) as caught:
-        resolve("nano", overrides={"train.max_steps": 30})
-    assert "pass --warmup-steps 3 or less, or pass --max-steps 51 or more" in str(caught.value)
-    assert caught.value.fixes == ({"optim.warmup_steps": "3 or less"}, {"train.max_steps": "51 or more"})
+    with pytest.raises(UserError) as caught:  # both set by the user, in conflict (issue 22: only then refused)
+        resolve("nano", overrides={"train.max_steps": 30, "optim.warmup_steps": 50})
+    assert "pass --warmup-steps 29 or less, or pass --max-steps 51 or more" in str(caught.value)
+    assert caught.value.fixes == ({"optim.warmup_steps": "29 or less"}, {"train.max_steps": "51 or more"})
     words = F.form_words(caught.value)
-    assert "set warmup steps to 3 or less, or set max steps to 51 or more" in words and "--" not in words
+    assert "set warmup steps to 29 or less, or set max steps to 51 or more" in words and "--" not in words
 
 
 def shown(model: F.FormModel, **over: object) -> dict[str, object]:
@@ -52,10 +52,10 @@ def shown(model: F.FormModel, **over: object) -> dict[str, object]:
 
 def test_check_blames_the_field_in_form_words() -> None:
     model = F.FormModel(resolve("nano"))
-    model.check(shown(model, train__max_steps="30"))
+    model.check(shown(model, train__max_steps="30", optim__warmup_steps="40"))
     assert model.config is None
     why = model.errors["optim.warmup_steps"]
-    assert why.startswith("warmup steps 50 is not below max steps 30") and "--" not in why
+    assert why.startswith("warmup steps 40 is not below max steps 30") and "--" not in why
     model.check(shown(model, train__block_size="999"))
     assert model.errors["train.block_size"].endswith("set block size to 128 or less")
     model.check(shown(model, train__block_size=""))
@@ -80,3 +80,31 @@ def test_the_final_config_and_its_toml_leave_the_vocab_to_the_dataset(tmp_path: 
     path = tmp_path / "run.toml"
     path.write_text(text)
     assert F.load_file(path).model.loss == "chunked" and F.load_file(path).train.max_steps == 600
+
+
+def test_the_presets_warmup_follows_max_steps_the_form_shortened() -> None:
+    """Issue 22 item 4, the CLI's rule (engine.config.fit_warmup): nano warms up for 50 steps;
+    max steps 30 typed in the form scales it to 3, with one line saying so, not a refusal."""
+    model = F.FormModel(resolve("nano"))
+    model.check(shown(model, train__max_steps="30"))
+    assert model.errors == {} and model.config is not None and model.config.optim.warmup_steps == 3
+    assert len(model.notes) == 1 and "50 -> 3" in model.notes[0]
+    assert model.base["optim"]["warmup_steps"] == 50  # the preset's value stays the form's base
+    assert resolve("nano", overrides={"train.max_steps": 30}).optim.warmup_steps == 3  # the same on the CLI
+
+
+def test_bf16_on_a_cpu_without_it_natively_is_said_in_the_form(monkeypatch) -> None:
+    """Issue 22 item 10: the ladder's rule (engine.device.cpu_native), seen from the form: a CPU
+    whose torch probes say no avx512_bf16 and no AMX (an AVX2 CI box) emulates bf16."""
+    import torch
+
+    from engine import device
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    model = F.FormModel(resolve("nano", overrides={"speed.device": "cpu"}))
+    model.caps = device.capabilities()
+    model.check(shown(model, speed__precision="bf16"))
+    assert model.errors == {} and any("native bf16" in n and "fp32" in n for n in model.notes), model.notes
+    model.check(shown(model, speed__precision="fp32"))
+    assert not any("native" in n for n in model.notes)

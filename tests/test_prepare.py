@@ -47,6 +47,20 @@ def split_docs(ids: np.ndarray, eot: int) -> list[np.ndarray]:
     return [ids[a + 1 : b] for a, b in zip(cuts, list(cuts[1:]) + [len(ids)])]
 
 
+def rejoined(train_docs: list[str], val_docs: list[str], originals: list[str]) -> list[str]:
+    """Each document as its train head + its val tail (issue 22: split by tokens, the tail held
+    out); every val piece is some document's tail."""
+    val = list(val_docs)
+    out = []
+    for head in train_docs:
+        orig = next(o for o in originals if o.startswith(head) and (o == head or o[len(head):] in val))
+        if orig != head:
+            val.remove(orig[len(head):])
+        out.append(orig)
+    assert val == [], val  # no val text that is not a tail of a train head
+    return out
+
+
 def test_prepare_round_trip(corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "data"
     info = prepare([corpus], out, vocab_size=300, val_fraction=0.2, seed=0, progress=False)
@@ -67,13 +81,14 @@ def test_prepare_round_trip(corpus: Path, tmp_path: Path) -> None:
     tok.encode_special_tokens = True  # as prepare encodes documents: "<|endoftext|>" is text
     for text in DOCS.values():
         assert tok.decode(tok.encode(text).ids) == text
-    # The files hold exactly the documents, EOT-separated, each in one split only.
+    # The files hold exactly the documents, EOT-separated: each one's head in train, its tail in val.
     train_docs, val_docs = (
         [tok.decode(d.tolist()) for d in split_docs(np.fromfile(out / f"{split}.bin", dtype="<u2"), 0)]
         for split in ("train", "val")
     )
-    assert len(val_docs) == 1 and len(train_docs) == 5  # 6 documents, 20% val: round(1.2) = 1
-    assert sorted(train_docs + val_docs) == sorted(DOCS.values())
+    assert len(train_docs) == 6 and 1 <= len(val_docs) <= 6  # every document gives train its head
+    assert sorted(rejoined(train_docs, val_docs, list(DOCS.values()))) == sorted(DOCS.values())
+    assert 0.1 < info.val_tokens / (info.train_tokens + info.val_tokens) < 0.3  # about 20% of the tokens
 
 
 def test_prepare_is_deterministic_and_seeded(corpus: Path, tmp_path: Path) -> None:
@@ -90,7 +105,7 @@ def test_prepare_is_deterministic_and_seeded(corpus: Path, tmp_path: Path) -> No
             if prepare([corpus], tmp_path / f"s{s}", vocab_size=300, val_fraction=0.5, seed=s, progress=False)
         ),
     }
-    assert len(splits) > 1  # another seed, another document split
+    assert len(splits) > 1  # another seed, another order of the documents
 
 
 def test_prepare_with_given_tokenizer(corpus: Path, tmp_path: Path) -> None:
@@ -137,7 +152,7 @@ def test_existing_out_is_refused_and_untouched(corpus: Path, tmp_path: Path, fil
 def _bad_cases(corpus: Path, tmp_path: Path) -> dict[str, tuple[dict, str]]:
     one = tmp_path / "one"
     one.mkdir()
-    (one / "only.txt").write_text("just one document")
+    (one / "only.txt").write_text("x")  # one character: no tail to hold out (issue 22: one file is fine)
     nothing = tmp_path / "nothing"
     nothing.mkdir()
     (nothing / "x.bin").write_bytes(b"\0\1")
@@ -145,7 +160,7 @@ def _bad_cases(corpus: Path, tmp_path: Path) -> dict[str, tuple[dict, str]]:
     broken.write_text("{not json")
     return {
         "missing input": (dict(paths=[tmp_path / "nope"]), "does not exist"),
-        "one document": (dict(paths=[one]), "at least 2"),
+        "too short": (dict(paths=[one]), "too short to hold out"),
         "no text": (dict(paths=[nothing]), "no readable UTF-8 text"),
         "no paths": (dict(paths=[]), "no input"),
         "val fraction 0": (dict(val_fraction=0.0), "--val-fraction"),
@@ -159,7 +174,7 @@ def _bad_cases(corpus: Path, tmp_path: Path) -> dict[str, tuple[dict, str]]:
 
 @pytest.mark.parametrize(
     "case",
-    ["missing input", "one document", "no text", "no paths", "val fraction 0", "val fraction 1",
+    ["missing input", "too short", "no text", "no paths", "val fraction 0", "val fraction 1",
      "vocab too small", "broken tokenizer", "missing tokenizer", "out is a file"],
 )  # fmt: skip
 def test_bad_input_is_one_line_user_error(corpus: Path, tmp_path: Path, file_tree, case: str) -> None:
@@ -270,12 +285,11 @@ def test_extensionless_and_gzipped_text_is_read_and_every_skip_is_named(tmp_path
         f"{root / 'sub' / 'broken.gz'} (not a valid gzip file)"
     )  # those of a type not read, then those read and found wanting, in walk order
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    docs = [
-        tok.decode(d.tolist())
+    train_docs, val_docs = (
+        [tok.decode(d.tolist()) for d in split_docs(np.fromfile(out / f"{split}.bin", dtype="<u2"), 0)]
         for split in ("train", "val")
-        for d in split_docs(np.fromfile(out / f"{split}.bin", dtype="<u2"), 0)
-    ]
-    assert sorted(docs) == sorted(kept.values())
+    )
+    assert sorted(rejoined(train_docs, val_docs, list(kept.values()))) == sorted(kept.values())
 
 
 def test_a_gzip_that_unpacks_past_the_bound_is_skipped_not_read_whole(tmp_path: Path, capsys, monkeypatch) -> None:

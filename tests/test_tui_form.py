@@ -250,15 +250,21 @@ def test_a_text_file_as_dataset_advises_prepare_in_the_forms_words(tmp_path: Pat
 
 
 def test_warmup_at_or_past_max_steps_is_refused_in_the_form(tiny_dataset: Path) -> None:
+    """Issue 22: the preset's warmup follows a shorter max steps; only a warmup the user typed
+    that does not end before the run is refused."""
+
     async def go() -> None:
         app = GPT2App(resolve("nano", overrides={"data.path": str(tiny_dataset)}))
         async with app.run_test(size=SIZE) as pilot:
             seen = notes(app)
             form = await open_form(pilot, app)
             assert form.query_one("#launch").disabled is False
-            await set_value(pilot, form, "#" + wid("train.max_steps"), "30")  # nano warms up for 50
+            await set_value(pilot, form, "#" + wid("train.max_steps"), "30")  # nano warms up for 50: scaled to 3
+            assert text_of(form, "#err-" + wid("optim.warmup_steps")) == ""
+            assert form.query_one("#launch").disabled is False
+            await set_value(pilot, form, "#" + wid("optim.warmup_steps"), "40")  # the user's own: refused
             err = text_of(form, "#err-" + wid("optim.warmup_steps"))
-            assert "warmup steps 50 is not below max steps 30" in err and "--" not in err
+            assert "warmup steps 40 is not below max steps 30" in err and "--" not in err
             assert form.query_one("#launch").disabled is True
             await pilot.press("f5")
             assert "warmup steps" in seen[-1]
@@ -270,13 +276,14 @@ def test_warmup_at_or_past_max_steps_is_refused_in_the_form(tiny_dataset: Path) 
 
 def test_warmup_at_or_past_max_steps_is_refused_by_the_cli(tmp_path: Path, capsys) -> None:
     with pytest.raises(UserError, match="warmup steps 50 is not below max steps 50"):
-        resolve("nano", overrides={"train.max_steps": 50})
+        resolve("nano", overrides={"train.max_steps": 50, "optim.warmup_steps": 50})
     run_dir = tmp_path / "run"
-    assert cli_main(["train", "--preset", "nano", "--max-steps", "30", "--out", str(run_dir)]) == 2
+    assert cli_main(["train", "--preset", "nano", "--max-steps", "30", "--warmup-steps", "40", "--out", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--warmup-steps 3 or less" in err and "--max-steps 51" in err
+    assert len(err.splitlines()) == 1 and "--warmup-steps 29 or less" in err and "--max-steps 41" in err
     assert not run_dir.exists()
-    resolve("nano", overrides={"train.max_steps": 51})  # one step past the warmup is a run
+    assert resolve("nano", overrides={"train.max_steps": 51}).optim.warmup_steps == 50  # the warmup fits: kept
+    assert resolve("nano", overrides={"train.max_steps": 30}).optim.warmup_steps == 3  # issue 22: follows the run
 
 
 def test_switch_states_read_without_colour(tiny_dataset: Path) -> None:

@@ -22,6 +22,7 @@ from textual.screen import Screen
 
 from engine.config import RunConfig
 from engine.errors import UserError
+from engine.text import program
 from tui.form_model import form_words
 
 if TYPE_CHECKING:  # a run's session is imported when one opens: not before the form's first frame
@@ -248,14 +249,14 @@ def run_app(config: RunConfig | None = None) -> int:
 
         for s in app.running_in_process():
             print(f"quit without waiting: {s.run_dir} lost its steps since the last checkpoint; "
-                  f"continue it with: gpt2-tui train --resume {s.run_dir}")  # fmt: skip
+                  f"continue it with: {program()} train --resume {s.run_dir}")  # fmt: skip
         sys.stdout.flush()
         sys.stderr.flush()
         # never let the interpreter tear down under the training thread (a C++ abort)
         os._exit(QUIT_NOW_STATUS)
     s = app.session
     if s is not None and s.process is not None and s.process.poll() is None:
-        print(f"the run goes on in process {s.process.pid}; re-attach with: gpt2-tui attach {s.run_dir}")
+        print(f"the run goes on in process {s.process.pid}; re-attach with: {program()} attach {s.run_dir}")
     return app.return_code or 0
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import tomli_w
 from pydantic import ValidationError
 
-from engine.config import BATCH, RunConfig, merge, preset_names, read_toml, resolve, set_dotted
+from engine.config import BATCH, RunConfig, fit_warmup, merge, preset_names, read_toml, resolve, set_dotted
 from engine.errors import Refusal
 from engine.settings import Setting, form_sections, setting
 
@@ -63,13 +63,31 @@ def from_input(sp: Setting, raw: Any) -> Any:
     return raw
 
 
-def validate(base: dict[str, Any], values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str], list[str]]:
-    """The form's values over `base` -> (config or None, error by field, errors of no field)."""
+def user_set(base: dict[str, Any], values: dict[str, Any]) -> set[str]:
+    """The fields the user changed: those that no longer show the base's (preset's, file's) value."""
+    return {d for d, raw in values.items() if from_input(setting(d), raw) != to_text(get_value(base, d))
+            and from_input(setting(d), raw) != get_value(base, d)}  # fmt: skip
+
+
+def validate(
+    base: dict[str, Any], values: dict[str, Any], notes: list[str] | None = None
+) -> tuple[RunConfig | None, dict[str, str], list[str]]:
+    """The form's values over `base` -> (config or None, error by field, errors of no field);
+    the CLI's rule for a warmup the user did not set (config.fit_warmup) applies, its line
+    appended to `notes`."""
     nested: dict[str, Any] = {}
     for dotted, raw in values.items():
         set_dotted(nested, dotted, from_input(setting(dotted), raw))
+    data = merge(base, nested)
+    for dotted in ("train.max_steps", "optim.warmup_steps"):  # typed numbers: the rule needs their values
+        raw = get_value(data, dotted)
+        if isinstance(raw, str) and raw.isdigit():
+            set_dotted(data, dotted, int(raw))
+    note = fit_warmup(data, user_set(base, values))
+    if note and notes is not None:
+        notes.append(note)
     try:
-        return RunConfig.model_validate(merge(base, nested)), {}, []
+        return RunConfig.model_validate(data), {}, []
     except ValidationError as err:
         by_field: dict[str, str] = {}
         general: list[str] = []
@@ -104,6 +122,7 @@ class FormModel:
         self.validated: RunConfig | None = None  # the same, as far as pydantic goes
         self.errors: dict[str, str] = {}
         self.general: list[str] = []
+        self.notes: list[str] = []  # what the check decided on its own (a warmup that follows max steps)
 
     def load(self, config: RunConfig) -> None:
         self.base_config = config
@@ -123,12 +142,21 @@ class FormModel:
         """Judge the form's values ({dotted: value}, data.path included): config, errors by field,
         errors of no field; what this machine cannot run and a dataset too short count too."""
         fields = {k: v for k, v in values.items() if k in ALL_FIELDS}
-        config, errors, general = validate(merge(self.base, {"data": {"path": values.get("data.path")}}), fields)
+        self.notes = []
+        config, errors, general = validate(merge(self.base, {"data": {"path": values.get("data.path")}}), fields,
+                                           self.notes)  # fmt: skip
         if self.caps is not None:
             from engine import device
 
             for dotted, why in device.refuse(fields, self.caps).items():
                 errors.setdefault(dotted, why)
+        if config is not None and self.caps is not None and config.speed.precision in ("bf16", "fp16"):
+            from engine import device
+
+            if config.speed.device == "cpu" or (config.speed.device == "auto" and self.caps.device == "cpu"):
+                slow = device.cpu_half_reason(config.speed.precision, measure=False)  # the ladder's and estimate's rule
+                if slow:
+                    self.notes.append(f"{slow}, far slower than fp32: choose fp32 on this CPU")
         if config is not None and self.dataset_info is not None and config.seq_len > 0:
             T = config.seq_len
             if self.dataset_info.val_tokens <= T or self.dataset_info.train_tokens <= T:

@@ -60,17 +60,6 @@ class DeviceProbed(Message):
         self.caps = caps
 
 
-def text_file_advice(path: Path) -> str:
-    """A file given as the dataset: what to do, in the form's words (prepare is a shell step)."""
-    if path.suffix == ".bin" or path.name == "dataset.json":
-        return f"{path.name} is one file of a dataset: give the directory that holds it ({path.parent})"
-    out = path.with_name(path.stem + "-tokens")
-    return (
-        f"{path.name} is a text file, not a tokenized dataset: tokenize it once, in a shell: "
-        f"`gpt2-tui prepare {path} --out {out}`, then give {out} here"
-    )
-
-
 class SetupScreen(Screen):
     """Configure a run. `base` is the config the form starts from (preset, or --config file)."""
 
@@ -353,8 +342,8 @@ class SetupScreen(Screen):
             ""
             if config is None
             else f"effective: {config.train.batch_size} x {config.train.grad_accum} x {config.seq_len} = "
-            f"{config.tokens_per_step:,} tokens per optimizer step"
-        )
+            f"{config.tokens_per_step:,} tokens per optimizer step" + "".join("\n" + n for n in self.model.notes)
+        )  # the notes: what the check decided on its own (a warmup that follows max steps), as the CLI says
 
     def _show_error(self, err_id: str, why: str | None, field_sel: str | None = None) -> None:
         """The line below a field that says why it is refused; mounted the first time."""
@@ -426,10 +415,6 @@ class SetupScreen(Screen):
 
             info_w.update(f"the embedded stdlib corpus (BPE {DEFAULT_VOCAB}), built once on first launch (~5 s)")
             self._show_error("err-dataset", None, "#dataset")
-            return
-        if Path(path).expanduser().is_file():
-            info_w.update("")
-            self._show_error("err-dataset", text_file_advice(Path(path).expanduser()), "#dataset")
             return
         try:
             ds = open_dataset(Path(path), vocab_size=self.model.base["data"].get("vocab_size", 50257), preload=False)
