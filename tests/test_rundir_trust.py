@@ -352,11 +352,13 @@ def test_05_deleting_writer_lock_does_not_let_a_second_writer_in(tmp_path, tiny_
     assert r.proc.poll() is None
 
 
-# a dataset whose loss spikes now and then: mostly one token (learned at once), a random stretch
+# a dataset whose loss spikes now and then: mostly one token (learned at once), random stretches
+# (on this seed the micro model's guard skips a spike at step 114 of 120)
 def _spiky(make_dataset: Callable[..., Path]) -> Path:
     rng = np.random.default_rng(0)
     train = np.zeros(40_000, dtype=np.int64)
-    train[20_000:21_000] = rng.integers(0, 4096, 1000)
+    for a in range(0, 40_000, 4_000):
+        train[a : a + 400] = rng.integers(0, 4096, 400)
     val = np.zeros(2_000, dtype=np.int64)
     return make_dataset("gpt2-tui", train=train, val=val, vocab_size=4096, name="spiky")
 
@@ -366,7 +368,8 @@ def test_06_resume_is_exact_across_a_loss_spike(tmp_path, make_dataset):
     """The guard's loss level and bad-step streak are saved: a spike right after a resume is
     skipped as it is in a straight run, so the resumed curve equals the straight one."""
     data = _spiky(make_dataset)
-    flags = ["--log-interval", "1", "--max-bad-steps", "50", "--sample-tokens", "0", "--eval-interval", "1000"]
+    flags = ["--log-interval", "1", "--max-bad-steps", "50", "--sample-tokens", "0", "--eval-interval", "1000",
+             "--decay-steps", "150"]  # the lr schedule does not depend on --max-steps  # fmt: skip
     straight = trained(tmp_path, data, "straight", 120, *flags)
     events = read_events(straight)
     spikes = [e for e in events if e.get("event") == "warning" and "skipped" in str(e.get("message"))]
@@ -380,7 +383,8 @@ def test_06_resume_is_exact_across_a_loss_spike(tmp_path, make_dataset):
     res = cli("train", "--resume", str(split), "--max-steps", str(s + 3))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr
     resumed = {e["step"]: e["loss"] for e in read_events(split) if e.get("event") == "step"}
-    assert [resumed[k] for k in range(s, s + 4)] == [losses[k] for k in range(s, s + 4)]
+    assert [resumed[k] for k in range(1, s)] == [losses[k] for k in range(1, s)]  # exact up to the split
+    assert [resumed[k] for k in range(s, s + 4)] == [losses[k] for k in range(s, s + 4)], f"spike at step {s}"
 
 
 def _numbers_after(text: str, word: str) -> list[int]:
@@ -484,13 +488,12 @@ def test_09c_sample_on_a_terminal_writes_printable_text(tmp_path, tiny_dataset):
     """`sample` with stdout a tty: the model's text passes the printable rule (a pipe gets it raw)."""
     import pty
 
-    tok_dir = tmp_path / "tok"
-    tok_dir.mkdir()
-    tokenizer = _control_tokenizer(tok_dir / "tokenizer.json")
     data = tmp_path / "ds"
+    data.mkdir()
+    _control_tokenizer(data / "tokenizer.json")
     from conftest import random_tokens, write_gpt2tui
 
-    write_gpt2tui(data, random_tokens(20_000, 64, 1), random_tokens(4_000, 64, 2), 64, tokenizer=str(tokenizer))
+    write_gpt2tui(data, random_tokens(20_000, 64, 1), random_tokens(4_000, 64, 2), 64, tokenizer="tokenizer.json")
     run = trained(tmp_path, data, steps=2)
     master, slave = pty.openpty()
     try:
@@ -587,8 +590,9 @@ def test_13_eval_batches_that_do_not_fit_are_refused_before_the_run_dir(tmp_path
     """nano with --eval-batches 1000000 holds ~65 GB of val batches: refused in one line, no run dir."""
     out = tmp_path / "run"
     res = cli("train", "--preset", "nano", "--device", "cpu", "--precision", "fp32", "--data", str(tiny_dataset),
-              "--out", str(out), "--max-steps", "2", "--eval-batches", "1000000", timeout=120)  # fmt: skip
-    one_line_refusal(res)
+              "--out", str(out), "--max-steps", "2", "--warmup-steps", "0", "--eval-batches", "1000000",
+              timeout=120)  # fmt: skip
+    one_line_refusal(res, "eval")
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -629,10 +633,13 @@ def test_16_prepare_on_one_long_word_stops_on_ctrl_c(tmp_path):
     (src / "short.txt").write_text("some ordinary words here\n" * 100)
     proc = subprocess.Popen([GPT2_TUI, "prepare", str(src), "--out", str(tmp_path / "ds"), "--vocab-size", "300"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_limit)  # fmt: skip
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 60  # until the BPE training has begun (its temp dir is made just before)
+    while proc.poll() is None and time.monotonic() < deadline:
+        if [p for p in tmp_path.iterdir() if p.name.startswith(".ds.tmp-")]:
+            break
+        time.sleep(0.05)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
     try:
         out, err = proc.communicate(timeout=15)
     except subprocess.TimeoutExpired:
