@@ -629,7 +629,8 @@ def test_16_prepare_on_one_long_word_stops_on_ctrl_c(tmp_path):
     """1 MB of one letter: prepare either finishes quickly (the word is bounded) or Ctrl-C stops it."""
     src = tmp_path / "src"
     src.mkdir()
-    (src / "long.txt").write_text("a" * 1_000_000)
+    for c in "abc":  # three: the train/val split holds one out, so a long word is always trained on
+        (src / f"long_{c}.txt").write_text(c * 1_000_000)
     (src / "short.txt").write_text("some ordinary words here\n" * 100)
     proc = subprocess.Popen([GPT2_TUI, "prepare", str(src), "--out", str(tmp_path / "ds"), "--vocab-size", "300"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_limit)  # fmt: skip
