@@ -32,6 +32,7 @@ MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-
 QUIET = ["--eval-interval", "100000", "--ckpt-interval", "100000", "--sample-tokens", "0"]
 LONG = 1_000_000  # steps: a run that trains until the test stops it
 CONTROL = ("\x1b", "\x07", "\x9b")  # ESC, BEL, CSI: none may reach a terminal raw
+MAILBOX = "requests.jsonl"  # a run's requests (engine/control.py; issue 19 made it toggle.json's successor)
 
 
 def _limit() -> None:
@@ -264,11 +265,11 @@ def test_02_toggle_whose_save_fails_is_refused_and_the_run_trains_on(tmp_path, t
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("plant", ["deep", "fifo", "devzero"])
 def test_03_a_hostile_toggle_request_is_refused_in_one_warning(tmp_path, tiny_dataset, runs, plant):
-    """toggle.json that is deep JSON, a FIFO or a link to /dev/zero: one warning, training goes on,
-    and SIGTERM still saves."""
+    """The request mailbox (requests.jsonl, which took toggle.json's place in issue 19) that is deep
+    JSON, a FIFO or a link to /dev/zero: one warning, training goes on, and SIGTERM still saves."""
     r = runs(tmp_path / "run", tiny_dataset)
     r.wait_step(3)
-    req = r.dir / "toggle.json"
+    req = r.dir / MAILBOX
     tmp = tmp_path / "planted"
     if plant == "deep":
         tmp.write_text(deep_json())
@@ -286,7 +287,7 @@ def test_03_a_hostile_toggle_request_is_refused_in_one_warning(tmp_path, tiny_da
     code = r.stop(timeout=30)
     assert code == 0, r.output()[-3000:]
     assert saved_steps(r.dir), "SIGTERM did not save"
-    about = [w for w in warnings(r.events()) if "toggle" in w]
+    about = [w for w in warnings(r.events()) if MAILBOX in w]
     assert len(about) == 1, warnings(r.events())
 
 
@@ -435,7 +436,7 @@ def test_08_a_reused_pid_in_writer_pid_is_not_a_live_run(tmp_path, tiny_dataset,
         assert "running" not in row, row
         res = cli("toggle", str(dead), "--no-fused-adamw")
         one_line_refusal(res, "no live run")
-        assert not (dead / "toggle.json").exists()
+        assert not (dead / MAILBOX).exists()
     finally:
         other.kill()
         other.wait()
@@ -471,10 +472,11 @@ def test_09b_a_hand_written_toggle_request_reaches_the_console_printable(tmp_pat
     r = runs(tmp_path / "run", tiny_dataset)
     r.wait_step(3)
     tmp = tmp_path / "req"
-    tmp.write_text(json.dumps({"\x1b]0;pwned\x07\x1b[2J": True}))
-    os.replace(tmp, r.dir / "toggle.json")
+    hand_written = {"id": "byhand1", "time": time.time(), "kind": "toggle", "switches": {"\x1b]0;pwned\x07\x1b[2J": True}}
+    tmp.write_text(json.dumps(hand_written) + "\n")
+    os.replace(tmp, r.dir / MAILBOX)
     deadline = time.monotonic() + 20
-    while (r.dir / "toggle.json").exists() and time.monotonic() < deadline:
+    while (r.dir / MAILBOX).exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1)
     r.stop()
