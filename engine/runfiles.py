@@ -234,7 +234,7 @@ class AppendLog:
 
     def _open(self) -> int:
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise UserError(f"{self.path} is a symbolic link; a run writes only its own files: "
