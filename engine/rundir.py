@@ -28,7 +28,7 @@ LAUNCH_LOG = "console.log"  # the app's detached launch writes the run's console
 LOCK_ENV = "GPT2_TUI_RUN_LOCKED"  # set by the launcher for its ranks: the run dir whose lock it holds
 MAILBOX = "requests.jsonl"  # engine.control's; named here for the link check
 # where a run writes: a link at any of these names is refused before anything is written
-WRITTEN = (CONFIG, EVENTS, WRITER, WRITER_LOCK, TOKENIZER, MAILBOX, CHECKPOINTS, f"{CHECKPOINTS}/latest",
+WRITTEN = (CONFIG, EVENTS, WRITER, WRITER_LOCK, TOKENIZER, MAILBOX, LAUNCH_LOG, CHECKPOINTS, f"{CHECKPOINTS}/latest",
            f"{CHECKPOINTS}/best.pt")  # fmt: skip
 PID_CAP = 4096  # writer.pid is one short line
 _NOT_CONTENT = frozenset({LAUNCH_LOG, WRITER, WRITER_LOCK})  # what a fresh --out may already hold

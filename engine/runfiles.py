@@ -219,6 +219,23 @@ def link_or_copy(src: Path, dst: Path) -> None:
     _fsync_dir(dst.parent)
 
 
+def open_append(path: Path) -> BinaryIO:
+    """A file to append to (a child's console log): never through a link, a regular file only;
+    UserError in one line otherwise."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symbolic link; remove it and try again") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file; remove it and try again")
+    f = os.fdopen(fd, "ab")
+    f.seek(0, os.SEEK_END)
+    return f
+
+
 class AppendLog:
     """An append-only log of lines (events.jsonl): opened without following a link, each line
     written whole or not at all. A write cut short (a full disk cuts at a page boundary) is
