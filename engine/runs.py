@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -50,6 +51,8 @@ STEP_TAG, GPU_TAG = b'"event":"step"', b'"event":"gpu"'  # how JsonlSink writes 
 TAIL_STEPS = 2048  # step reports of the last segment kept for its settled speed (its 2nd half: exact up to here)
 EVENTS_CAP = ev.EVENTS_CAP
 CONFIG_CAP = 1 << 20  # a run's config.toml is a few kB
+CHUNK, LONGEST_LINE = 8 << 20, 64 << 20  # read size; a "line" longer than this is skipped
+_OTHER = re.compile(rb'"event"\s*:\s*"(?!(?:step|gpu)")')  # the tag of a line that is not step/gpu
 
 
 @dataclass
@@ -88,18 +91,55 @@ def _scan(events: Path, s: _Scan | None = None) -> _Scan:
             return s
         f.seek(s.offset)
         lines = ev.EventLines(events)  # torn by a kill, or not ours: skipped
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                break  # a line being written: read it next time
-            s.offset += len(raw)
-            if STEP_TAG in raw:
-                s.tail.append(raw)
-                s.pending = raw
-            elif GPU_TAG not in raw and (e := lines.parse(raw)) is not None:
-                _feed(s, e)
-        s.problems += len(lines.problems)
+        carry = b""
+        while chunk := f.read(CHUNK):
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                _scan_block(s, data, cut, lines)
+                s.offset += cut
+            carry = data[cut:]
+            if len(carry) > LONGEST_LINE:  # no event is this long: skip it (counted as unreadable)
+                s.offset, carry = s.offset + len(carry), b""
+                lines.problems.append(f"{events}: skipped a line over {LONGEST_LINE} bytes")
+        s.problems += len(lines.problems)  # a line without its newline yet is read next time
     _finish(s)
     return s
+
+
+def _scan_block(s: _Scan, block: bytes, stop: int, lines: ev.EventLines) -> None:
+    """The whole lines of block[:stop]: every one but step and gpu lines parsed in order (the regex finds their tags
+    at C speed; a line with no event tag is no event); of step lines only the newest are kept, raw."""
+    settled = reset = 0  # where the last step-setting event ended; where the last run_started did
+    end = 0
+    for m in _OTHER.finditer(block, 0, stop):
+        if m.start() < end:
+            continue  # the line found already
+        start, end = block.rfind(b"\n", 0, m.start()) + 1, block.find(b"\n", m.end())
+        e = lines.parse(block[start:end])
+        if e is None:
+            continue
+        if isinstance(e, (ev.RunStarted, ev.RunFailed)):
+            q = block.rfind(STEP_TAG, settled, start)
+            if q >= 0:  # the newest step line before this event counts into `step` first
+                s.pending = block[block.rfind(b"\n", 0, q) + 1 : block.find(b"\n", q)]
+        _feed(s, e)
+        if isinstance(e, (ev.RunStarted, ev.RunFinished, ev.RunFailed)):
+            settled = end
+        if isinstance(e, ev.RunStarted):
+            reset = end
+    size, steps = 1 << 20, []
+    while True:  # the newest TAIL_STEPS step lines after `reset`, reading back only as far as needed
+        lo = max(reset, stop - size)
+        parts = block[lo:stop].split(b"\n")
+        steps = [p for p in (parts if lo == reset else parts[1:]) if STEP_TAG in p]  # parts[0]: maybe half a line
+        if len(steps) >= TAIL_STEPS or lo == reset:
+            break
+        size *= 4
+    if steps:
+        s.tail.extend(steps[-TAIL_STEPS:])
+        if block.rfind(STEP_TAG, 0, stop) > settled:
+            s.pending = steps[-1]
 
 
 def _settle_step(s: _Scan) -> None:
