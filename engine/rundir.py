@@ -15,6 +15,7 @@ import os
 import socket
 import stat
 import time
+import tomllib
 from pathlib import Path
 
 from engine import runfiles, text
@@ -180,8 +181,10 @@ def load_config(path: Path) -> RunConfig:
         data = runfiles.read_toml(path / CONFIG)
     except OSError as err:
         raise UserError(f"cannot read {path / CONFIG} ({err.strerror or err}); give the --out of a run") from None
-    except ValueError as err:
-        raise UserError(f"{path / CONFIG} is not a valid run config ({str(err)[:200]}); fix or restore the file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"config file {path / CONFIG} is not valid TOML: {err}; fix the file") from None
+    except ValueError as err:  # nested too deeply, not UTF-8
+        raise UserError(f"config file {path / CONFIG} cannot be read ({str(err)[:200]}); fix the file") from None
     return build(data)
 
 
