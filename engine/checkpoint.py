@@ -7,7 +7,6 @@ sampler's state. Files are only ever loaded with `torch.load(weights_only=True)`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
@@ -19,47 +18,23 @@ from typing import Any, BinaryIO
 
 import torch
 
+from engine import runfiles
 from engine.errors import UserError
 
 REQUIRED = ("model", "optimizer", "step", "config")
 RESUME = ("rng", "data")  # what --resume needs beyond the weights
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
-TMP_SUFFIX = ".tmp"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+TMP_SUFFIX = runfiles.TMP_SUFFIX
+POINTER_CAP = 4096  # `latest` holds one file name
 
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write a temp file, fsync, rename: readers see the old file or the new one, never half.
-
-    A failed write (disk full, no permission, an interrupt) removes its temp file, so a
-    full disk is not made fuller and no partial file is left behind.
-    """
-    tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    """engine.runfiles.atomic_write: a new temp file (O_EXCL, never through a link), fsync, rename."""
+    runfiles.atomic_write(path, write)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    _atomic_write(path, lambda f: f.write(data))
+    runfiles.atomic_write_bytes(path, data)
 
 
 def atomic_save(obj: dict[str, Any], path: Path) -> None:
@@ -80,15 +55,7 @@ def atomic_save(obj: dict[str, Any], path: Path) -> None:
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
-    """Make `dst` the same content as `src` atomically (a hard link costs no second write)."""
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        atomic_write_bytes(tmp, src.read_bytes())
-    os.replace(tmp, dst)
-    _fsync_dir(dst.parent)
+    runfiles.link_or_copy(src, dst)
 
 
 class CheckpointDir:
@@ -101,7 +68,8 @@ class CheckpointDir:
         if not self.path.is_dir():
             return []
         found = ((_STEP_FILE.match(p.name), p) for p in self.path.iterdir())
-        return sorted((int(m.group(1)), p) for m, p in found if m)
+        # a FIFO, a device or a link named like a step file is not a checkpoint (lstat)
+        return sorted((int(m.group(1)), p) for m, p in found if m and runfiles.is_regular(p))
 
     def save(self, state: dict[str, Any], step: int, is_best: bool) -> Path:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -147,11 +115,12 @@ class CheckpointDir:
         return aside
 
     def latest(self) -> Path | None:
-        pointer = self.path / "latest"
-        if pointer.is_file():
-            name = pointer.read_text(errors="replace").strip()
-            if _STEP_FILE.match(name) and (self.path / name).is_file():  # only a step file here
-                return self.path / name
+        try:
+            name = runfiles.read_bounded(self.path / "latest", POINTER_CAP).decode(errors="replace").strip()
+        except OSError:  # missing, a link, a FIFO, too big: the listing decides
+            name = ""
+        if _STEP_FILE.match(name) and runfiles.is_regular(self.path / name):  # only a step file here
+            return self.path / name
         files = self.step_files()  # pointer missing or stale: fall back to the newest file
         return files[-1][1] if files else None
 

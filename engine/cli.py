@@ -148,6 +148,9 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     s.add_argument("--seed", type=SEED, default=None, metavar="S", help="seed for repeatable text (default: random)")
     s.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"], help="where to run the model (default %(default)s)")
     s.add_argument("--tokenizer", type=Path, metavar="FILE", help="tokenizer.json, when the run has none")
+    s.add_argument("--raw", action="store_true",
+                   help="write the text as generated, control characters included, even to a terminal "
+                        "(a pipe or file always gets it raw)")  # fmt: skip
 
     from engine.segments import SWITCHES
 
@@ -297,8 +300,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise UserError("--max-new-tokens and --top-k must be >= 1 and --temperature a number > 0")
     loaded = load_model(args.path, args.device)
     tokenizer = load_tokenizer(args.tokenizer or find_tokenizer(args.path, loaded.path))
-    print(source_text(loaded), file=sys.stderr, flush=True)  # stderr: stdout is the text alone, for pipes
-    print(generate_text(loaded.model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))
+    from engine.text import printable
+
+    print(printable(source_text(loaded)), file=sys.stderr, flush=True)  # stderr: stdout is the text alone, for pipes
+    out = generate_text(loaded.model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    # a terminal never gets the model's control characters raw (ESC]0; retitles it): a pipe or --raw does
+    print(out if args.raw or not sys.stdout.isatty() else printable(out))
     return 0
 
 
@@ -360,7 +367,9 @@ def guarded(body: Callable[[], int]) -> int:
     try:
         return body()
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        from engine.text import printable
+
+        print(f"error: {printable(str(err))}", file=sys.stderr)  # it may quote a file's contents or name
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -10,6 +10,7 @@ micro-batch changed): against the segment before in the same run, and against th
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,8 @@ from pydantic import BaseModel
 from engine import events as ev
 from engine import rundir
 from engine.errors import UserError
-from engine.text import human, ratio_text, short, value_text
+from engine.text import human, path_text, ratio_text, short, value_text
+from engine.text import shown as cell
 from engine.segments import SWITCHES, SegmentSummary, segments_of, speedup
 
 
@@ -45,12 +47,13 @@ def read_run(run_dir: Path) -> list[Any]:
     """A run directory's events, or UserError with one line naming the problem and the fix."""
     rundir.require_dir(run_dir)
     path = run_dir / rundir.EVENTS
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise UserError(f"{run_dir} is not a run directory (no {rundir.EVENTS}); give the directory of a run")
-    try:
+    try:  # a bad line is skipped (and counted), never a reason to refuse the run
         events, _ = ev.read_events(path)
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"cannot read {path} ({type(err).__name__}); give the directory of a run") from None
+    except OSError as err:  # a link, a FIFO, a device: engine.runfiles refuses it
+        raise UserError(f"cannot read {path_text(path)} ({err.strerror or type(err).__name__}); "
+                        "give the directory of a run") from None  # fmt: skip
     if not any(isinstance(e, ev.RunStarted) for e in events):
         raise UserError(f"{path} holds no run_started event: the run never started; give a run that trained")
     return events
@@ -106,7 +109,7 @@ def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) 
     """('compile=on', differs from the base row) for each shown switch, the ones this segment
     changed first: what a table highlights."""
     order = [n for n in shown if n in s.changed] + [n for n in shown if n not in s.changed]
-    return [(f"{short(n)}={value_text(s.switches.get(n))}", s.switches.get(n) != base.switches.get(n)) for n in order]
+    return [(cell(f"{short(n)}={value_text(s.switches.get(n))}"), s.switches.get(n) != base.switches.get(n)) for n in order]
 
 
 # The speed first, the switches last: at 80 columns the figures the product exists to show
@@ -121,7 +124,7 @@ def cells(r: Row) -> list[str]:
     highlighting."""
     s = r.segment
     return [
-        r.run, f"{s.from_step}-{s.to_step}", s.reason,
+        cell(r.run), f"{s.from_step}-{s.to_step}", s.reason,
         "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s",
         "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}",
         "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
@@ -152,7 +155,7 @@ def format_table(c: Comparison) -> str:
     same = [n for n in SWITCHES if n not in shown and n in segs[0].switches]
     lines = []
     if same:
-        lines.append("same in all: " + " ".join(f"{short(n)}={value_text(segs[0].switches[n])}" for n in same))
+        lines.append("same in all: " + " ".join(cell(f"{short(n)}={value_text(segs[0].switches[n])}") for n in same))
     body = []
     for r in table:
         row = cells(r)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine import runfiles
+
 MAILBOX = "requests.jsonl"
 MAX_BYTES = 64 * 1024  # a mailbox larger than this is not ours: refused, not read
 MAX_DEPTH = 4  # {"switches": {...}} needs 2
@@ -47,26 +49,9 @@ class Request:
         return out | ({"switches": self.switches} if self.kind == "toggle" else {})
 
 
-def _depth(text: str) -> int:
-    """The deepest nesting of [ and { outside strings (json.loads recurses on it)."""
-    depth = deepest = 0
-    in_str = escaped = False
-    for ch in text:
-        if in_str:
-            escaped, in_str = (False, True) if escaped else (ch == "\\", ch != '"')
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
 def parse(line: str) -> Request:
     """One mailbox line as a Request; what is not one comes back with its `problem`."""
-    if _depth(line) > MAX_DEPTH:
+    if runfiles.depth(line) > MAX_DEPTH:
         return Request(kind="?", id="?", problem="nested too deeply to be a request")
     try:
         raw = json.loads(line)

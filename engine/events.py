@@ -16,7 +16,8 @@ from typing import Annotated, Any, Callable, Iterable, Literal, Protocol, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from engine import text
+from engine import runfiles, text
+from engine.errors import UserError
 from engine.gpu_monitor import GpuSample
 
 
@@ -164,7 +165,7 @@ class EventLines:
             return None
         try:
             return _adapter.validate_json(raw)
-        except ValidationError:
+        except (ValidationError, ValueError, RecursionError, MemoryError):
             self.problems.append(f"{self.source}:{self.line}: skipped an unreadable line")
             return None
 
@@ -172,10 +173,13 @@ class EventLines:
         return [e for e in map(self.parse, lines) if e is not None]
 
 
+EVENTS_CAP = 16 << 30  # a log larger than this is not a run's (1M steps is ~0.3 GB)
+
+
 def read_events(path: Path) -> tuple[list[Event], list[str]]:
     """All events of an events.jsonl, and a warning for each line that is torn or unknown."""
     reader = EventLines(path)
-    with open(path, "rb") as f:
+    with runfiles.open_log(path, EVENTS_CAP) as f:  # a regular file, never a link or a FIFO
         return reader.read(f), reader.problems
 
 
@@ -188,33 +192,31 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """Appends one line per event in one unbuffered write, so `attach` sees it at once.
+    """Appends one line per event in one unbuffered write, so `attach` sees it at once: whole
+    lines or none (engine.runfiles.AppendLog), never through a link.
 
     A write that fails (disk full) drops that line and the run goes on: the run matters more
-    than its log, and the checkpoint code warns about the full disk on the other sinks.
+    than its log, and the checkpoint code warns about the full disk on the other sinks. A log
+    moved or deleted under the run (rotation, cleanup) is re-created at its path.
     """
 
     def __init__(self, path: Path):
-        self._f = open(path, "ab", buffering=0)
-        self.dropped = 0
-        if self._f.tell():
-            with open(path, "rb") as f:
-                f.seek(-1, 2)
-                torn = f.read(1) != b"\n"
-            if torn:
-                self._write(b"\n")  # a kill -9 tore the last line: end it, so the next event stays whole
+        self._log = runfiles.AppendLog(path)
 
-    def _write(self, data: bytes) -> None:
-        try:
-            self._f.write(data)
-        except OSError:
-            self.dropped += 1
+    @property
+    def dropped(self) -> int:
+        return self._log.dropped
 
     def emit(self, event: _Event) -> None:
-        self._write((event.model_dump_json() + "\n").encode())
+        if self._log.moved():
+            try:
+                self._log.reopen()
+            except (OSError, UserError):
+                pass  # the directory is gone or hostile: the write below counts the drop
+        self._log.write((event.model_dump_json() + "\n").encode())
 
     def close(self) -> None:
-        self._f.close()
+        self._log.close()
 
 
 class QueueSink:

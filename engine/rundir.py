@@ -1,8 +1,11 @@
 """The run directory: config.toml, events.jsonl, checkpoints/, tokenizer.json.
 
 A run directory describes itself: `attach`, `--resume` and `sample` need nothing else.
-It has one writer at a time: an OS lock (flock on writer.lock) held for the run's life,
-so a second `train --resume` or a second new run racing on one `--out` is refused.
+It has one writer at a time: an OS lock (flock on the run directory itself, which no one can
+delete from under it; writer.lock is flock'ed too, for older versions) held for the run's life,
+so a second `train --resume` or a second new run racing on one `--out` is refused. Whether a
+run is live, and who writes it, comes from that lock's holder, never from writer.pid alone.
+Every file here is opened through engine.runfiles (no links followed, bounded reads).
 Output paths of every command (runs, datasets, benchmark tables) are checked here too.
 """
 
@@ -12,17 +15,24 @@ import os
 import socket
 import stat
 import time
+import tomllib
 from pathlib import Path
 
-from engine.config import RunConfig, build, read_toml
+from engine import runfiles, text
+from engine.config import RunConfig, build
 from engine.errors import UserError
 from engine.text import program
 
 CONFIG, EVENTS, CHECKPOINTS, TOKENIZER = "config.toml", "events.jsonl", "checkpoints", "tokenizer.json"
 WRITER = "writer.pid"  # "host pid since" of the process writing the run, while it runs
-WRITER_LOCK = "writer.lock"  # flock'ed by the writer for the run's life; never deleted (that would race)
+WRITER_LOCK = "writer.lock"  # flock'ed too (older versions lock only this); the run dir's own flock is the lock
 LAUNCH_LOG = "console.log"  # the app's detached launch writes the run's console here before it starts
 LOCK_ENV = "GPT2_TUI_RUN_LOCKED"  # set by the launcher for its ranks: the run dir whose lock it holds
+MAILBOX = "requests.jsonl"  # engine.control's; named here for the link check
+# where a run writes: a link at any of these names is refused before anything is written
+WRITTEN = (CONFIG, EVENTS, WRITER, WRITER_LOCK, TOKENIZER, MAILBOX, LAUNCH_LOG, CHECKPOINTS, f"{CHECKPOINTS}/latest",
+           f"{CHECKPOINTS}/best.pt")  # fmt: skip
+PID_CAP = 4096  # writer.pid is one short line
 _NOT_CONTENT = frozenset({LAUNCH_LOG, WRITER, WRITER_LOCK})  # what a fresh --out may already hold
 # kernel file systems that look like directories but hold no files of ours
 _PSEUDO_FS = frozenset(
@@ -121,11 +131,7 @@ def make_dir(path: Path, flag: str = "--out") -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    # imported here: engine.checkpoint imports torch, and reading a run (`gpt2-tui runs`,
-    # attach) must not pay for that
-    from engine.checkpoint import atomic_write_bytes as write
-
-    write(path, data)
+    runfiles.atomic_write_bytes(path, data)
 
 
 def claim_new(path: Path) -> None:
@@ -170,19 +176,27 @@ def require_dir(path: Path) -> None:
 
 def load_config(path: Path) -> RunConfig:
     require_dir(path)
-    if not (path / CONFIG).is_file():
+    if not os.path.lexists(path / CONFIG):
         raise UserError(f"{path} is not a run directory (no {CONFIG}); give the --out of a run")
-    return build(read_toml(path / CONFIG))
+    try:
+        data = runfiles.read_toml(path / CONFIG)
+    except OSError as err:
+        raise UserError(f"cannot read {path / CONFIG} ({err.strerror or err}); give the --out of a run") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"config file {path / CONFIG} is not valid TOML: {err}; fix the file") from None
+    except ValueError as err:  # nested too deeply, not UTF-8
+        raise UserError(f"config file {path / CONFIG} cannot be read ({str(err)[:200]}); fix the file") from None
+    return build(data)
 
 
 def tokenizer_of(path: Path) -> Path | None:
     p = path / TOKENIZER
-    return p if p.is_file() else None
+    return p if runfiles.is_regular(p) else None
 
 
 # ---------------------------------------------------------------- the one writer
 
-_held: dict[str, int] = {}  # run dir (resolved) -> fd of its writer.lock, held by this process
+_held: dict[str, tuple[int, int]] = {}  # run dir (resolved) -> fds of it and its writer.lock, held here
 _recorded: set[str] = set()  # run dirs whose writer.pid this process wrote
 
 
@@ -196,60 +210,74 @@ def _lock_env_holds(path: Path) -> bool:
 
 
 def lock(path: Path) -> None:
-    """Take the run's writer lock (flock: the kernel drops it when the process dies, kill -9
-    included). Idempotent in the process that holds it; anyone else is refused in one line."""
+    """Take the run's writer lock: flock on the run directory itself (the kernel drops it when
+    the process dies, kill -9 included; deleting a file cannot free it). Idempotent in the
+    process that holds it; anyone else is refused in one line, and so is a run directory that
+    holds links where the run writes."""
     import fcntl
 
     key = _key(path)
     if key in _held or _lock_env_holds(path):
         return
+    runfiles.check_no_links(path, WRITTEN)
     try:
-        fd = os.open(path / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
         raise UserError(f"cannot lock run directory {path} ({err.strerror}); check its permissions") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        os.close(fd)
+        os.close(dir_fd)
         raise UserError(
             f"{path} is being written by {holder(path)}; wait for it, stop it, or watch it with "
             f"`{program()} attach {path}`"
         ) from None
-    _held[key] = fd
+    try:  # older versions lock writer.lock: hold it too, so they are refused as well
+        file_fd = os.open(path / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        os.close(dir_fd)
+        raise UserError(f"cannot lock run directory {path} ({err.strerror}); check its permissions") from None
+    try:
+        fcntl.flock(file_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(file_fd)
+        os.close(dir_fd)
+        raise UserError(f"{path} is being written by {holder(path)}; wait for it or stop it") from None
+    _held[key] = (dir_fd, file_fd)
 
 
 def unlock(path: Path) -> None:
     """Drop the lock (not the record): for a check that refused after locking."""
-    fd = _held.pop(_key(path), None)
-    if fd is not None:
+    fds = _held.pop(_key(path), None)
+    for fd in fds or ():
         os.close(fd)  # closing the last descriptor drops the flock
 
 
 def holder(path: Path) -> str:
-    """Who holds the run's lock, in words: pid, host and since when (writer.pid, else the kernel's table)."""
-    locker = _flock_pid(path / WRITER_LOCK)
-    try:
-        host, pid, *since = (path / WRITER).read_text().split()
-        if locker is None or int(pid) == locker:
-            return f"pid {int(pid)} on {host}" + (f" since {since[0]}" if since else "")
-    except (OSError, ValueError):
-        pass
+    """Who holds the run's lock, in words: pid, host and since when (writer.pid, when it names
+    the lock's holder), else the kernel's table."""
+    locker = lock_holder(path) or _flock_pid(Path(path) / WRITER_LOCK)
+    record = writer_record(path)
+    if record is not None and (locker is None or record[1] == locker):
+        host, pid, since = record
+        return f"pid {pid} on {text.path_text(host)}" + (f" since {text.path_text(since)}" if since else "")
     return f"pid {locker} on this host (starting up)" if locker else "another process (starting up)"
 
 
 def lock_holder(path: Path) -> int | None:
-    """The pid holding the run's writer lock (Linux), or None: who writes a run, and whether
-    anyone does, comes from the lock, never from writer.pid alone."""
-    return _flock_pid(Path(path) / WRITER_LOCK)
+    """The pid holding the run directory's writer lock (Linux), or None: who writes a run, and
+    whether anyone does, comes from the lock, never from writer.pid alone."""
+    return _flock_pid(Path(path))
 
 
-def _flock_pid(lock_file: Path) -> int | None:
-    """The pid holding a flock on `lock_file`, from /proc/locks (Linux), or None."""
+def _flock_pid(locked: Path) -> int | None:
+    """The pid holding a flock on the file or directory `locked`, from /proc/locks (Linux), or None."""
     try:
-        ino = str(os.stat(lock_file).st_ino)
+        st = os.stat(locked)
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return None
+    ino = str(st.st_ino)
     for line in lines:
         f = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
         if len(f) > 5 and f[1] == "FLOCK" and f[5].split(":")[-1] == ino and f[4].isdigit():
@@ -277,29 +305,22 @@ def release_writer(path: Path) -> None:
     unlock(path)
 
 
-def writer_alive(path: Path) -> bool | None:
-    """False when the recorded writer is a dead process on this host; None when unknown
-    (no record, or another host's process, which we cannot see)."""
+def writer_alive(path: Path) -> bool:
+    """Whether a process writes this run: someone holds its lock. The one liveness rule (runs,
+    toggle, attach): writer.pid may be stale, garbage or name a reused pid."""
+    return lock_holder(path) is not None
+
+
+def writer_record(path: Path) -> tuple[str, int, str] | None:
+    """writer.pid as (host, pid, since), or None without a readable record (a label only)."""
     try:
-        host, pid = (path / WRITER).read_text().split()[:2]
-        pid_n = int(pid)
+        host, pid, *since = runfiles.read_bounded(Path(path) / WRITER, PID_CAP).decode().split()
+        return host, int(pid), since[0] if since else ""
     except (OSError, ValueError):
         return None
-    if host != socket.gethostname():
-        return None
-    try:
-        os.kill(pid_n, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
 
 
 def writer_of(path: Path) -> tuple[str, int] | None:
     """The host and pid recorded as this run's writer, or None without a readable record."""
-    try:
-        host, pid = (path / WRITER).read_text().split()[:2]
-        return host, int(pid)
-    except (OSError, ValueError):
-        return None
+    record = writer_record(path)
+    return None if record is None else (record[0], record[1])

@@ -3,15 +3,19 @@
 A run directory describes itself (config.toml, events.jsonl, writer.pid), so a summary is
 read from it alone. The log is read as every reader reads it (events.EventLines) and only
 what a summary needs is kept: a long run's log holds a line per step. Torn or garbage
-lines are skipped, as `attach` does; a directory that holds no run is left out. Summaries
-are cached by (size, mtime) of the log; the writer's liveness is
-checked fresh each time, since a dead writer changes no file.
+lines are skipped, as `attach` does; a directory that holds no run is left out. Files are
+opened through engine.runfiles (regular files only, bounded, depth-capped), so one hostile run
+never hangs or breaks the listing. Summaries are kept per log and read on only where the log
+grew; step lines are kept raw and parsed only for the last segment's speed (a 1M-line log:
+see docs/reliability.md). The writer's liveness (the lock's holder) is checked fresh each time.
 """
 
 from __future__ import annotations
 
 import math
-import tomllib
+import os
+import re
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -20,8 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from engine import events as ev
-from engine import rundir
-from engine.text import fmt_params
+from engine import rundir, runfiles
+from engine.text import fmt_params, shown
 
 RunStateName = Literal["running", "finished", "stopped", "failed", "writer gone"]
 DEFAULT_ROOT = Path("runs")
@@ -43,31 +47,118 @@ class RunSummary(BaseModel):
     error: str | None = None  # run_failed's message
 
 
+STEP_TAG, GPU_TAG = b'"event":"step"', b'"event":"gpu"'  # how JsonlSink writes them (compact)
+TAIL_STEPS = 2048  # step reports of the last segment kept for its settled speed (its 2nd half: exact up to here)
+EVENTS_CAP = ev.EVENTS_CAP
+CONFIG_CAP = 1 << 20  # a run's config.toml is a few kB
+CHUNK, LONGEST_LINE = 8 << 20, 64 << 20  # read size; a "line" longer than this is skipped
+_OTHER = re.compile(rb'"event"\s*:\s*"(?!(?:step|gpu)")')  # the tag of a line that is not step/gpu
+
+
 @dataclass
 class _Scan:
-    """What the log says, independent of the writer's liveness."""
+    """What the log says, independent of the writer's liveness. Built incrementally: `offset`
+    is how far the log was read (whole lines), so a growing log is read only where it grew.
+    Step lines, nearly all of a long log, are only kept raw (the last TAIL_STEPS of the last
+    segment) and parsed when a summary needs them."""
 
     first_time: float | None = None
     started: ev.RunStarted | None = None  # the last run_started
     end: ev.RunFinished | ev.RunFailed | None = None  # the end of the last segment
     step: int = 0
     best_val: float | None = None
-    step_times: list[float] = field(default_factory=list)  # last segment
+    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_STEPS))  # last segment's step lines
+    pending: bytes | None = None  # the newest step line, not yet counted into `step`
+    step_times: list[float] = field(default_factory=list)  # last segment (from `tail`, by `finish`)
     tokens_per_step: float | None = None  # tokens/s x s/step of the last report (all ranks)
+    offset: int = 0
+    ident: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the log read
+    problems: int = 0  # unreadable lines skipped
 
 
-def _scan(events: Path) -> _Scan:
-    s = _Scan()
+def _scan(events: Path, s: _Scan | None = None) -> _Scan:
+    """The log's summary, continuing `s` when it read this same file before. A log that is not a
+    regular file (a FIFO, a link to /dev/zero) or is larger than EVENTS_CAP is not read."""
     try:
-        f = open(events, "rb")
+        fd = runfiles.open_regular(events, EVENTS_CAP)
     except OSError:
-        return s
-    with f:
+        return _Scan()
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if s is None or s.ident != (st.st_dev, st.st_ino) or st.st_size < s.offset:
+            s = _Scan(ident=(st.st_dev, st.st_ino))  # new, replaced or truncated: from the start
+        elif st.st_size == s.offset:
+            return s
+        f.seek(s.offset)
         lines = ev.EventLines(events)  # torn by a kill, or not ours: skipped
-        for raw in f:
-            if (e := lines.parse(raw)) is not None:
-                _feed(s, e)
+        carry = b""
+        while chunk := f.read(CHUNK):
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                _scan_block(s, data, cut, lines)
+                s.offset += cut
+            carry = data[cut:]
+            if len(carry) > LONGEST_LINE:  # no event is this long: skip it (counted as unreadable)
+                s.offset, carry = s.offset + len(carry), b""
+                lines.problems.append(f"{events}: skipped a line over {LONGEST_LINE} bytes")
+        s.problems += len(lines.problems)  # a line without its newline yet is read next time
+    _finish(s)
     return s
+
+
+def _scan_block(s: _Scan, block: bytes, stop: int, lines: ev.EventLines) -> None:
+    """The whole lines of block[:stop]: every one but step and gpu lines parsed in order (the regex finds their tags
+    at C speed; a line with no event tag is no event); of step lines only the newest are kept, raw."""
+    settled = reset = 0  # where the last step-setting event ended; where the last run_started did
+    end = 0
+    for m in _OTHER.finditer(block, 0, stop):
+        if m.start() < end:
+            continue  # the line found already
+        start, end = block.rfind(b"\n", 0, m.start()) + 1, block.find(b"\n", m.end())
+        e = lines.parse(block[start:end])
+        if e is None:
+            continue
+        if isinstance(e, (ev.RunStarted, ev.RunFailed)):
+            q = block.rfind(STEP_TAG, settled, start)
+            if q >= 0:  # the newest step line before this event counts into `step` first
+                s.pending = block[block.rfind(b"\n", 0, q) + 1 : block.find(b"\n", q)]
+        _feed(s, e)
+        if isinstance(e, (ev.RunStarted, ev.RunFinished, ev.RunFailed)):
+            settled = end
+        if isinstance(e, ev.RunStarted):
+            reset = end
+    size, steps = 1 << 20, []
+    while True:  # the newest TAIL_STEPS step lines after `reset`, reading back only as far as needed
+        lo = max(reset, stop - size)
+        parts = block[lo:stop].split(b"\n")
+        steps = [p for p in (parts if lo == reset else parts[1:]) if STEP_TAG in p]  # parts[0]: maybe half a line
+        if len(steps) >= TAIL_STEPS or lo == reset:
+            break
+        size *= 4
+    if steps:
+        s.tail.extend(steps[-TAIL_STEPS:])
+        if block.rfind(STEP_TAG, 0, stop) > settled:
+            s.pending = steps[-1]
+
+
+def _settle_step(s: _Scan) -> None:
+    """Count the newest step line into `step` (before an event that reads `step`)."""
+    if s.pending is not None:
+        e = ev.EventLines("").parse(s.pending)
+        s.pending = None
+        if isinstance(e, ev.Step):
+            s.step = e.step
+
+
+def _finish(s: _Scan) -> None:
+    """The figures from the kept step lines: step, settled step times, tokens per step."""
+    _settle_step(s)
+    s.step_times, s.tokens_per_step = [], None
+    for e in ev.EventLines("").read(s.tail):
+        if isinstance(e, ev.Step) and e.step_time_s > 0 and math.isfinite(e.step_time_s):
+            s.step_times.append(e.step_time_s)
+            s.tokens_per_step = e.tokens_per_s * e.step_time_s
 
 
 def _better(s: _Scan, v: float | None) -> None:
@@ -78,47 +169,43 @@ def _better(s: _Scan, v: float | None) -> None:
 def _feed(s: _Scan, e: ev.Event) -> None:
     match e:
         case ev.RunStarted():
+            _settle_step(s)
             if s.first_time is None:
                 s.first_time = e.time
-            s.started, s.end, s.step_times = e, None, []
+            s.started, s.end = e, None
+            s.tail.clear()
             s.step = max(s.step, e.start_step)
-        case ev.Step():
+        case ev.Step():  # a step line written otherwise than JsonlSink does
+            s.tail.append(e.model_dump_json().encode())
+            s.pending = None
             s.step = e.step
-            if e.step_time_s > 0 and math.isfinite(e.step_time_s):
-                s.step_times.append(e.step_time_s)
-                s.tokens_per_step = e.tokens_per_s * e.step_time_s
         case ev.Eval():
             _better(s, e.val_loss)
         case ev.RunFinished():
+            s.pending = None
             s.end, s.step = e, e.step
             _better(s, e.best_val_loss)
         case ev.RunFailed():
+            _settle_step(s)
             s.end = e
             s.step = s.step if e.step is None else e.step
 
 
-_cache: dict[Path, tuple[tuple[int, int], _Scan]] = {}
+_cache: dict[Path, _Scan] = {}
 
 
 def _scan_cached(events: Path) -> _Scan:
-    try:
-        st = events.stat()
-        key = (st.st_size, st.st_mtime_ns)
-    except OSError:
-        return _Scan()
-    hit = _cache.get(events)
-    if hit and hit[0] == key:
-        return hit[1]
-    s = _scan(events)
-    _cache[events] = (key, s)
+    """The summary of a log, read only where it grew since the last call in this process."""
+    s = _scan(events, _cache.get(events))
+    _cache[events] = s
     return s
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    """config.toml, bounded and depth-capped; {} when it cannot be read (the log still tells)."""
     try:
-        with open(path / rundir.CONFIG, "rb") as f:
-            return tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return runfiles.read_toml(path / rundir.CONFIG, CONFIG_CAP)
+    except (OSError, ValueError):
         return {}
 
 
@@ -134,16 +221,13 @@ def _settled_tokens_per_s(s: _Scan) -> float | None:
 
 
 def _state(path: Path, s: _Scan) -> RunStateName:
-    alive = rundir.writer_alive(path)
     if isinstance(s.end, ev.RunFailed):
         return "failed"
     if s.end is not None:
         return "stopped" if s.end.reason == "stopped" else "finished"
-    if alive is True:
+    if rundir.writer_alive(path):  # the lock's holder: the one liveness rule, never writer.pid
         return "running"
-    if alive is None and (path / rundir.WRITER).exists():
-        return "running"  # another host's writer: we cannot see it, so trust the record
-    return "writer gone"  # a dead writer, or none and no ending: nothing will finish it
+    return "writer gone"  # no one holds the lock and no ending: nothing will finish it
 
 
 def _dig(d: dict[str, Any] | None, *keys: str) -> Any:
@@ -166,7 +250,7 @@ def summarize(path: Path) -> RunSummary | None:
         t0 = s.first_time
     else:
         try:
-            t0 = min(p.stat().st_mtime for p in (path / rundir.CONFIG, path / rundir.EVENTS) if p.exists())
+            t0 = min(p.lstat().st_mtime for p in (path / rundir.CONFIG, path / rundir.EVENTS) if os.path.lexists(p))
         except (OSError, ValueError):
             return None
     max_steps = _dig(started_cfg, "train", "max_steps") or _dig(cfg, "train", "max_steps")
@@ -233,7 +317,8 @@ COLUMNS = ("name", "model", "state", "step", "best val", "tok/s", "started", "de
 
 def row(r: RunSummary) -> tuple[str, ...]:
     """One run as the cells of COLUMNS (the CLI table and the Runs screen share them)."""
-    return (r.name, model_text(r), r.state, step_text(r), loss_text(r), speed_text(r), started_text(r), r.device_name or "-")
+    cells = (r.name, model_text(r), r.state, step_text(r), loss_text(r), speed_text(r), started_text(r), r.device_name or "-")
+    return tuple(shown(c) for c in cells)  # names and fields come from files: printable, one line
 
 
 def format_table(summaries: list[RunSummary]) -> str:

@@ -152,7 +152,17 @@ def change_text(diff: dict[str, list[Any]]) -> str:
 def describe(e: Any, max_steps: int | None = None, eta: float | None = None) -> str:
     """The text of an event: the console's, the dashboard log's, `attach`'s. One line, but a
     run's end (its settled speed follows) and a sample (its text, indented). `eta`: seconds
-    to the end, for a step line. `e`: an engine.events event, told by its tag."""
+    to the end, for a step line. `e`: an engine.events event, told by its tag. Events are read
+    from files anyone may write: the text passes `printable`, whatever field it came from."""
+    return printable(_describe(e, max_steps, eta))
+
+
+def shown(value: object) -> str:
+    """A cell or a one-line message made from file contents: `printable`, on one line."""
+    return printable(str(value)).replace("\n", " ").replace("\t", " ")
+
+
+def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
     match e.event:
         case "run_started":
             t = e.config["train"]

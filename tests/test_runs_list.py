@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,27 @@ def write_run(root: Path, name: str, t0: float, *, steps: int = 4, max_steps: in
     elif end == "failed":
         out.append(ev.RunFailed(time=t0 + steps + 1, step=steps, error="RuntimeError: CUDA out of memory"))
     (d / rundir.EVENTS).write_text("".join(e.model_dump_json() + "\n" for e in out))
-    if writer == "alive":
-        (d / rundir.WRITER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    if writer == "alive":  # a live writer holds the run's lock (the one liveness rule); this process does
+        claim(d)
     elif writer == "dead":
         (d / rundir.WRITER).write_text(f"{socket.gethostname()} {dead_pid()}\n")
     return d
+
+
+_claimed: list[Path] = []
+
+
+def claim(d: Path) -> None:
+    """This process becomes the run's writer (lock + writer.pid), until the test ends."""
+    rundir.claim_writer(d)
+    _claimed.append(d)
+
+
+@pytest.fixture(autouse=True)
+def _release() -> Iterator[None]:
+    yield
+    while _claimed:
+        rundir.release_writer(_claimed.pop())
 
 
 def dead_pid() -> int:
@@ -111,7 +128,7 @@ def test_a_resumed_run_reads_its_last_segment(tmp_path: Path) -> None:
         cfg = {"preset": "nano", "model": {"vocab_size": 8192}, "train": {"max_steps": 20}}
         f.write(ev.RunStarted(time=2000.0, config=cfg, n_params=5, device="cpu", device_name="CPU", precision="fp32",
                               flops_per_token=1, start_step=3).model_dump_json() + "\n")  # fmt: skip
-    (d / rundir.WRITER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    claim(d)  # the resumed segment's writer: it holds the lock
     r = summarize(d)
     assert r is not None and r.state == "running" and r.step == 3 and r.max_steps == 20
     assert r.device_name == "CPU" and r.n_params == 5

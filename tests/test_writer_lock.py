@@ -143,7 +143,7 @@ def test_claim_is_idempotent_and_release_removes_the_record(tmp_path: Path) -> N
     assert rundir.writer_alive(d) is True and rundir.writer_of(d) == (host, os.getpid())
     rundir.release_writer(d)
     assert not (d / rundir.WRITER).exists()
-    assert rundir.writer_alive(d) is None
+    assert rundir.writer_alive(d) is False  # nobody holds the lock: the one liveness rule (issue 21)
     holder = _holder(d)  # released: another process may take it now
     _stop(holder)
 

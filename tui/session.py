@@ -30,14 +30,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine import events as ev
-from engine import rundir
+from engine import rundir, runfiles
 from engine.config import RunConfig
 from engine.control import Control, Request, post
 from engine.errors import UserError
+from engine.text import path_text
 from tui.runstate import Building, RunState
 from tui.tail import EventTail
 
 CONSOLE_LOG = rundir.LAUNCH_LOG
+CONSOLE_CAP = 8 << 20  # what the dashboard shows of a launch's console, at most
 BUILD_LINE = "building the default dataset"  # what engine.prepare prints while it builds (a child's console)
 
 
@@ -51,25 +53,18 @@ def _proc_status(pid: int) -> dict[str, str]:
 
 
 def writer_target(run_dir: Path) -> tuple[int | None, str]:
-    """The writer pid of a run this app may steer through its mailbox, or None and why not:
-    the recorded writer must hold the run's lock, on this host, as this user."""
-    record = rundir.writer_of(run_dir)
-    if record is None:
-        return None, "no writer recorded: the run is not running"
-    host, pid = record
-    if host != socket.gethostname():
-        return None, f"written by pid {pid} on {host}, another host"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None, f"its writer, pid {pid}, is gone"
-    except PermissionError:
-        return None, f"pid {pid} belongs to another user"
+    """The writer pid of a run this app may steer through its mailbox, or None and why not.
+    The one liveness rule: the writer is the process holding the run's lock (on this host, as
+    this user); writer.pid is only a label and may name a reused pid."""
+    pid = rundir.lock_holder(run_dir)
+    if pid is None:
+        record = rundir.writer_of(run_dir)
+        if record is not None and record[0] != socket.gethostname():
+            return None, f"no process here holds its lock (writer.pid names {path_text(record[0])}, another host)"
+        return None, "no process holds the run's lock: the run is not running"
     status = _proc_status(pid)
     if status and int(status["Uid"].split()[0]) != os.getuid():
         return None, f"pid {pid} belongs to another user"
-    if rundir.lock_holder(run_dir) != pid:
-        return None, f"pid {pid} does not hold the run's lock (not its writer)"
     return pid, f"pid {pid}"
 
 
@@ -165,9 +160,8 @@ class RunSession:
     def console_text(self) -> str:
         """What the launched process wrote to the console log (not earlier launches' lines)."""
         try:
-            with open(self.run_dir / CONSOLE_LOG, "rb") as f:
-                f.seek(self._console_pos)
-                return f.read().decode(errors="replace")
+            with runfiles.open_log(self.run_dir / CONSOLE_LOG, offset=self._console_pos) as f:
+                return f.read(CONSOLE_CAP).decode(errors="replace")
         except OSError:
             return ""
 
@@ -241,7 +235,7 @@ def start_detached(config: RunConfig, run_dir: Path, nproc: int = 1) -> RunSessi
     fd, name = tempfile.mkstemp(prefix="gpt2-tui-launch-", suffix=".toml")
     with os.fdopen(fd, "w") as f:
         f.write(config.model_copy(update={"out_dir": str(run_dir)}).to_toml())
-    log = open(run_dir / CONSOLE_LOG, "ab")
+    log = runfiles.open_append(run_dir / CONSOLE_LOG)
     start = log.tell()
     try:
         proc = subprocess.Popen(
@@ -271,7 +265,7 @@ def start_resume(run_dir: Path, max_steps: int) -> RunSession:
         raise UserError(f"{run_dir} is at step {session.state.step}; resume it to more steps than that")
     session.state.resuming()
     cmd = [sys.executable, "-m", "engine.cli", "train", "--headless", "--resume", str(run_dir), "--max-steps", str(max_steps)]
-    with open(run_dir / CONSOLE_LOG, "ab") as log:
+    with runfiles.open_append(run_dir / CONSOLE_LOG) as log:
         session._console_pos = log.tell()
         session.process = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()

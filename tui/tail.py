@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from engine import runfiles
 from engine.events import EventLines
 
 
@@ -31,12 +32,12 @@ class EventTail:
     def read_new(self, max_bytes: int = 8 << 20) -> list[Any]:
         """Events appended since the last call (at most max_bytes read per call)."""
         try:
-            with open(self.path, "rb") as f:
+            with runfiles.open_log(self.path) as f:  # a regular file only: never a link, never a FIFO
                 if os.fstat(f.fileno()).st_size < self._pos:
                     self._restart()
                 f.seek(self._pos)
                 chunk = f.read(max_bytes)
-        except FileNotFoundError:
+        except OSError:
             return []
         self._pos += len(chunk)
         data = self._partial + chunk

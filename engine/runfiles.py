@@ -1,0 +1,319 @@
+"""The one way to open a file in a run directory (issue 21: the run directory is a trust boundary).
+
+Anything in a run directory may have been moved, swapped, planted, torn or filled by someone
+else, so every reader and writer of its files goes through here:
+
+- read: `read_bounded` opens without following a link and without blocking (a FIFO), takes
+  only a regular file of at most `cap` bytes, and says why not in a `Refused` (an OSError, so
+  a caller that handles "cannot read" handles it too). `parse_json` / `parse_toml` refuse
+  nesting deeper than a cap instead of recursing into a RecursionError.
+- write: `atomic_write` writes a temp file made with O_CREAT|O_EXCL|O_NOFOLLOW (a random name:
+  nothing planted is ever opened), fsyncs it and renames it over the target (a rename replaces
+  a link, never writes through it). `AppendLog` appends whole lines or none: a write cut short
+  (disk full) is truncated back to the last whole line.
+- `check_no_links`: a run directory holding links where the run writes is refused in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import stat
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from engine.errors import UserError
+
+KiB, MiB = 1 << 10, 1 << 20
+MAX_DEPTH = 64  # JSON/TOML nesting a run's own files never come near; json/tomllib recurse per level
+TMP_SUFFIX = ".tmp"  # temp files are ".NAME.RANDOM.tmp": swept by the writer, never reused
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class Refused(OSError):
+    """A run-directory file that is not read: a link, not a regular file, or over its cap."""
+
+
+def open_regular(path: Path | str, cap: int | None = None) -> int:
+    """A read-only fd of `path` if it is a regular file (not a link, never blocking on a FIFO)
+    of at most `cap` bytes; Refused (or the OSError, e.g. FileNotFoundError) otherwise."""
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise Refused(errno.ELOOP, f"{path} is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(errno.EINVAL, f"{path} is not a regular file")
+        if cap is not None and st.st_size > cap:
+            raise Refused(errno.EFBIG, f"{path} is {st.st_size} bytes, over {cap}")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bounded(path: Path | str, cap: int) -> bytes:
+    """The bytes of a small regular file (see open_regular); Refused if it grew past `cap`."""
+    fd = open_regular(path, cap)
+    try:
+        chunks, left = [], cap + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > cap:
+        raise Refused(errno.EFBIG, f"{path} grew over {cap} bytes while read")
+    return data
+
+
+@contextlib.contextmanager
+def open_log(path: Path | str, cap: int | None = None, offset: int = 0) -> Iterator[BinaryIO]:
+    """A regular file opened for reading from `offset` (a log read line by line)."""
+    fd = open_regular(path, cap)
+    f = os.fdopen(fd, "rb")
+    with f:
+        if offset:
+            f.seek(offset)
+        yield f
+
+
+def is_regular(path: Path) -> bool:
+    """A regular file itself, not a link to one (lstat): what a checkpoint listing keeps."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- parsing, bounded
+
+
+def depth(text: str | bytes) -> int:
+    """The deepest nesting of [ and { outside JSON strings (what json.loads recurses on)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if "[" not in text and "{" not in text:
+        return 0
+    level = deepest = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            escaped, in_str = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif ch in "]}":
+            level -= 1
+    return deepest
+
+
+def parse_json(data: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """json.loads with the nesting capped; ValueError for anything that is no such JSON."""
+    if depth(data) > max_depth:
+        raise ValueError(f"nested deeper than {max_depth}")
+    try:
+        return json.loads(data)
+    except (RecursionError, MemoryError, UnicodeDecodeError) as err:
+        raise ValueError(type(err).__name__) from None
+
+
+def parse_toml(data: bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+    """tomllib.loads of bytes with nesting capped; ValueError (TOMLDecodeError is one) otherwise."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8") from None
+    if text.count("[") + text.count("{") > max_depth and depth(text) > max_depth:
+        raise ValueError(f"nested deeper than {max_depth}")
+    try:
+        return tomllib.loads(text)
+    except (RecursionError, MemoryError) as err:
+        raise ValueError(type(err).__name__) from None
+
+
+def read_json(path: Path | str, cap: int) -> Any:
+    """A small JSON file, bounded; OSError (Refused included) or ValueError."""
+    return parse_json(read_bounded(path, cap))
+
+
+def read_toml(path: Path | str, cap: int = MiB) -> dict[str, Any]:
+    """A run's TOML file, bounded; OSError (Refused included) or ValueError."""
+    return parse_toml(read_bounded(path, cap))
+
+
+# ---------------------------------------------------------------- writing, never through a link
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}{TMP_SUFFIX}")
+
+
+def create_new(path: Path, mode: int = 0o644) -> int:
+    """A new file at `path` (O_EXCL|O_NOFOLLOW: never an existing file, never through a link)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a new temp file, fsync, rename over `path`: readers see the old file or the new one,
+    never half; nothing outside the directory is written whatever `path` was. A failed write
+    (disk full, an interrupt) removes its temp file."""
+    path = Path(path)
+    tmp = temp_name(path)
+    try:
+        with os.fdopen(create_new(tmp), "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Make `dst` the same content as `src` atomically (a hard link costs no second write)."""
+    tmp = temp_name(dst)
+    try:
+        os.link(src, tmp, follow_symlinks=False)
+    except OSError:
+        atomic_write(tmp, lambda f: f.write(read_bounded(src, 1 << 40)))
+    try:
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(dst.parent)
+
+
+def open_append(path: Path) -> BinaryIO:
+    """A file to append to (a child's console log): never through a link, a regular file only;
+    UserError in one line otherwise."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symbolic link; remove it and try again") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file; remove it and try again")
+    f = os.fdopen(fd, "ab")
+    f.seek(0, os.SEEK_END)
+    return f
+
+
+class AppendLog:
+    """An append-only log of lines (events.jsonl): opened without following a link, each line
+    written whole or not at all. A write cut short (a full disk cuts at a page boundary) is
+    truncated back to where the line began, so the next line never glues onto half of one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.dropped = 0  # lines not written (disk full, file gone)
+        self.fd = self._open()
+        size = os.fstat(self.fd).st_size
+        if size and os.pread(self.fd, 1, size - 1) != b"\n":
+            self.write(b"\n")  # a kill -9 tore the last line: end it, so the next event stays whole
+
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise UserError(f"{self.path} is a symbolic link; a run writes only its own files: "
+                                "remove the link (or move the run) and try again") from None  # fmt: skip
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(f"{self.path} is not a regular file; remove it and try again")
+        return fd
+
+    def moved(self) -> bool:
+        """The file we write is no longer at its path (log rotation moved or deleted it)."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        mine = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino)
+
+    def reopen(self) -> None:
+        """Write at the path again (a new file where the old one was moved away)."""
+        fd = self._open()
+        os.close(self.fd)
+        self.fd = fd
+
+    def write(self, line: bytes) -> bool:
+        """Append `line` whole, or nothing (False, counted in `dropped`)."""
+        start = None
+        try:
+            start = os.fstat(self.fd).st_size
+            view = memoryview(line)
+            while view:
+                n = os.write(self.fd, view)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "short write")
+                view = view[n:]
+            return True
+        except OSError:
+            self.dropped += 1
+            if start is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, start)  # take back the half line
+            return False
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+# ---------------------------------------------------------------- the run directory itself
+
+
+def links_in(run_dir: Path, names: tuple[str, ...]) -> list[str]:
+    """Which of `names` (relative to run_dir) are symbolic links."""
+    return [n for n in names if os.path.islink(Path(run_dir) / n)]
+
+
+def check_no_links(run_dir: Path, names: tuple[str, ...]) -> None:
+    """Refuse, in one line, a run directory holding links where the run writes."""
+    found = links_in(run_dir, names)
+    if found:
+        raise UserError(f"{run_dir} holds symbolic links where a run writes ({', '.join(found)}); "
+                        "a run writes only its own files: remove the links and try again")  # fmt: skip
