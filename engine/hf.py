@@ -104,7 +104,8 @@ def resolve(name_or_dir: str | Path, cache_dir: Path | None = None) -> Path:
     return path
 
 
-def _download(name: str, cache_dir: Path | None) -> Path:
+def _download(name: str, cache_dir: Path | None, files: list[str] | None = None, fix: str = "--init-from DIR") -> Path:
+    """huggingface_hub's snapshot of `name` (only `files`), from its cache or the network."""
     hub = _need("huggingface_hub")
     errors = _need("huggingface_hub.errors")
     repo = HUB_NAMES[name]
@@ -112,28 +113,33 @@ def _download(name: str, cache_dir: Path | None) -> Path:
     offline = _offline()
     try:
         got = hub.snapshot_download(
-            repo, allow_patterns=_HUB_FILES, cache_dir=cache, local_files_only=offline
+            repo, allow_patterns=files or _HUB_FILES, cache_dir=cache, local_files_only=offline
         )
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled) as err:
         if offline:
             raise UserError(
                 f"{name} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set; "
-                f"unset HF_HUB_OFFLINE on a machine with network to download it once, or pass --init-from DIR"
+                f"unset HF_HUB_OFFLINE on a machine with network to download it once, or pass {fix}"
             ) from None
         why = " ".join(str(err).split())[:120]
         raise UserError(
             f"cannot download {name} from the Hugging Face Hub (no network? {why}) and it is not in the "
-            f"cache ({cache}); run once with network (it is cached), or pass --init-from DIR"
+            f"cache ({cache}); run once with network (it is cached), or pass {fix}"
         ) from None
     except (errors.HfHubHTTPError, OSError) as err:
         why = " ".join(str(err).split())[:160]
-        raise UserError(f"downloading {name} ({repo}) failed: {why}; retry, or pass --init-from DIR") from None
+        raise UserError(f"downloading {name} ({repo}) failed: {why}; retry, or pass {fix}") from None
     path = Path(got)
-    if not (path / WEIGHTS).is_file() or not (path / CONFIG).is_file():
-        raise UserError(
-            f"the cached {name} at {path} lacks {CONFIG} or {WEIGHTS}; delete that folder and retry with network"
-        )
+    for file in files or [CONFIG, WEIGHTS]:
+        if not (path / file).is_file():
+            raise UserError(f"the cached {name} at {path} lacks {file}; delete that folder and retry with network")
     return path
+
+
+def hub_tokenizer(name: str = "gpt2", cache_dir: Path | None = None) -> Path:
+    """The Hub's tokenizer.json of a GPT-2 model (the real BPE: 50257 ids, eot 50256), from
+    huggingface_hub's cache or, with network, downloaded into it (1.4 MB, no weights)."""
+    return _download(name, cache_dir, ["tokenizer.json"], "--tokenizer PATH/tokenizer.json") / "tokenizer.json"
 
 
 # ------------------------------------------------------------------ HF -> ours
