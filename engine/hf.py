@@ -65,7 +65,7 @@ def _need(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UserError(f"Hugging Face weights need the {module} package; {_install_hint()}") from None
+        raise UserError(f"Hugging Face weights need the {module.split('.')[0]} package; {_install_hint()}") from None
 
 
 # ------------------------------------------------------------------ finding the weights
