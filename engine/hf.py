@@ -33,15 +33,10 @@ from typing import Any
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config import PRETRAINED, ModelConfig, flag_of
 from engine.errors import UserError
 
-HUB_NAMES = {
-    "gpt2": "openai-community/gpt2",
-    "gpt2-medium": "openai-community/gpt2-medium",
-    "gpt2-large": "openai-community/gpt2-large",
-    "gpt2-xl": "openai-community/gpt2-xl",
-}
+HUB_NAMES = {name: f"openai-community/{name}" for name in PRETRAINED}
 GPT2_VOCAB = 50257
 EOT = "<|endoftext|>"
 WEIGHTS = "model.safetensors"
@@ -50,8 +45,7 @@ MAX_CONFIG_BYTES = 1 << 20
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _BUFFERS = ("attn.bias", "attn.masked_bias")  # old uploads store the causal mask; not weights
 _HUB_FILES = [CONFIG, WEIGHTS, "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "generation_config.json"]
-# the shape fields a GPT-2 config decides, and the CLI flag each one has today
-SHAPE_FLAGS = {"n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "block_size": "--context", "vocab_size": "--vocab-size"}
+SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")  # the ModelConfig fields a GPT-2 config.json decides
 
 
 def _install_hint() -> str:
@@ -136,6 +130,31 @@ def _download(name: str, cache_dir: Path | None, files: list[str] | None = None,
     return path
 
 
+def config_dir(name_or_dir: str | Path, cache_dir: Path | None = None) -> Path:
+    """A directory holding the config.json of `name_or_dir`, enough to read its shape: for a
+    Hub name only that file is fetched (kilobytes), so a run is sized and checked before the
+    weights are downloaded."""
+    text = str(name_or_dir)
+    if text in HUB_NAMES:
+        return _download(text, cache_dir, [CONFIG])
+    return resolve(text, cache_dir)
+
+
+def cached_config_dir(name_or_dir: str | Path, cache_dir: Path | None = None) -> Path | None:
+    """As config_dir, but never over the network (the form asks on every change): None when a
+    Hub model's config is not in the cache yet (or huggingface_hub is missing); a directory
+    that holds no model is refused as config_dir refuses it."""
+    text = str(name_or_dir)
+    if text in HUB_NAMES:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None
+        got = try_to_load_from_cache(HUB_NAMES[text], CONFIG, cache_dir=str(cache_dir) if cache_dir else None)
+        return Path(got).parent if isinstance(got, str) else None
+    return resolve(text, cache_dir)
+
+
 def hub_tokenizer(name: str = "gpt2", cache_dir: Path | None = None) -> Path:
     """The Hub's tokenizer.json of a GPT-2 model (the real BPE: 50257 ids, eot 50256), from
     huggingface_hub's cache or, with network, downloaded into it (1.4 MB, no weights)."""
@@ -207,7 +226,7 @@ def shape_config(
     name = source or str(directory)
     for key, value in (explicit or {}).items():
         if key in shape and value is not None and value != shape[key]:
-            flag = SHAPE_FLAGS[key]
+            flag = flag_of(f"model.{key}") or f"model.{key}"
             raise UserError(
                 f"{flag} {value} conflicts with {name}, whose weights have {key} {shape[key]}; "
                 f"drop {flag} (the shape comes from the weights)"

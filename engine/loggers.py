@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import events as ev
+from engine.config import LOGGERS  # the setting train.log (--log) names them once
 from engine.errors import UserError
 
-LOGGERS = ("tensorboard", "wandb", "csv")
 _PACKAGE = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger -> the module it needs
 CSV_FILE = "metrics.csv"
 TB_DIR = "tensorboard"

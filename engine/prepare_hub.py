@@ -338,3 +338,27 @@ def _chunked(texts: Iterator[str | None], chars: int) -> Iterator[list[str | Non
             chunk, size = [], 0
     if chunk:
         yield chunk
+
+
+BPE_SAMPLE_CHARS = 1 << 26  # text a `--tokenizer bpe` is trained on: the stream's first 64 M characters
+
+
+def bpe_tokenizer(source: HubSource, vocab_size: int, into: Path, sample_chars: int = BPE_SAMPLE_CHARS) -> Path:
+    """`--tokenizer bpe`: a byte-level BPE trained, as `prepare` trains one, on the first
+    `sample_chars` of the stream's text, saved as `into`/tokenizer.json. Deterministic for the
+    same stream, so an interrupted prepare finds the same tokenizer and resumes."""
+    from engine.prepare import train_tokenizer
+
+    ds = _stream(source)
+    _first_row(ds, source)
+    texts: list[str] = []
+    size = 0
+    for text in _texts(iter(ds), source):
+        if text:
+            texts.append(text)
+            size += len(text)
+            if size >= sample_chars:
+                break
+    path = Path(into) / "tokenizer.json"
+    train_tokenizer(texts, vocab_size).save(str(path))
+    return path
