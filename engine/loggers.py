@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import events as ev
+from engine import text as words
 from engine.config import LOGGERS  # the setting train.log (--log) names them once
 from engine.errors import UserError
 
@@ -56,8 +57,8 @@ def make_sinks(names: Sequence[str], run_dir: Path) -> list[ev.Sink]:
 
 
 def _segment_text(e: ev.Segment) -> str:
-    switches = ", ".join(f"{ev.short(k)} {ev.value_text(v)}" for k, v in e.switches.items())
-    changed = ev.change_text(e.changed)
+    switches = ", ".join(f"{words.short(k)} {words.value_text(v)}" for k, v in e.switches.items())
+    changed = words.change_text(e.changed)
     return f"{e.reason} at step {e.step}: {changed or switches}"
 
 
@@ -99,7 +100,7 @@ class TensorBoardSink:
             case ev.RunStarted():
                 text = "```\n" + json.dumps(e.config, indent=2) + "\n```"
                 self._w.add_text("config", text, e.start_step)
-                self._w.add_text("run", ev.describe(e), e.start_step)
+                self._w.add_text("run", words.describe(e), e.start_step)
             case ev.Step():
                 for key, value in _scalars(e).items():
                     self._w.add_scalar(key, value, e.step, walltime=e.time)
@@ -110,7 +111,7 @@ class TensorBoardSink:
             case ev.Sample():
                 self._w.add_text("samples", e.text, e.step)
             case ev.Checkpoint() | ev.Warning_() | ev.RunFinished() | ev.RunFailed():
-                self._w.add_text("log", ev.describe(e).split("\n")[0], getattr(e, "step", None) or 0)
+                self._w.add_text("log", words.describe(e).split("\n")[0], getattr(e, "step", None) or 0)
                 self._w.flush()
 
     def close(self) -> None:
@@ -204,7 +205,7 @@ class CsvSink:
             case ev.Segment():
                 self._row(e, step=e.step, text=_segment_text(e))
             case ev.RunFinished() | ev.RunFailed():
-                self._row(e, step=e.step, text=ev.describe(e).split("\n")[0])
+                self._row(e, step=e.step, text=words.describe(e).split("\n")[0])
 
     def close(self) -> None:
         if self._f is not None:
