@@ -80,3 +80,22 @@ def test_the_final_config_and_its_toml_leave_the_vocab_to_the_dataset(tmp_path: 
     path = tmp_path / "run.toml"
     path.write_text(text)
     assert F.load_file(path).model.loss == "chunked" and F.load_file(path).train.max_steps == 600
+
+
+def test_start_from_pretrained_weights_gives_the_form_their_shape(tmp_path: Path) -> None:
+    """The form's `start from` field (model.init_from): a transformers directory decides the
+    shape the estimate sees; a directory without a model is refused at that field."""
+    pytest.importorskip("transformers")
+    from engine.device import capabilities
+    from tests.make_tiny_gpt2 import make
+
+    tiny = make(tmp_path / "tiny")
+    assert "model.init_from" in dict(F.SECTIONS)["Starting weights"]
+    model = F.FormModel(resolve("nano"))
+    model.caps = capabilities()
+    model.check(shown(model, model__init_from=str(tiny), train__block_size="32"))
+    assert model.errors == {} and model.config is not None
+    assert (model.config.model.n_layer, model.config.model.n_embd, model.config.model.block_size) == (2, 32, 64)
+    assert tomllib.loads(model.toml_text())["model"]["init_from"] == str(tiny)
+    model.check(shown(model, model__init_from=str(tmp_path), train__block_size="32"))
+    assert "no config.json" in model.errors["model.init_from"] and model.config is None
