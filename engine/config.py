@@ -61,9 +61,8 @@ class ModelConfig(_Strict):
     """GPT-2 shape and the model-side switches (attention kernel, padding, checkpointing)."""
 
     init_from: str | None = Field(
-        None, min_length=1, description=f"start from pretrained GPT-2 weights: {', '.join(PRETRAINED)} (the Hugging Face Hub, "
-        "through its cache) or a transformers directory (config.json + model.safetensors); the shape comes from the "
-        "weights (a new run only: a resume continues from its checkpoint)",
+        None, min_length=1, description=f"pretrained GPT-2 weights to start from: {', '.join(PRETRAINED)} (Hugging Face Hub, "
+        "cached) or a transformers directory; they decide the shape (new runs only)",
         json_schema_extra=_meta(WEIGHTS, label="start from", metavar="NAME|DIR", blank=f"random weights, or {', '.join(PRETRAINED)}, or a directory"),
     )
     n_layer: int = Field(12, ge=1, le=MAX_LAYERS, description="transformer blocks")
