@@ -83,7 +83,6 @@ class SegmentSummary(BaseModel):
     tokens_per_s: float | None  # at the settled step time
     mfu: float | None  # at the settled step time; None when the device's peak is unknown
     peak_mem_bytes: int | None  # the highest peak the step reports gave; None on CPU
-    init_from: str | None = None  # it began from these pretrained weights (--init-from), not a checkpoint
 
 
 class _Open:
@@ -98,7 +97,6 @@ class _Open:
         self.times: list[float] = []
         self.tokens_per_step: float | None = None
         self.peak: int | None = None
-        self.init_from = started.init_from if started is not None and from_run_started else None
 
     def summary(self) -> SegmentSummary:
         settled = ev.settled_step_time(self.times)
@@ -109,7 +107,6 @@ class _Open:
             from_step=self.from_step, to_step=self.to_step, switches=self.switches, changed=self.changed,
             reason=self.reason, first_step_time_s=self.times[0] if self.times else None,
             settled_step_time_s=settled, tokens_per_s=tok_s, mfu=util, peak_mem_bytes=self.peak,
-            init_from=self.init_from,
         )  # fmt: skip
 
 
@@ -141,7 +138,6 @@ class SegmentReader:
             case ev.Segment():
                 if cur is not None and cur.from_run_started and not cur.times:
                     cur.switches, cur.changed, cur.reason = e.switches, e.changed, e.reason
-                    cur.init_from = e.init_from or cur.init_from
                     cur.from_run_started = False
                 else:  # a live toggle: the run goes on in the same process
                     self._close()
