@@ -1,4 +1,4 @@
-"""The headless commands: train, estimate, prepare, sample, toggle, compare.
+"""The headless commands: train, estimate, prepare, sample, export, toggle, compare.
 
 `python -m engine.cli train ...` is what torchrun runs (no UI is loaded); `gpt2-tui`
 (gpt2_tui.py) adds the app, `attach` and the measuring tools (bench/) on top of this parser.
@@ -71,6 +71,8 @@ def add_setting_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None =
             p.add_argument(s.flag, dest=s.dotted, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif s.kind == "choice":
             p.add_argument(s.flag, dest=s.dotted, choices=s.choices, default=None, help=help_)
+        elif s.kind == "multi":  # --log tensorboard csv, or --log tensorboard --log csv
+            p.add_argument(s.flag, dest=s.dotted, choices=s.choices, nargs="+", action="extend", default=None, help=help_)
         else:
             kind = {"int": int, "float": float}.get(s.kind, str)
             p.add_argument(s.flag, dest=s.dotted, type=kind, metavar=s.metavar, default=None, help=help_)
@@ -84,6 +86,8 @@ def as_flags(overrides: dict[str, Any]) -> list[str]:
         flag = by_name[dotted].flag
         if isinstance(value, bool):
             out.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)]
         else:
             out += [flag, str(value)]
     return out
@@ -122,18 +126,28 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     e.add_argument("--json", action="store_true", help="print the MemoryEstimate as JSON instead of the table")
     add_setting_flags(e)
 
-    p = sub.add_parser("prepare", help="tokenize text files into a dataset")
-    p.add_argument("paths", nargs="+", type=Path, metavar="PATHS", help="text files (read whatever their name) or directories, "
+    p = sub.add_parser("prepare", help="tokenize text files, or a Hugging Face dataset, into a dataset")
+    p.add_argument("paths", nargs="*", type=Path, metavar="PATHS", help="text files (read whatever their name) or directories, "
                    "walked for text files: by suffix (.txt .md .py ...), none (README), or gzipped (.txt.gz)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="new (or empty) dataset directory")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--vocab-size", type=Bounded(257, MAX_VOCAB), default=DEFAULT_VOCAB, metavar="N",
-                        help=f"train a byte-level BPE with N entries (default {DEFAULT_VOCAB})")  # fmt: skip
-    source.add_argument("--tokenizer", type=Path, metavar="FILE", help="use this tokenizer.json instead")
+                   help=f"with a trained BPE (--tokenizer bpe, the default for files): N entries (default {DEFAULT_VOCAB})")  # fmt: skip
+    source.add_argument("--tokenizer", metavar="gpt2|bpe|FILE", help="gpt2: GPT-2's own BPE (50257 ids, from the Hub's cache; "
+                   "the default with --hf-dataset); bpe: train a byte-level BPE (the default for files); FILE: a tokenizer.json "
+                   "(or a directory holding one, e.g. a transformers model's)")
     p.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
-                   help="share of each document's tokens held out for val, from its end (default %(default)s)")
+                   help="share held out for val: the end of each file's tokens; with --hf-dataset, that share of the documents (default %(default)s)")
     p.add_argument("--seed", type=SEED, default=0, metavar="S",
                    help="seed of the order of the documents in the token files (default %(default)s)")
+    hub = p.add_argument_group("Hugging Face datasets (pip install gpt2-tui[datasets]); streamed, resumable if interrupted")
+    hub.add_argument("--hf-dataset", metavar="NAME", help="a Hub dataset (HuggingFaceFW/fineweb-edu, Skylion007/openwebtext...), "
+                     "or json|parquet|text|csv with --data-files")
+    hub.add_argument("--config", dest="hf_config", metavar="C", help="the dataset's config (subset), e.g. sample-10BT")
+    hub.add_argument("--split", default="train", metavar="S", help="the split to read (default train)")
+    hub.add_argument("--text-field", default="text", metavar="F", help="the field holding each document's text (default text)")
+    hub.add_argument("--data-files", nargs="+", default=[], metavar="FILE", help="local files for json|parquet|text|csv")
+    hub.add_argument("--max-tokens", type=Bounded(2, 2**62), metavar="N", help="stop after N tokens (train + val)")
 
     s = sub.add_parser("sample", help="generate text from a run or checkpoint",
                        usage="%(prog)s [options] RUN_DIR_OR_CHECKPOINT")  # the options, each with its default, follow
@@ -158,6 +172,11 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     g.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory of a run training now")
     add_setting_flags(g, only=SWITCHES)
 
+    x = sub.add_parser("export", help="write a run's model as a transformers GPT-2 directory (config.json, model.safetensors, tokenizer)")
+    x.add_argument("run", type=Path, metavar="RUN", help="a run directory, or one checkpoint file")
+    x.add_argument("--from", dest="which", metavar="best|STEP", help="which checkpoint of the run (default: the latest)")
+    x.add_argument("--hf", type=Path, required=True, metavar="DIR", help="new (or empty) directory for the transformers model")
+
     c = sub.add_parser("compare", help="runs and their segments side by side: settled speed, switches, best val loss")
     c.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN", help="run directories (live or finished)")
     c.add_argument("--json", action="store_true", help="print the runs and segments as JSON instead of the table")
@@ -177,6 +196,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.resume:
         if args.preset or args.config or args.out:
             raise UserError("--resume takes its config and directory from the run; drop --preset/--config/--out")
+        if "model.init_from" in overrides:
+            raise UserError("--init-from starts a new run; a --resume continues from its checkpoint: drop --init-from")
         config, run_dir = resumed_config(args.resume, overrides), args.resume
         if args.resume_from:  # named, so checked here, before anything runs
             from engine.checkpoint import CheckpointDir
@@ -247,6 +268,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
     for note in config.notes:
         print(note)
+    from engine.start import with_pretrained_shape
+
+    config = with_pretrained_shape(config, {k[6:]: v for k, v in overrides.items() if k.startswith("model.")})
     if config.data.path is not None:
         from engine.data import check_dir
 
@@ -270,10 +294,22 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    if args.hf_dataset:
+        return cmd_prepare_hub(args)
+    hub_only = [f for f, v in (("--config", args.hf_config), ("--data-files", args.data_files), ("--max-tokens", args.max_tokens)) if v]
+    if hub_only or args.split != "train" or args.text_field != "text":
+        raise UserError(f"{(hub_only or ['--split/--text-field'])[0]} reads a Hugging Face dataset; add --hf-dataset NAME")
+    if not args.paths:
+        raise UserError("name the text files or directories to tokenize, or pass --hf-dataset NAME")
     from engine.prepare import prepare_report, skipped_text
 
+    tokenizer = None
+    if args.tokenizer not in (None, "bpe"):
+        from engine.prepare_hub import resolve_tokenizer
+
+        tokenizer = resolve_tokenizer(args.tokenizer)  # gpt2 (the Hub's cache), a tokenizer.json or a model directory
     report = prepare_report(
-        list(args.paths), args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+        list(args.paths), args.out, vocab_size=args.vocab_size, tokenizer=tokenizer,
         val_fraction=args.val_fraction, seed=args.seed, progress=True,
     )  # fmt: skip
     info = report.info
@@ -288,6 +324,40 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         print(f"skipped {len(report.skipped)} files: {skipped_text(report.skipped)}")
     for line in report.warnings:  # stderr, as every warning: stdout is the result
         print(line, file=sys.stderr)
+    return 0
+
+
+def cmd_prepare_hub(args: argparse.Namespace) -> int:
+    """`prepare --hf-dataset NAME`: streamed through `datasets` (engine/prepare_hub.py)."""
+    import tempfile
+
+    from engine import rundir
+    from engine.prepare_hub import HubSource, bpe_tokenizer, prepare_hub
+
+    if args.paths:
+        raise UserError(f"--hf-dataset reads its own files; pass local ones as --data-files {args.paths[0]} (not as PATHS)")
+    source = HubSource(args.hf_dataset, args.hf_config, args.split, [str(f) for f in args.data_files], args.text_field)
+    with tempfile.TemporaryDirectory(prefix="gpt2-tui-bpe-") as tmp:
+        tokenizer: str | Path = args.tokenizer or "gpt2"
+        if tokenizer == "bpe":
+            rundir.check_new(args.out)  # before minutes of training a tokenizer
+            tokenizer = bpe_tokenizer(source, args.vocab_size, Path(tmp))
+        report = prepare_hub(source, args.out, tokenizer, args.max_tokens, args.val_fraction, args.seed, progress=True)
+    info = report.info
+    resumed = f", resumed after {report.resumed_from:,} documents" if report.resumed_from else ""
+    print(
+        f"wrote {info.path}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens ({info.dtype}), "
+        f"vocab {info.vocab_size}, eot id {info.eot_id}; {report.documents:,} documents{resumed}; {report.seconds:.1f} s"
+    )
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`export RUN --hf DIR`: the run's weights and tokenizer as a transformers GPT-2 directory."""
+    from engine import hf
+
+    out = hf.export_run(args.run, args.hf, args.which)
+    print(f"wrote {out}: transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}) loads it")
     return 0
 
 
@@ -352,6 +422,8 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
         return cmd_prepare(args)
     if args.command == "sample":
         return cmd_sample(args)
+    if args.command == "export":
+        return cmd_export(args)
     if args.command == "toggle":
         return cmd_toggle(args)
     if args.command == "compare":

@@ -43,21 +43,29 @@ SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's range)
 
 
 # The setup form's sections, in the form's order; a setting without one keeps the preset's value.
-BATCH, DEVICE, SWITCH = "Batch and schedule", "Device", "Speed switches"
-FORM_SECTIONS = (BATCH, DEVICE, SWITCH)
+WEIGHTS, BATCH, DEVICE, SWITCH = "Starting weights", "Batch and schedule", "Device", "Speed switches"
+FORM_SECTIONS = (WEIGHTS, BATCH, DEVICE, SWITCH)
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face Hub (engine/hf.py)
+LOGGERS = ("tensorboard", "wandb", "csv")  # engine/loggers.py
 
 
 def _meta(form: str | None = None, live: bool = False, **more: Any) -> dict[str, Any]:
     """A setting's description beyond its type (engine.settings reads it): its form section,
     whether a live run may change it (a speed switch: engine.segments.SWITCHES), and
     optionally `flag` (a CLI flag other than `--field-name`; None = no flag), `label` (the
-    form's name for it, other than the field's) and `blank` (what a blank input means)."""
+    form's name for it, other than the field's), `blank` (what a blank input means) and
+    `metavar` (its value in `--help`)."""
     return {"form": form, "live": live, **more}
 
 
 class ModelConfig(_Strict):
     """GPT-2 shape and the model-side switches (attention kernel, padding, checkpointing)."""
 
+    init_from: str | None = Field(
+        None, min_length=1, description=f"pretrained GPT-2 weights to start from: {', '.join(PRETRAINED)} (Hugging Face Hub, "
+        "cached) or a transformers directory; they decide the shape (new runs only)",
+        json_schema_extra=_meta(WEIGHTS, label="start from", metavar="NAME|DIR", blank=f"random weights, or {', '.join(PRETRAINED)}, or a directory"),
+    )
     n_layer: int = Field(12, ge=1, le=MAX_LAYERS, description="transformer blocks")
     n_head: int = Field(12, ge=1, le=MAX_WIDTH, description="attention heads")
     n_embd: int = Field(768, ge=1, le=MAX_WIDTH, description="embedding width")
@@ -196,6 +204,10 @@ class TrainConfig(_Strict):
         "continue", description="a checkpoint write fails (disk full, no permission): warn and retry "
         "at the next interval, or stop the run"
     )
+    log: list[Literal["tensorboard", "wandb", "csv"]] = Field(
+        [], description="also log what the dashboard shows to tensorboard (RUN/tensorboard), wandb (its env vars rule) "
+        "or csv (RUN/metrics.csv); several allowed; events.jsonl stays the record"
+    )
     max_bad_steps: int = Field(
         5, ge=1, le=MAX_COUNT, description="consecutive NaN/Inf steps (each skipped) before the run stops with a checkpoint "
         "of the last good state"
@@ -264,6 +276,8 @@ def cli_change(dotted: str, value: Any) -> str:
     flag = flag_of(dotted) or "--" + dotted
     if value is True or value is False:
         return flag if value else "--no-" + flag[2:]
+    if isinstance(value, list):
+        return f"{flag} {' '.join(map(str, value))}"
     return f"{value} to {flag}" if dotted == "data.path" else f"{flag} {value}"
 
 

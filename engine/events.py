@@ -46,6 +46,7 @@ class RunStarted(_Event):
     dataset: dict[str, Any] = {}
     world_size: int = 1  # processes training together (torchrun); 1 alone
     parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
+    init_from: str | None = None  # this start loaded pretrained weights (--init-from: gpt2, or a directory)
 
 
 class Step(_AtStep):
@@ -136,6 +137,7 @@ class Segment(_AtStep):
     switches: dict[str, Any]  # dotted name -> value, engine.segments.SWITCHES
     changed: dict[str, list[Any]]  # dotted name -> [old, new], against the previous segment
     reason: SegmentReason
+    init_from: str | None = None  # the segment began from these pretrained weights (a new run's first)
 
 
 Event = Annotated[

@@ -314,6 +314,9 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     margin = int(allocated * ALLOCATOR_MARGIN) if target == "cuda" else 0
     breakdown = by_phase[peak_phase] | {"CUDA context": context, "allocator margin": margin}
     components = parts(grads, True, breakdown["transient"]) | {"CUDA context": context, "allocator margin": margin}
+    if config.model.init_from:  # engine.start loads them into the model before training: host memory, once
+        notes.append(f"weights from {config.model.init_from} (pretrained): its shape; loading them takes "
+                     f"{human(4 * N)} of host memory at set-up, freed before step 1")
     if target != "cuda":
         notes.append(f"{target}: no CUDA context or allocator margin; the process's own baseline is not counted")
     return MemoryEstimate(

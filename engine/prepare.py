@@ -264,7 +264,8 @@ def _load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
         ) from exc
 
 
-def _train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokenizer
+def train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokenizer
+    """A byte-level BPE of `vocab_size` entries (EOT among them) trained on `texts` (prepare_hub uses it too)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -383,7 +384,7 @@ def prepare_report(
             # tokenizers' own bars (show_progress) also write newlines to stdout; the training
             # releases the GIL, so rich's spinner thread keeps ticking meanwhile
             with _Progress(f"training a {vocab_size}-token BPE on {len(train_texts)} documents", None, progress):
-                tok = _train_tokenizer(train_texts, vocab_size)
+                tok = train_tokenizer(train_texts, vocab_size)
             tok.save(str(tmp / "tokenizer.json"))
         else:
             shutil.copyfile(Path(tokenizer).expanduser(), tmp / "tokenizer.json")

@@ -56,13 +56,15 @@ def changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any
 
 
 def opening(
-    config: RunConfig, step: int, previous: RunConfig | dict[str, Any] | None, reason: ev.SegmentReason
+    config: RunConfig, step: int, previous: RunConfig | dict[str, Any] | None, reason: ev.SegmentReason,
+    init_from: str | None = None,
 ) -> ev.Segment:
     """The event that opens a segment at `step`; `previous` is the config the run last trained
-    with (the loaded checkpoint's on a resume; None when there is none)."""
+    with (the loaded checkpoint's on a resume; None when there is none); `init_from`: the
+    pretrained weights it starts from, when it loaded them."""
     now = switches(config)
     diff = changed(switches(previous), now) if previous is not None else {}
-    return ev.Segment(step=step, switches=now, changed=diff, reason=reason)
+    return ev.Segment(step=step, switches=now, changed=diff, reason=reason, init_from=init_from)
 
 
 # ------------------------------------------------------------------------------ reading

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from engine.config import FORM_SECTIONS, RunConfig, flag_of
 
-Kind = Literal["int", "float", "bool", "choice", "tristate", "str"]
+Kind = Literal["int", "float", "bool", "choice", "tristate", "str", "multi"]  # multi: a list of choices
 SECTIONS = ("model", "data", "optim", "speed", "train")
 
 
@@ -33,6 +33,8 @@ class Setting:
     live: bool = False  # a speed switch: a live run may change it
     name: str | None = None  # the form's name for it, when not the field's own
     blank: str = ""  # what a blank input means (optional settings)
+    value_name: str = ""  # what `--help` shows for the value, when not the kind's
+
 
     @property
     def label(self) -> str:
@@ -41,7 +43,7 @@ class Setting:
     @property
     def metavar(self) -> str:
         """What `--help` shows for the value: readable, never the internal dotted name."""
-        return {"int": "N", "float": "X", "str": "PATH"}.get(self.kind, "")
+        return self.value_name or {"int": "N", "float": "X", "str": "PATH"}.get(self.kind, "")
 
 
 def _bounds(info: Any) -> str:
@@ -64,8 +66,11 @@ def setting(dotted: str) -> Setting:
     optional = (typing.get_origin(ann) in (typing.Union, types.UnionType)) and type(None) in args
     core = next((a for a in args if a is not type(None)), ann) if optional else ann
     choices: tuple[str, ...] = ()
-    if typing.get_origin(core) is Literal:
-        kind: Kind = "choice"
+    if typing.get_origin(core) is list and typing.get_origin(typing.get_args(core)[0]) is Literal:
+        kind: Kind = "multi"
+        choices = tuple(str(c) for c in typing.get_args(typing.get_args(core)[0]))
+    elif typing.get_origin(core) is Literal:
+        kind = "choice"
         choices = tuple(str(c) for c in typing.get_args(core))
     elif core is bool:
         kind = "tristate" if optional else "bool"
@@ -77,7 +82,8 @@ def setting(dotted: str) -> Setting:
         kind = "str"
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
     return Setting(dotted, flag_of(dotted), kind, optional, choices, info.description or "", _bounds(info),  # type: ignore[arg-type]
-                   extra.get("form"), extra.get("live", False), extra.get("label"), extra.get("blank", ""))  # fmt: skip
+                   extra.get("form"), extra.get("live", False), extra.get("label"), extra.get("blank", ""),
+                   extra.get("metavar", ""))  # fmt: skip
 
 
 def all_settings(order: tuple[str, ...] = SECTIONS) -> list[Setting]:

@@ -16,7 +16,7 @@ from typing import Any
 
 
 from engine import device, distributed, events, memory, rundir
-from engine.config import RunConfig, overlay, resolve
+from engine.config import RunConfig, build, overlay, resolve
 from engine.control import Control
 from engine.data import Dataset, open_dataset
 from engine.errors import UserError
@@ -30,6 +30,7 @@ def new_config(
     """A new run's config (preset < file < flags; default preset nano) and its directory,
     refused if that directory is in use."""
     config = resolve(preset or (None if file else "nano"), file, overrides)
+    config = with_pretrained_shape(config, {k[6:]: v for k, v in overrides.items() if k.startswith("model.")})
     run_dir = out or (Path(config.out_dir) if config.out_dir else rundir.default_path(config.preset))
     rundir.check_new(run_dir)
     return config.model_copy(update={"out_dir": str(run_dir)}), run_dir
@@ -38,6 +39,41 @@ def new_config(
 def resumed_config(run_dir: Path, overrides: dict[str, Any]) -> RunConfig:
     """The run's own config with the flags given at resume on top."""
     return overlay(rundir.load_config(run_dir).model_dump(mode="json", exclude_none=True), overrides)
+
+
+def with_pretrained_shape(
+    config: RunConfig, explicit: dict[str, Any] | None = None, local_only: bool = False
+) -> RunConfig:
+    """`config` with the model shape its `--init-from` weights decide (their config.json only:
+    the weights come later, once the run is checked). `explicit`: the model settings the
+    user gave as flags; a shape among them that differs from the weights' is refused in one
+    line. `local_only` (the form, on every change): never the network; unchanged when a Hub
+    model's config is not in the cache yet."""
+    source = config.model.init_from
+    if source is None:
+        return config
+    from engine import hf
+
+    directory = hf.cached_config_dir(source) if local_only else hf.config_dir(source)
+    if directory is None:
+        return config
+    model = hf.shape_config(directory, config.model, explicit, source)
+    return build(config.model_dump(mode="json") | {"model": model.model_dump(mode="json")})
+
+
+def _pretrained(config: RunConfig, run_dir: Path, resume: bool) -> Any:
+    """The `--init-from` weights (engine.hf.Pretrained) when this start begins from them: a new
+    run, or a resumed one that stopped before its first checkpoint; else None."""
+    if config.model.init_from is None:
+        return None
+    if resume:
+        from engine.checkpoint import CheckpointDir
+
+        if CheckpointDir(run_dir / rundir.CHECKPOINTS).latest() is not None:
+            return None  # the checkpoint holds the weights now
+    from engine import hf
+
+    return hf.init_from(config.model.init_from, config.model)
 
 
 def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:
@@ -54,6 +90,12 @@ def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:
     headerless_vocab = config.model.vocab_size or config.data.vocab_size  # nanoGPT/llm.c files
     ds = open_dataset(path, vocab_size=headerless_vocab, preload=config.data.preload)
     vocab = config.model.vocab_size or ds.info.vocab_size
+    if vocab < ds.info.vocab_size and config.model.init_from:
+        raise UserError(
+            f"the dataset's vocab {ds.info.vocab_size} is larger than {config.model.init_from}'s {vocab}: it was tokenized "
+            f"with another tokenizer; prepare it with the model's (gpt2-tui prepare ... --tokenizer gpt2, or the model "
+            f"directory's tokenizer.json)"
+        )
     if vocab < ds.info.vocab_size:
         raise UserError(f"model vocab {vocab} is smaller than the dataset's {ds.info.vocab_size}",
                         {"model.vocab_size": f"{ds.info.vocab_size} or more"})  # fmt: skip
@@ -104,22 +146,34 @@ def start(
     live toggle's next segment is started here with the `owner` that already holds it.
     """
     device.check(config.speed.device, config.speed.precision, config.speed.compile)  # before a byte is written
+    handing_over = owner is not None
+    if config.train.log and not handing_over:  # --log: a missing package is refused before a byte is written
+        from engine import loggers
+
+        loggers.check(config.train.log)
     ctx = distributed.init(config.speed.device)  # under torchrun: join the process group
     if ctx.enabled and not resume:  # rank 0's clock names the run directory
         run_dir = Path(distributed.broadcast_object(str(run_dir)))
         config = config.model_copy(update={"out_dir": str(run_dir)})
-    handing_over = owner is not None
     owner = owner or RunWriter(run_dir, sinks, control, next_segment=_next_segment)
     if resume and not handing_over:
         owner.lock()  # one writer: a second resume is refused before anything is read or written
     try:
-        with distributed.main_first():
+        with distributed.main_first():  # rank 0 downloads --init-from weights into the Hub's cache first
+            if not resume:
+                config = with_pretrained_shape(config)  # the form's and the TUI's configs too
             if dataset is None:
                 config, dataset = open_data(config)
             memory.check_fits(config, force)  # refuse what will not fit, before allocating
+            pretrained = None if handing_over else _pretrained(config, run_dir, resume)
             if not resume:
                 owner.create(config, dataset.info.tokenizer)  # locked: held until the run ends
-        return trainer_class(config, run_dir, dataset, owner=owner, resume=resume, resume_from=resume_from)
+        if config.train.log and not handing_over and ctx.is_main:
+            from engine import loggers
+
+            owner.sinks += loggers.make_sinks(config.train.log, run_dir)  # beside the console/TUI and the JSONL
+        return trainer_class(config, run_dir, dataset, owner=owner, resume=resume, resume_from=resume_from,
+                             init_state=pretrained.state if pretrained else None)  # fmt: skip
     except BaseException:
         if not handing_over:  # a hand-over's owner releases at its run's end
             owner.release()

@@ -169,7 +169,9 @@ def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
             return (
                 f"run started: {e.n_params / 1e6:.2f}M parameters on {e.device_name} ({e.device}, {e.precision}), "
                 f"{t['batch_size']}x{t['grad_accum']}x{t.get('block_size')} tokens/step, from step {e.start_step}"
-            ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "")
+            ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "") + (
+                f", weights from {printable(e.init_from)}" if getattr(e, "init_from", None) else ""
+            )
         case "step":
             mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
             return (

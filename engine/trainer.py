@@ -21,7 +21,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,12 @@ class Trainer:
         resume: bool = False,
         resume_from: str | None = None,
         owner: RunWriter | None = None,
+        init_state: Mapping[str, torch.Tensor] | None = None,
     ):
+        """`init_state`: pretrained weights to start from (engine.hf, `--init-from`), loaded at set-up."""
         self.config, self.run_dir, self.dataset = config, Path(run_dir), dataset
+        self._init_state = init_state
+        self.init_from = config.model.init_from if init_state is not None else None  # the events say so
         self.owner = owner or RunWriter(run_dir, sinks, control)
         self.resume, self.resume_from = resume, resume_from
         self.ckpts = ckpt.CheckpointDir(self.run_dir / rundir.CHECKPOINTS, config.train.keep_last)
@@ -184,6 +188,11 @@ class Trainer:
         np.random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
         self.model = GPT(cfg.model).to(self.device)
+        if self._init_state is not None:  # --init-from: a new run starts from pretrained weights
+            from engine.hf import load_into
+
+            load_into(self.model, self._init_state)
+            self._init_state = None  # its host copy goes now
         self.parallel = distributed.choose(cfg.speed.parallel, cfg, self.dist, self.device)
         if self.parallel == "fsdp":
             self.model = distributed.shard(self.model, self.device, self.dist)  # before the optimizer
@@ -569,12 +578,12 @@ class Trainer:
                     start_step=self.step,
                     flops_per_token=self.flops_token, peak_flops=self.peak,
                     dataset=self.dataset.info.model_dump(mode="json"),
-                    world_size=self.dist.world_size, parallel=self.parallel,
+                    world_size=self.dist.world_size, parallel=self.parallel, init_from=self.init_from,
                 )
             )
             from engine.segments import opening  # every start, resume or toggle opens a segment
 
-            self.emit(opening(self.config, self.step, self._resumed_from_config, why))
+            self.emit(opening(self.config, self.step, self._resumed_from_config, why, self.init_from))
             for r in applied:
                 self._ack(r, "applied")
             for note in self.config.notes:  # what the front door noticed (start.open_data): said in the run's log

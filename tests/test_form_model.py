@@ -108,3 +108,22 @@ def test_bf16_on_a_cpu_without_it_natively_is_said_in_the_form(monkeypatch) -> N
     assert model.errors == {} and any("native bf16" in n and "fp32" in n for n in model.notes), model.notes
     model.check(shown(model, speed__precision="fp32"))
     assert not any("native" in n for n in model.notes)
+
+
+def test_start_from_pretrained_weights_gives_the_form_their_shape(tmp_path: Path) -> None:
+    """The form's `start from` field (model.init_from): a transformers directory decides the
+    shape the estimate sees; a directory without a model is refused at that field."""
+    pytest.importorskip("transformers")
+    from engine.device import capabilities
+    from tests.make_tiny_gpt2 import make
+
+    tiny = make(tmp_path / "tiny")
+    assert "model.init_from" in dict(F.SECTIONS)["Starting weights"]
+    model = F.FormModel(resolve("nano"))
+    model.caps = capabilities()
+    model.check(shown(model, model__init_from=str(tiny), train__block_size="32"))
+    assert model.errors == {} and model.config is not None
+    assert (model.config.model.n_layer, model.config.model.n_embd, model.config.model.block_size) == (2, 32, 64)
+    assert tomllib.loads(model.toml_text())["model"]["init_from"] == str(tiny)
+    model.check(shown(model, model__init_from=str(tmp_path), train__block_size="32"))
+    assert "no config.json" in model.errors["model.init_from"] and model.config is None

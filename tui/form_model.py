@@ -161,12 +161,28 @@ class FormModel:
             T = config.seq_len
             if self.dataset_info.val_tokens <= T or self.dataset_info.train_tokens <= T:
                 errors.setdefault("train.block_size", f"the dataset is shorter than one block of {T} tokens")
+        if config is not None and config.model.init_from and self.caps is not None:
+            config = self._pretrained_shape(config, errors)
         self.errors, self.general, self.validated = errors, general, config
         self.config = config if not errors else None
         if self.config is not None and self.caps is not None:  # the vocab the run gets, for the estimate
             from engine import memory
 
             self.config = memory.with_dataset_vocab(self.config)  # (F2 and launch leave it to the data)
+
+    @staticmethod
+    def _pretrained_shape(config: RunConfig, errors: dict[str, str]) -> RunConfig:
+        """The shape the `start from` weights decide, so the estimate is theirs: read from a
+        directory or the Hub's cache, never the network (a Hub model not yet downloaded keeps
+        the preset's shape here; the launch fetches it). Torch has loaded by now (caps)."""
+        from engine.errors import UserError
+        from engine.start import with_pretrained_shape
+
+        try:
+            return with_pretrained_shape(config, local_only=True)
+        except UserError as err:
+            errors.setdefault("model.init_from", form_words(err))
+            return config
 
     def refusal(self) -> str | None:
         """Why the values cannot launch, naming the field to change; None: as far as they go."""

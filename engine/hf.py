@@ -1,0 +1,476 @@
+"""GPT-2 weights in the Hugging Face layout <-> our model (issue 24).
+
+Why a module of its own: the Hub's GPT-2 (`openai-community/gpt2` and its larger siblings)
+is where fine-tuning starts, and `transformers` is where a trained model goes next. The
+two layouts differ in small, exact ways, all kept here:
+
+- HF's attention and MLP use `Conv1D`, whose weight is (in, out): ours is `nn.Linear`,
+  (out, in), so those four weights are transposed both ways;
+- HF keys are `transformer.h.0.attn.c_attn.weight` (save_pretrained) or `h.0...` (the
+  original upload); ours are the same names under `transformer.`; the causal-mask buffers
+  (`attn.bias`, `attn.masked_bias`) of old files are not weights and are dropped;
+- the lm_head is tied to wte on both sides (an untied HF head is refused);
+- HF's vocab is the real one (50257); ours may be padded to a multiple of 64. Padded rows
+  get the mean of the real rows, so each padded logit is the mean logit and (Jensen) the
+  padding adds at most padding/vocab to the softmax mass: the first loss is at most
+  log1p(47/50257) = 0.00094 above transformers' for GPT-2, where zero rows would dominate
+  the softmax, GPT-2's logits being strongly negative.
+
+Only `safetensors` and `huggingface_hub` (the `hf` extra) are needed, and each is
+imported only by the function that uses it; `transformers` is never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import PRETRAINED, ModelConfig, flag_of
+from engine.errors import UserError
+
+HUB_NAMES = {name: f"openai-community/{name}" for name in PRETRAINED}
+GPT2_VOCAB = 50257
+EOT = "<|endoftext|>"
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+MAX_CONFIG_BYTES = 1 << 20
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_BUFFERS = ("attn.bias", "attn.masked_bias")  # old uploads store the causal mask; not weights
+_HUB_FILES = [CONFIG, WEIGHTS, "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "generation_config.json"]
+SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")  # the ModelConfig fields a GPT-2 config.json decides
+
+
+def _install_hint() -> str:
+    return "pip install gpt2-tui[hf]"
+
+
+def _need(module: str) -> Any:
+    """Import an optional dependency, or one line saying how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"Hugging Face weights need the {module.split('.')[0]} package; {_install_hint()}") from None
+
+
+# ------------------------------------------------------------------ finding the weights
+
+
+def hub_cache_dir(cache_dir: Path | None = None) -> str:
+    """Where huggingface_hub keeps downloads: the argument, else its own env-driven default."""
+    if cache_dir is not None:
+        return str(cache_dir)
+    return str(_need("huggingface_hub.constants").HF_HUB_CACHE)
+
+
+def _offline() -> bool:
+    """HF_HUB_OFFLINE read now (huggingface_hub reads it once, at import)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def resolve(name_or_dir: str | Path, cache_dir: Path | None = None) -> Path:
+    """A directory holding config.json + model.safetensors: the path itself, or one of
+    gpt2|gpt2-medium|gpt2-large|gpt2-xl through huggingface_hub's cache (downloading it
+    when the network allows and HF_HUB_OFFLINE is not set). Any failure is one line."""
+    text = str(name_or_dir)
+    if text in HUB_NAMES:
+        return _download(text, cache_dir)
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise UserError(
+            f"--init-from {text}: neither a model name nor a directory; pass one of "
+            f"{', '.join(HUB_NAMES)} or a directory holding {CONFIG} and {WEIGHTS}"
+        )
+    if not path.is_dir() or not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
+        raise UserError(
+            f"--init-from {text}: no {CONFIG} + {WEIGHTS} there; pass a directory saved by "
+            f"transformers' save_pretrained (safetensors) or one of {', '.join(HUB_NAMES)}"
+        )
+    return path
+
+
+def _download(name: str, cache_dir: Path | None, files: list[str] | None = None, fix: str = "--init-from DIR") -> Path:
+    """huggingface_hub's snapshot of `name` (only `files`), from its cache or the network."""
+    hub = _need("huggingface_hub")
+    errors = _need("huggingface_hub.errors")
+    repo = HUB_NAMES[name]
+    cache = hub_cache_dir(cache_dir)
+    offline = _offline()
+    try:
+        got = hub.snapshot_download(
+            repo, allow_patterns=files or _HUB_FILES, cache_dir=cache, local_files_only=offline
+        )
+    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled) as err:
+        if offline:
+            raise UserError(
+                f"{name} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set; "
+                f"unset HF_HUB_OFFLINE on a machine with network to download it once, or pass {fix}"
+            ) from None
+        why = " ".join(str(err).split())[:120]
+        raise UserError(
+            f"cannot download {name} from the Hugging Face Hub (no network? {why}) and it is not in the "
+            f"cache ({cache}); run once with network (it is cached), or pass {fix}"
+        ) from None
+    except (errors.HfHubHTTPError, OSError) as err:
+        why = " ".join(str(err).split())[:160]
+        raise UserError(f"downloading {name} ({repo}) failed: {why}; retry, or pass {fix}") from None
+    path = Path(got)
+    for file in files or [CONFIG, WEIGHTS]:
+        if not (path / file).is_file():
+            raise UserError(f"the cached {name} at {path} lacks {file}; delete that folder and retry with network")
+    return path
+
+
+def config_dir(name_or_dir: str | Path, cache_dir: Path | None = None) -> Path:
+    """A directory holding the config.json of `name_or_dir`, enough to read its shape: for a
+    Hub name only that file is fetched (kilobytes), so a run is sized and checked before the
+    weights are downloaded."""
+    text = str(name_or_dir)
+    if text in HUB_NAMES:
+        return _download(text, cache_dir, [CONFIG])
+    return resolve(text, cache_dir)
+
+
+def cached_config_dir(name_or_dir: str | Path, cache_dir: Path | None = None) -> Path | None:
+    """As config_dir, but never over the network (the form asks on every change): None when a
+    Hub model's config is not in the cache yet (or huggingface_hub is missing); a directory
+    that holds no model is refused as config_dir refuses it."""
+    text = str(name_or_dir)
+    if text in HUB_NAMES:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None
+        got = try_to_load_from_cache(HUB_NAMES[text], CONFIG, cache_dir=str(cache_dir) if cache_dir else None)
+        return Path(got).parent if isinstance(got, str) else None
+    return resolve(text, cache_dir)
+
+
+def hub_tokenizer(name: str = "gpt2", cache_dir: Path | None = None) -> Path:
+    """The Hub's tokenizer.json of a GPT-2 model (the real BPE: 50257 ids, eot 50256), from
+    huggingface_hub's cache or, with network, downloaded into it (1.4 MB, no weights)."""
+    return _download(name, cache_dir, ["tokenizer.json"], "--tokenizer PATH/tokenizer.json") / "tokenizer.json"
+
+
+# ------------------------------------------------------------------ HF -> ours
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    file = directory / CONFIG
+    try:
+        if file.stat().st_size > MAX_CONFIG_BYTES:
+            raise UserError(f"{file} is larger than a model config can be; pass a transformers GPT-2 directory")
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise UserError(f"{file} cannot be read as JSON ({type(err).__name__}); pass a transformers GPT-2 directory") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{file} is not a JSON object; pass a transformers GPT-2 directory")
+    return data
+
+
+def _unsupported(cfg: Mapping[str, Any]) -> str | None:
+    """Why a GPT-2 config computes something our model does not, or None."""
+    if cfg.get("model_type") not in (None, "gpt2"):
+        return f"model_type {cfg.get('model_type')!r} is not gpt2"
+    checks = [
+        (cfg.get("activation_function", "gelu_new") in ("gelu_new", "gelu_pytorch_tanh"), "activation_function"),
+        (abs(float(cfg.get("layer_norm_epsilon", 1e-5)) - 1e-5) < 1e-12, "layer_norm_epsilon"),
+        (cfg.get("n_inner") in (None, 4 * int(cfg.get("n_embd", 768))), "n_inner"),
+        (cfg.get("scale_attn_weights", True) is True, "scale_attn_weights"),
+        (cfg.get("scale_attn_by_inverse_layer_idx", False) is False, "scale_attn_by_inverse_layer_idx"),
+        (cfg.get("tie_word_embeddings", True) is True, "tie_word_embeddings"),
+        (cfg.get("add_cross_attention", False) is False, "add_cross_attention"),
+    ]
+    for ok, key in checks:
+        if not ok:
+            return f"{key} = {cfg.get(key)!r} differs from GPT-2's"
+    return None
+
+
+def read_shape(directory: Path) -> dict[str, int]:
+    """The ModelConfig shape fields (n_layer, n_head, n_embd, block_size, vocab_size) a
+    transformers GPT-2 config.json decides."""
+    cfg = _read_config(directory)
+    problem = _unsupported(cfg)
+    if problem:
+        raise UserError(f"{directory / CONFIG}: {problem}, which our model does not compute; pass a GPT-2 model")
+    try:
+        shape = {
+            "n_layer": int(cfg["n_layer"]),
+            "n_head": int(cfg["n_head"]),
+            "n_embd": int(cfg["n_embd"]),
+            "block_size": int(cfg.get("n_positions", cfg.get("n_ctx"))),
+            "vocab_size": int(cfg["vocab_size"]),
+        }
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"{directory / CONFIG} lacks a GPT-2 shape field ({err}); pass a transformers GPT-2 directory") from None
+    return shape
+
+
+def shape_config(
+    directory: Path, base: ModelConfig | None = None, explicit: Mapping[str, Any] | None = None, source: str | None = None
+) -> ModelConfig:
+    """`base` (the user's model switches: pad_vocab, attention, dropout, loss...) with the
+    shape the weights decide. `explicit` holds the shape fields the user set themselves
+    (ModelConfig field name -> value): one that differs is refused, naming its flag."""
+    shape = read_shape(directory)
+    name = source or str(directory)
+    for key, value in (explicit or {}).items():
+        if key in shape and value is not None and value != shape[key]:
+            flag = flag_of(f"model.{key}") or f"model.{key}"
+            raise UserError(
+                f"{flag} {value} conflicts with {name}, whose weights have {key} {shape[key]}; "
+                f"drop {flag} (the shape comes from the weights)"
+            )
+    data = (base or ModelConfig()).model_dump() | shape
+    if not data.get("bias", True):
+        raise UserError(f"--no-bias conflicts with {name}, whose weights have biases; drop it")
+    from pydantic import ValidationError
+
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as err:
+        from engine.config import one_line
+
+        raise UserError(f"{directory / CONFIG}: {one_line(err)}") from None
+
+
+def load_state(directory: Path, model: ModelConfig) -> dict[str, torch.Tensor]:
+    """The weights of `directory/model.safetensors` as our GPT's state_dict for `model`
+    (whose shape must be the file's: build it with `shape_config`)."""
+    st = _need("safetensors.torch")
+    file = directory / WEIGHTS
+    try:
+        raw = st.load_file(str(file), device="cpu")
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+        why = " ".join(str(err).split())[:120]
+        raise UserError(f"{file} cannot be read as safetensors ({why}); pass an intact model directory") from None
+    hf: dict[str, torch.Tensor] = {}
+    for key, value in raw.items():
+        key = key.removeprefix("transformer.")
+        if ".".join(key.split(".")[-2:]) in _BUFFERS:  # h.N.attn.bias, not h.N.attn.c_attn.bias
+            continue
+        hf[key] = value
+    head = hf.pop("lm_head.weight", None)
+    if head is not None and not torch.equal(head, hf.get("wte.weight", head)):
+        raise UserError(f"{file}: its lm_head is not tied to wte, unlike GPT-2; our model ties them")
+    from engine.model import GPT
+
+    with torch.device("meta"):
+        wanted = GPT(model).state_dict()
+    state: dict[str, torch.Tensor] = {}
+    V, Vp = model.vocab_size, model.padded_vocab_size
+    for key, meta in wanted.items():
+        if key == "lm_head.weight":
+            continue
+        short = key.removeprefix("transformer.")
+        if short not in hf:
+            raise UserError(f"{file} lacks {short}; pass a complete GPT-2 model directory")
+        value = hf.pop(short).to(torch.float32)
+        if short.endswith(_CONV1D):
+            value = value.t()
+        if short == "wte.weight" and Vp > V:
+            value = torch.cat([value, value.mean(0, keepdim=True).expand(Vp - V, -1)])
+        if value.shape != meta.shape:
+            raise UserError(
+                f"{file}: {short} has shape {tuple(value.shape)}, config.json says {tuple(meta.shape)}; the directory is inconsistent"
+            )
+        state[key] = value.contiguous()
+    if hf:
+        extra = ", ".join(sorted(hf)[:3])
+        raise UserError(f"{file} holds weights GPT-2 has not ({extra}...); pass a GPT-2 model directory")
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """What `--init-from` gives a run: the model config to train and its starting weights."""
+
+    model: ModelConfig
+    state: dict[str, torch.Tensor]
+    directory: Path
+    source: str  # what the user named: gpt2, or the directory
+
+
+def init_from(
+    name_or_dir: str | Path,
+    base: ModelConfig | None = None,
+    explicit: Mapping[str, Any] | None = None,
+    cache_dir: Path | None = None,
+) -> Pretrained:
+    """Everything `train --init-from X` needs, checked before anything is written."""
+    directory = resolve(name_or_dir, cache_dir)
+    source = str(name_or_dir)
+    model = shape_config(directory, base, explicit, source)
+    return Pretrained(model, load_state(directory, model), directory, source)
+
+
+def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `state` into a built GPT (keeping the tie: lm_head and wte are one tensor)."""
+    model.load_state_dict(dict(state), strict=True)
+
+
+# ------------------------------------------------------------------ ours -> HF
+
+
+def export_problem(model: ModelConfig) -> str | None:
+    """Why a model has no transformers GPT-2 equivalent (naming the setting), or None.
+    Attention kernel, loss, grad checkpointing and vocab padding change how it is computed,
+    not what, so they export."""
+    if not model.bias:
+        return "it was trained with bias = false (--no-bias), and transformers' GPT-2 always has biases"
+    return None
+
+
+def hf_config(model: ModelConfig, eot_id: int | None) -> dict[str, Any]:
+    """A transformers GPT2Config (as config.json) for `model`: the real vocab, tied head."""
+    p = model.dropout
+    cfg: dict[str, Any] = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_layer": model.n_layer,
+        "n_head": model.n_head,
+        "n_embd": model.n_embd,
+        "n_positions": model.block_size,
+        "n_ctx": model.block_size,
+        "n_inner": None,
+        "vocab_size": model.vocab_size,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "resid_pdrop": p,
+        "embd_pdrop": p,
+        "attn_pdrop": p,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "torch_dtype": "float32",
+    }
+    if eot_id is not None:
+        cfg |= {"bos_token_id": eot_id, "eos_token_id": eot_id}
+    return cfg
+
+
+def hf_state(state: Mapping[str, torch.Tensor], model: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state_dict -> HF GPT-2 keys: Conv1D weights transposed, padding rows cut, the
+    tied lm_head left out (transformers ties it again on load). Each tensor its own memory."""
+    out: dict[str, torch.Tensor] = {}
+    V = model.vocab_size
+    for key, value in state.items():
+        if key == "lm_head.weight":
+            continue
+        value = value.detach().to("cpu", torch.float32)
+        short = key.removeprefix("transformer.")
+        if short.endswith(_CONV1D):
+            value = value.t()
+        if short == "wte.weight":
+            value = value[:V]
+        out[f"transformer.{short}"] = value.contiguous().clone()
+    return out
+
+
+def _tokenizer_config(tokenizer_json: Path, block_size: int) -> tuple[dict[str, Any], int | None]:
+    """tokenizer_config.json for a tokenizers BPE file, and its EOT id (None if it has none)."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(tokenizer_json))
+    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception
+        raise UserError(f"tokenizer {tokenizer_json} cannot be read ({str(err).splitlines()[0][:120]}); pass a tokenizer.json") from None
+    eot = tok.token_to_id(EOT)
+    cfg: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": block_size,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+    }
+    if eot is not None:
+        cfg |= {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
+    return cfg, eot
+
+
+def check_export_target(out: Path) -> None:
+    """DIR must be new or an empty directory, in a parent we can write to: checked first."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UserError(f"--hf {out} exists and is not a directory; pass a new directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise UserError(f"--hf {out} is not empty; pass a new or empty directory (nothing is ever overwritten)")
+    parent = out.parent
+    if parent.exists() and not os.access(parent, os.W_OK):
+        raise UserError(f"--hf {out}: cannot write in {parent}; choose another directory")
+
+
+def export(
+    state: Mapping[str, torch.Tensor], model: ModelConfig, out: Path, tokenizer: Path | None = None
+) -> Path:
+    """Write a transformers GPT-2 directory at `out`: config.json, model.safetensors and,
+    given the run's tokenizer.json, it and a tokenizer_config.json (so AutoTokenizer loads
+    it). Atomic: built in a temp dir beside `out`, renamed into place; refused in one line,
+    before anything is written, when `out` is not new/empty or the model has no equivalent."""
+    st = _need("safetensors.torch")
+    out = Path(out).expanduser()
+    problem = export_problem(model)
+    if problem:
+        raise UserError(f"this model has no transformers GPT-2 equivalent: {problem}")
+    check_export_target(out)
+    tok_cfg, eot = _tokenizer_config(tokenizer, model.block_size) if tokenizer is not None else (None, None)
+    tensors = hf_state(state, model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        st.save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(hf_config(model, eot), indent=2) + "\n", encoding="utf-8")
+        gen = {"do_sample": True} | ({"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {})
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, tmp / "tokenizer.json")
+            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+            if eot is not None:
+                special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
+                (tmp / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, out)  # atomic; replaces `out` only when it is an empty directory
+        except OSError as err:
+            raise UserError(f"--hf {out} could not be created ({err.strerror}); it may have been filled meanwhile: pass another") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_run(run_or_file: Path, out: Path, which: str | None = None) -> Path:
+    """`gpt2-tui export RUN [--from best|STEP] --hf DIR`: the checkpoint's weights and the
+    run's tokenizer (when its data carried one) as a transformers directory."""
+    from engine import checkpoint as ckpt
+    from engine import rundir
+    from engine.sample import load_model
+
+    run_or_file = Path(run_or_file).expanduser()
+    target = run_or_file
+    if which is not None:
+        if not run_or_file.is_dir():
+            raise UserError(f"--from {which} needs a run directory, not the file {run_or_file}")
+        target = ckpt.CheckpointDir(run_or_file / "checkpoints").resolve(which)
+    loaded = load_model(target)
+    problem = export_problem(loaded.config.model)
+    if problem:
+        raise UserError(f"{loaded.path} has no transformers GPT-2 equivalent: {problem}")
+    tokenizer = None
+    for run in (run_or_file, loaded.path.parent.parent):
+        tokenizer = rundir.tokenizer_of(run)
+        if tokenizer:
+            break
+    return export(loaded.model.state_dict(), loaded.config.model, out, tokenizer)
