@@ -109,7 +109,7 @@ def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) 
     return [(f"{short(n)}={value_text(s.switches.get(n))}", s.switches.get(n) != base.switches.get(n)) for n in order]
 
 
-COLUMNS = ("run", "steps", "why", "switches", "warm-up", "ms/step", "tok/s", "MFU", "peak mem", "vs prev", "vs first", "best val")  # fmt: skip
+COLUMNS = ("run", "steps", "why", "switches", "warm-up", "compile", "ms/step", "tok/s", "MFU", "peak mem", "vs prev", "vs first", "best val")  # fmt: skip
 
 
 def cells(r: Row) -> list[str]:
@@ -117,13 +117,23 @@ def cells(r: Row) -> list[str]:
     s = r.segment
     return [
         r.run, f"{s.from_step}-{s.to_step}", s.reason, "",
-        "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s",
+        "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s", compile_text(s),
         "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}",
         "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
         "-" if s.mfu is None else f"{100 * s.mfu:.1f}%",
         human(s.peak_mem_bytes), ratio_text(r.vs_prev), ratio_text(r.vs_first),
         "" if r.best_val_loss is None else f"{r.best_val_loss:.4f}",
     ]  # fmt: skip
+
+
+def compile_text(s: SegmentSummary) -> str:
+    """A compiled segment's compile time and where its code came from; `eager` when compile
+    was on but nothing ran compiled; `-` without compile (or before it was recorded)."""
+    if s.compiled is None:
+        return "-"
+    if not s.compiled:
+        return "eager (nothing compiled)"
+    return f"{s.compile_s:.1f} s {s.compile_source}"
 
 
 def shown_switches(segs: Sequence[SegmentSummary]) -> list[str]:

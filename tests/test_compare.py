@@ -16,7 +16,7 @@ from engine import rundir
 TRAIN = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-interval", "3",
          "--ckpt-interval", "3", "--log-interval", "1"]  # fmt: skip
 SEGMENT_KEYS = ["from_step", "to_step", "switches", "changed", "reason", "first_step_time_s",
-                "settled_step_time_s", "tokens_per_s", "mfu", "peak_mem_bytes"]  # fmt: skip
+                "settled_step_time_s", "tokens_per_s", "mfu", "peak_mem_bytes", "compiled", "compile_s", "compile_source"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
