@@ -12,6 +12,7 @@ from pilot_wait import until
 
 from engine import events as ev
 from engine import rundir
+from engine.compare import COLUMNS
 
 TRAIN = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-interval", "3",
          "--ckpt-interval", "3", "--log-interval", "1"]  # fmt: skip
@@ -153,7 +154,7 @@ def test_the_segment_table_widget_follows_a_runs_events(runs) -> None:
             assert second[2].plain == "prefetch=off"
             r = table.rows_shown[1]
             assert r.vs_prev == pytest.approx(r.segment.tokens_per_s / table.rows_shown[0].segment.tokens_per_s)
-            assert str(second[8]) == f"{r.vs_prev:.2f}x"
+            assert str(second[COLUMNS[1:].index("vs prev")]) == f"{r.vs_prev:.2f}x"
             assert str(first[-1]) == f"{min(e.val_loss for e in events if isinstance(e, ev.Eval)):.4f}"
 
     asyncio.run(body())
