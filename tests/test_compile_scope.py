@@ -19,7 +19,7 @@ import torch
 
 from engine import compiling, rundir
 from engine import events as ev
-from engine.cli import main
+from gpt2_tui import main
 from engine.config import resolve
 from engine.events import read_events
 from engine.start import start
