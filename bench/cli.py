@@ -59,9 +59,10 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:], metavar="RUNG",
                    help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}")  # fmt: skip
     b.add_argument("--rounds", type=int, default=3, metavar="N", help="--plain: alternating rounds of each loop")
-    b.add_argument("--compile-cache", choices=["cold", "warm", "both"], default=None,
+    b.add_argument("--compile-cache", choices=["cold", "warm", "both", "all"], default=None,
                    help="ladder and --config: time the first step with torch.compile's caches empty (cold), "
-                   "filled by a run of the same config (warm), or both")  # fmt: skip
+                   "filled by a run of the same config (warm), both, or all: both, then an empty cache with "
+                   "the first run's compile artifacts (a resume on a new machine); each run in a fresh process")  # fmt: skip
     b.add_argument("--gpu-report", action="store_true", help="on a CUDA box: tests, ladder, best, memory and "
                    "dashboard overhead, written to docs/gpu/DEVICE-DATE.md and .json (about 9 minutes)")  # fmt: skip
     b.add_argument("--part", action="append", default=[], choices=PARTS, metavar="PART",

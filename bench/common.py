@@ -48,7 +48,7 @@ class BenchOptions(BaseModel):
     compile_modes: str | None = None
     skip: list[str] = []
     rounds: int = Field(3, ge=1, le=1000)
-    compile_cache: Literal["cold", "warm", "both"] | None = None
+    compile_cache: Literal["cold", "warm", "both", "all"] | None = None
     gpu_report: bool = False
     part: list[str] = []
     dry_run: bool = False
@@ -102,6 +102,8 @@ class Timing(BaseModel):
     flops_per_token: int
     peak_flops: float | None
     reason: str
+    compile_s: float | None = None  # from the run's `compiled` event (engine.compiling.Warmup)
+    compile_source: str | None = None  # cold | warm disk | run artifacts
 
     def settled(self, warmup_intervals: int) -> list[float]:
         return self.step_times_s[warmup_intervals:] or self.step_times_s[-1:]
@@ -118,6 +120,7 @@ def time_config(
     steps: list[ev.Step] = []
     started: list[ev.RunStarted] = []
     finished: list[ev.RunFinished] = []
+    compiled: list[ev.Compiled] = []
     t0 = time.perf_counter()
     first_step_at: list[float] = []
 
@@ -132,6 +135,8 @@ def time_config(
             started.append(event)
         elif isinstance(event, ev.RunFinished):
             finished.append(event)
+        elif isinstance(event, ev.Compiled):
+            compiled.append(event)
 
     if config.speed.compile:  # a compile starts from the cache directory alone, as in a fresh process
         compile_cache.forget_loaded()
@@ -155,50 +160,67 @@ def time_config(
         mem_bytes=max(mems) if mems else None, startup_s=first_step_at[0] - t0, n_params=s.n_params,
         device=s.device, device_name=s.device_name, precision=s.precision,
         flops_per_token=s.flops_per_token, peak_flops=s.peak_flops, reason=reason,
+        compile_s=compiled[0].compile_s if compiled else None, compile_source=compiled[0].source if compiled else None,
     )  # fmt: skip
 
 
-class FirstStep(BaseModel):
-    """The first step of one run, timed with torch.compile's caches cold or warm."""
+CacheMode = Literal["cold", "warm", "both", "all"]
 
-    cache: Literal["cold", "warm"]
+
+class FirstStep(BaseModel):
+    """The first step of one run, timed with torch.compile's caches cold, warm from disk, or
+    filled from another run's compile artifacts; each run in a fresh process (bench.fresh)."""
+
+    cache: Literal["cold", "warm", "artifacts"]
     steps: int  # the run's length: 1 for a run that only fills or reads the cache
     first_step_s: float  # the first logged interval's per-step time
     startup_s: float  # trainer start to first step done: build, compile (or cache read), first step
     cache_files: int  # files in the cache directory after the run
+    compile_s: float | None = None  # what torch counted as compiling (engine.compiling.Warmup)
 
 
 def time_compile_cache(
-    mode: Literal["cold", "warm", "both"] | None,
+    mode: CacheMode | None,
     config: RunConfig,
     dataset: Dataset,
     run_dir: Path,
     control: Control | None = None,
     on_step: Callable[[ev.Step], None] | None = None,
 ) -> tuple[Timing, list[FirstStep]]:
-    """time_config, with torch.compile's caches in a fresh directory of their own:
+    """time_config, with torch.compile's caches in a fresh directory of their own, each run in
+    a fresh process (a process that compiled before is never cold again: bench.fresh):
 
         cold  the run compiles from nothing
         warm  a one-step run of the same config fills the directory, then the run reads it
         both  the run compiles from nothing, then a one-step run reads what it left
+        all   as both, then a one-step run with an empty directory and the first run's
+              compile artifacts (what a resume on a new machine has)
 
     and each run's first step, cold first. No mode, or compile off: time_config as it is
     (the user's compile cache, as any run)."""
+    from bench.fresh import time_fresh
+
     if mode is None or not config.speed.compile:
         return time_config(config, dataset, run_dir, control, on_step), []
     one = config.model_copy(update={"train": config.train.model_copy(update={"max_steps": 1, "log_interval": 1})})
-    runs = {"cold": [config], "warm": [one, config], "both": [config, one]}[mode]
+    plan = {"cold": [(config, "cold")], "warm": [(one, "cold"), (config, "warm")],
+            "both": [(config, "cold"), (one, "warm")],
+            "all": [(config, "cold"), (one, "warm"), (one, "artifacts")]}[mode]  # fmt: skip
     firsts, timing = [], None
-    with tempfile.TemporaryDirectory(prefix="gpt2-tui-compile-cache-") as cache:
-        for cfg, state in zip(runs, ("cold", "warm")):
-            with compile_cache.redirect(Path(cache)):
-                if cfg is config:  # the timed run
-                    t = timing = time_config(config, dataset, run_dir, control, on_step)
-                else:
-                    t = time_config(one, dataset, run_dir.with_name(f"{run_dir.name}-{state}-1step"))
-            files = sum(1 for p in Path(cache).rglob("*") if p.is_file())
+    with tempfile.TemporaryDirectory(prefix="gpt2-tui-compile-cache-") as tmp:
+        disk, empty = Path(tmp) / "disk", Path(tmp) / "empty"
+        for cfg, state in plan:
+            cache = empty if state == "artifacts" else disk
+            if cfg is config:  # the timed run
+                t = timing = time_fresh(config, run_dir, cache, control, on_step)
+            else:
+                t = time_fresh(one, run_dir.with_name(f"{run_dir.name}-{state}-1step"), cache,
+                               artifacts_from=run_dir if state == "artifacts" else None)  # fmt: skip
+            if not t.step_times_s:  # stopped before its first step
+                break
+            files = sum(1 for p in cache.rglob("*") if p.is_file())
             firsts.append(FirstStep(cache=state, steps=cfg.train.max_steps, first_step_s=t.step_times_s[0],
-                                    startup_s=t.startup_s, cache_files=files))  # fmt: skip
+                                    startup_s=t.startup_s, cache_files=files, compile_s=t.compile_s))  # fmt: skip
     assert timing is not None
     return timing, firsts
 

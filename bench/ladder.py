@@ -105,8 +105,9 @@ class BenchConfig(BaseModel):
     warmup: int = Field(5, ge=1, description="untimed steps first (compile happens here)")
     log_interval: int = Field(1, ge=1, description="steps per timed interval (one host sync each)")
     skip: list[str] = Field(default_factory=list, description="rungs left out by request")
-    compile_cache: Literal["cold", "warm", "both"] | None = Field(
-        None, description="compiled rungs: torch.compile's caches cold, warm or both (None: the user's cache)"
+    compile_cache: Literal["cold", "warm", "both", "all"] | None = Field(
+        None, description="compiled rungs: torch.compile's caches cold, warm, both or all (+ the run's artifacts) "
+        "(None: the user's cache)"
     )
     seed: int = 1337
     budget_s: float | None = Field(
@@ -384,7 +385,11 @@ def _run_rung(
 def _first_step(r: RungResult) -> str:
     if not r.first_steps:
         return f"{r.first_step_s:.2f}"
-    return ", ".join(f"{f.first_step_s:.2f} {f.cache}" for f in r.first_steps)
+    def one(f: FirstStep) -> str:
+        compiling = "" if f.compile_s is None else f" (compile {f.compile_s:.1f})"
+        return f"{f.first_step_s:.2f} {f.cache}{compiling}"
+
+    return ", ".join(one(f) for f in r.first_steps)
 
 
 def table_rows(result: LadderResult) -> list[list[str]]:

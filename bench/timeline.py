@@ -63,7 +63,7 @@ def settle_point(times: list[float], band: float = SETTLED_BAND) -> tuple[float,
 
 
 def timeline(config: RunConfig, dataset: Dataset, config_file: str, out: Path, command: str,
-             compile_cache: Literal["cold", "warm", "both"] | None = None) -> Timeline:  # fmt: skip
+             compile_cache: Literal["cold", "warm", "both", "all"] | None = None) -> Timeline:  # fmt: skip
     """Train `config` (bound by open_data) in out/run and read its step times back."""
     load = load_average()
     timing, firsts = time_compile_cache(compile_cache, config, dataset, out / "run")
@@ -105,10 +105,13 @@ def first_step_table(firsts: list[FirstStep]) -> list[str]:
     """The first step with torch.compile's caches cold and warm (markdown lines; none without)."""
     if not firsts:
         return []
-    lines = ["| compile cache | run | first step s | startup s | files in the cache after |", "|---|---:|---:|---:|---:|"]
+    lines = ["| compile cache | run | first step s | compile s | startup s | files in the cache after |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    whats = {"cold": "empty directory", "warm": "filled by the run above", "artifacts": "empty + the run's artifacts"}
     for f in firsts:
-        what = "empty directory" if f.cache == "cold" else "filled by the run above"
-        lines.append(f"| {f.cache} ({what}) | {f.steps} step{'s' * (f.steps > 1)} | {f.first_step_s:.2f} | {f.startup_s:.2f} | {f.cache_files} |")
+        comp = "-" if f.compile_s is None else f"{f.compile_s:.2f}"
+        lines.append(f"| {f.cache} ({whats[f.cache]}) | {f.steps} step{'s' * (f.steps > 1)} | {f.first_step_s:.2f} | "
+                     f"{comp} | {f.startup_s:.2f} | {f.cache_files} |")  # fmt: skip
     return [*lines, ""]
 
 

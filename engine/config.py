@@ -178,6 +178,12 @@ class SpeedConfig(_Strict):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile mode", json_schema_extra=_meta(SWITCH, live=True)
     )
+    compile_scope: Literal["model", "blocks"] = Field(
+        "blocks", description="what torch.compile compiles: blocks = one transformer block, reused by every layer "
+        "(the cold compile no longer grows with depth; embeddings and loss stay eager); model = the whole forward "
+        "as one graph (the longest cold compile; fusion across blocks) (docs/benchmarks.md)",
+        json_schema_extra=_meta(SWITCH, live=True),
+    )
     parallel: Literal["auto", "ddp", "fsdp"] = Field(
         "auto", description="with --nproc/torchrun: ddp replicates the model, fsdp (FSDP2) shards it; "
         "auto = ddp unless the estimator says only a shard fits the GPU"

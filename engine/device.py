@@ -275,6 +275,7 @@ def disabled(caps: Capabilities) -> dict[str, str]:
     if caps.compile_reason:
         out["speed.compile"] = caps.compile_reason
         out["speed.compile_mode"] = caps.compile_reason
+        out["speed.compile_scope"] = caps.compile_reason
     return out
 
 

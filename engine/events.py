@@ -140,9 +140,23 @@ class Segment(_AtStep):
     init_from: str | None = None  # the segment began from these pretrained weights (a new run's first)
 
 
+class Compiled(_AtStep):
+    """A compiled segment's warm-up, read from torch's own counters after its first steps
+    (engine.compiling.Warmup): how long compiling took and where the code came from."""
+
+    event: Literal["compiled"] = "compiled"
+    scope: str  # speed.compile_scope: model | blocks
+    compiled: bool  # Dynamo captured a graph this segment; False: it ran eager (e.g. the recompile limit)
+    graphs: int  # graphs Dynamo captured this segment
+    compile_s: float  # seconds torch spent compiling (forward and backward, eval's graph included)
+    source: Literal["cold", "warm disk", "run artifacts"]  # any cache miss: cold
+    cache_hits: int  # inductor FX graph + AOTAutograd cache hits this segment
+    cache_misses: int
+
+
 Event = Annotated[
     Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu, Segment,
-          RequestAck],
+          RequestAck, Compiled],
     Field(discriminator="event"),
 ]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)

@@ -133,6 +133,7 @@ class RunWriter:
                 kind, step = type(trainer), trainer.step
                 del trainer  # its model and optimizer go before the next segment's are built
                 gc.collect()
+                _reset_compiled()
                 _empty_device_cache()
                 applied = ending.applied
                 try:
@@ -151,6 +152,14 @@ class RunWriter:
     def _drop(self, requests: list[Request], step: int, reason: str) -> None:
         for r in requests:
             self.emit(ev.RequestAck(id=r.id, kind=r.kind, status="dropped", step=step, reason=reason))
+
+
+def _reset_compiled() -> None:
+    """The old segment's compiled graphs go (engine.compiling.reset): repeated toggles never
+    reach Dynamo's recompile limit and run eager unnoticed; the disk caches keep it cheap."""
+    from engine import compiling
+
+    compiling.reset()
 
 
 def _empty_device_cache() -> None:

@@ -83,6 +83,10 @@ class SegmentSummary(BaseModel):
     tokens_per_s: float | None  # at the settled step time
     mfu: float | None  # at the settled step time; None when the device's peak is unknown
     peak_mem_bytes: int | None  # the highest peak the step reports gave; None on CPU
+    # a compiled segment's warm-up (a `compiled` event; None: compile off, or a run logged before it)
+    compiled: bool | None = None  # False: compile was on but nothing ran compiled (eager)
+    compile_s: float | None = None  # seconds torch spent compiling
+    compile_source: str | None = None  # cold | warm disk | run artifacts
 
 
 class _Open:
@@ -97,6 +101,7 @@ class _Open:
         self.times: list[float] = []
         self.tokens_per_step: float | None = None
         self.peak: int | None = None
+        self.compiled: ev.Compiled | None = None
 
     def summary(self) -> SegmentSummary:
         settled = ev.settled_step_time(self.times)
@@ -107,6 +112,8 @@ class _Open:
             from_step=self.from_step, to_step=self.to_step, switches=self.switches, changed=self.changed,
             reason=self.reason, first_step_time_s=self.times[0] if self.times else None,
             settled_step_time_s=settled, tokens_per_s=tok_s, mfu=util, peak_mem_bytes=self.peak,
+            compiled=c.compiled if (c := self.compiled) else None, compile_s=c.compile_s if c else None,
+            compile_source=c.source if c else None,
         )  # fmt: skip
 
 
@@ -149,6 +156,8 @@ class SegmentReader:
                     cur.tokens_per_step = e.tokens_per_s * e.step_time_s
                 if e.mem_bytes is not None:
                     cur.peak = max(cur.peak or 0, e.mem_bytes)
+            case ev.Compiled() if cur is not None:
+                cur.compiled = e
             case ev.Eval() | ev.Checkpoint() | ev.RunFinished() | ev.RunFailed() if cur is not None:
                 cur.to_step = max(cur.to_step, e.step if e.step is not None else cur.to_step)
 

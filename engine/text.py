@@ -208,6 +208,11 @@ def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
             if e.reason == "start":
                 return ""  # run_started already said it all
             return f"segment from step {e.step}: {change_text(e.changed) or 'switches unchanged'} ({e.reason})"
+        case "compiled":
+            if not e.compiled:
+                return f"compile ({e.scope}): nothing was compiled by step {e.step}; the segment runs eager"
+            return (f"compile ({e.scope}): {e.compile_s:.1f} s, {e.source} "
+                    f"({e.graphs} graph{'s' * (e.graphs != 1)}, cache {e.cache_hits} hit / {e.cache_misses} miss)")
         case "sample":
             return f"sample at step {e.step}:\n{sample_text(e.text)}"
     return ""  # gpu: a reading a second: the GPU tab draws them, the log and console do not

@@ -31,7 +31,7 @@ import torch
 from engine import checkpoint as ckpt
 from engine import events as ev
 from engine import device as devices
-from engine import compile_cache, distributed, guard, rundir, toggle
+from engine import compile_cache, compiling, distributed, guard, rundir, toggle
 from engine.control import Control, Request
 from engine.run_owner import Ending, RunWriter
 from engine.config import OptimConfig, RunConfig
@@ -148,6 +148,8 @@ class Trainer:
         self._gpu_sampler: Any = None
         self.loader: BatchLoader | None = None
         self._paused = False
+        self._warmup: compiling.Warmup | None = None  # a compiled segment's counters, read after its first steps
+        self._artifacts_note: str | None = None  # why the run's compile artifacts were ignored
 
     # ------------------------------------------------------------------ plumbing
 
@@ -212,16 +214,18 @@ class Trainer:
             self._load_resumed()
         # compile last, on this thread, wrapping the module whose state was just loaded
         self.forward = self.model
+        self.device_label = devices.describe(self.device)
         if cfg.speed.compile:
             mode = None if cfg.speed.compile_mode == "default" else cfg.speed.compile_mode
             compile_cache.enable()  # PyTorch's compile caches in the gpt2-tui cache: a rerun skips the compile
-            self.forward = torch.compile(self.model, mode=mode)
+            loaded, self._artifacts_note = compiling.load_artifacts(self.run_dir, self.device_label)
+            self._warmup = compiling.Warmup(cfg.speed.compile_scope, loaded)
+            self.forward = compiling.compile_forward(self.model, cfg.speed.compile_scope, mode)
         if self.parallel == "ddp":
             self.forward = distributed.replicate(self.forward, self.device)
 
         self.n_params = self.model.num_params()
         self.flops_token = flops_per_token(cfg.model, self.n_params, T)
-        self.device_label = devices.describe(self.device)
         self.peak = peak_flops(self.device_label, self.precision) if self.device.type == "cuda" else None
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -308,7 +312,8 @@ class Trainer:
             if self._tokenizer is None:
                 self._tokenizer = load_tokenizer(Path(tok_path))
             self.model.eval()
-            with self.autocast():
+            # eager: a compiled block would compile again for each new sequence length
+            with self.autocast(), torch.compiler.set_stance("force_eager"):
                 text = generate_text(self.model, self._tokenizer, "", n, 0.8, 50, seed=self.step)
             self.emit(ev.Sample(step=self.step, text=text))
         except Exception as err:  # a sample is a nicety: never let it end the run
@@ -415,6 +420,8 @@ class Trainer:
                 if self.dist.enabled:  # the logged loss is the mean over ranks
                     loss_v = distributed.mean_over_ranks(loss, self.dist).item()
                 self._report(loss_v, lr, reading.norm, step_time, data_time)
+            if self._warmup is not None:
+                self._warmed_up()
             if reading.total > self._bad_reported:
                 self._after_bad_steps(reading.total - self._bad_reported)
             if evaluate:
@@ -423,6 +430,18 @@ class Trainer:
                 self.save_checkpoint(final=last)
             clock.restart()
         return Ending("completed")
+
+    def _warmed_up(self) -> None:
+        """After a compiled segment's first steps: what the compile cost, and (rank 0) what
+        it built saved with the run, for its resume, its next toggle to compile, a new machine."""
+        warmup, self._warmup = self._warmup, None
+        self.emit(warmup.read(self.step))
+        if not self.dist.is_main:
+            return
+        try:
+            compiling.save_artifacts(self.run_dir, self.device_label)
+        except OSError as err:  # a nicety: the run goes on without it
+            self.emit(ev.Warning_(message=f"compile artifacts not saved in {self.run_dir} ({err.strerror or err})"))
 
     # ------------------------------------------------------------------ requests
 
@@ -588,6 +607,8 @@ class Trainer:
                 self._ack(r, "applied")
             for note in self.config.notes:  # what the front door noticed (start.open_data): said in the run's log
                 self.emit(ev.Warning_(message=note))
+            if self._artifacts_note:
+                self.emit(ev.Warning_(message=self._artifacts_note))
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
             aside = self.ckpts.set_aside_after(self.step) if self.resume_from and self.dist.is_main else None

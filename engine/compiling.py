@@ -1,0 +1,175 @@
+"""torch.compile for one segment: what it compiles, what it carries in the run, what it cost.
+
+Scope (`speed.compile_scope`):
+    model   torch.compile(model): one graph for the whole forward (embeddings, every block,
+            final norm, loss); the longest cold compile, every op fusable across blocks.
+    blocks  each transformer Block compiled in place (Module.compile): all blocks share one
+            code object and Dynamo treats their parameters as inputs, so one graph is traced
+            and built once and reused by every layer (PyTorch's regional-compilation recipe);
+            embeddings, final norm and loss stay eager. The cold compile no longer grows
+            with depth; the parameter names (state_dict) stay as they are.
+
+Run artifacts: after the first compiled steps the trainer saves
+torch.compiler.save_cache_artifacts() into the run directory (`compile-artifacts.bin`,
+written atomically, never through a link) and loads it with load_cache_artifacts() before
+the next compile of that run: a resume, a live toggle back to compile, the run copied to a
+new machine. A file from another torch version or device is ignored with one line.
+
+Warm-up: `Warmup` reads torch's own counters and compile metrics around a segment's first
+steps: the seconds spent compiling, whether anything was compiled at all (a Dynamo that
+hit its recompile limit runs eager), and where the code came from (cold, warm from the
+on-disk caches, or from the run's artifacts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from engine import events as ev
+
+ARTIFACTS = "compile-artifacts.bin"
+MAX_ARTIFACTS_BYTES = 2 << 30  # read bounded: a run directory is a trust boundary
+_MAGIC = b"gpt2-tui compile artifacts\n"
+Scope = Literal["model", "blocks"]
+
+
+def compile_forward(model: torch.nn.Module, scope: Scope, mode: str | None) -> torch.nn.Module:
+    """What the trainer calls forward: the model compiled whole, or the model with each of its
+    blocks compiled in place (the same module: its state_dict names do not change)."""
+    if scope == "blocks":
+        for block in model.transformer.h:  # type: ignore[union-attr]
+            block.compile(mode=mode)
+        return model
+    return torch.compile(model, mode=mode)
+
+
+def reset() -> None:
+    """Forget every compiled graph of this process (a live toggle's hand-over): the old
+    segment's guards, cache entries and CUDA-graph pools go, so repeated toggles never reach
+    the recompile limit; the on-disk caches keep the next compile cheap."""
+    torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------ artifacts
+
+
+def _stamp(device_label: str) -> dict[str, str]:
+    return {"torch": torch.__version__, "device": device_label}
+
+
+def save_artifacts(run_dir: Path, device_label: str) -> int | None:
+    """What this process compiled so far, into run_dir/ARTIFACTS (atomic, O_NOFOLLOW|O_EXCL
+    temp file, then a rename); the bytes written, or None when torch had nothing to save."""
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return None
+    data = _MAGIC + json.dumps(_stamp(device_label)).encode() + b"\n" + saved[0]
+    path = Path(run_dir) / ARTIFACTS
+    tmp = path.with_name(f".{ARTIFACTS}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # replaces a link at `path` itself, never writes through it
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(data)
+
+
+def _read_bounded(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_ARTIFACTS_BYTES:
+            raise ValueError(f"larger than {MAX_ARTIFACTS_BYTES >> 30} GiB")
+        return f.read(MAX_ARTIFACTS_BYTES + 1)
+
+
+def load_artifacts(run_dir: Path, device_label: str) -> tuple[bool, str | None]:
+    """Hot-load the run's artifacts into torch's caches before a compile: (loaded, one-line
+    reason it was ignored). A missing file is neither; a foreign or damaged one is ignored."""
+    path = Path(run_dir) / ARTIFACTS
+    try:
+        data = _read_bounded(path)
+    except (OSError, ValueError) as err:
+        return False, f"compile artifacts {path} ignored ({err}); this segment compiles without them"
+    if data is None:
+        return False, None
+    head, _, rest = data.partition(b"\n")
+    stamp_line, _, body = rest.partition(b"\n")
+    try:
+        stamp = json.loads(stamp_line) if head + b"\n" == _MAGIC else None
+    except ValueError:
+        stamp = None
+    if not isinstance(stamp, dict):
+        return False, f"compile artifacts {path} ignored (not a gpt2-tui artifacts file); this segment compiles without them"
+    if stamp != _stamp(device_label):
+        return False, (f"compile artifacts {path} ignored: made by torch {stamp.get('torch')} on "
+                       f"{stamp.get('device')}, this is torch {torch.__version__} on {device_label}")  # fmt: skip
+    try:
+        info = torch.compiler.load_cache_artifacts(body)
+    except Exception as err:  # torch's own reader: damage is a miss, never an error
+        return False, f"compile artifacts {path} ignored ({type(err).__name__}); this segment compiles without them"
+    if info is None:
+        return False, f"compile artifacts {path} ignored (unreadable by torch {torch.__version__})"
+    return True, None
+
+
+# ------------------------------------------------------------------------------ the warm-up
+
+
+def _cache_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    ind, aot = counters["inductor"], counters["aot_autograd"]
+    hits = ind["fxgraph_cache_hit"] + aot["autograd_cache_hit"]
+    misses = ind["fxgraph_cache_miss"] + aot["autograd_cache_miss"]
+    return hits, misses
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+class Warmup:
+    """Torch's counters at a segment's compile, read again after its first steps."""
+
+    def __init__(self, scope: str, from_artifacts: bool) -> None:
+        from torch._dynamo.utils import clear_compilation_metrics
+
+        clear_compilation_metrics()
+        self.scope, self.from_artifacts = scope, from_artifacts
+        self.hits0, self.misses0 = _cache_counts()
+        self.graphs0 = _graphs()
+
+    def read(self, step: int) -> ev.Compiled:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        seconds = 0.0
+        for m in get_compilation_metrics():
+            seconds += m.entire_frame_compile_time_s or 0.0
+            seconds += (m.backward_cumulative_compile_time_us or 0) / 1e6
+        hits, misses = _cache_counts()
+        hits, misses = hits - self.hits0, misses - self.misses0
+        graphs = _graphs() - self.graphs0
+        source: Any = "cold" if misses or not hits else ("run artifacts" if self.from_artifacts else "warm disk")
+        return ev.Compiled(
+            step=step, scope=self.scope, compiled=graphs > 0, graphs=graphs, compile_s=seconds,
+            source=source, cache_hits=hits, cache_misses=misses,
+        )  # fmt: skip
