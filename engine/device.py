@@ -50,10 +50,10 @@ def pick(name: str) -> torch.device:
 
 
 def has_bf16(device_kind: str) -> bool:
-    """CPUs autocast to bf16; a CUDA GPU needs Ampere or newer. Planning for CUDA from a machine
+    """CPUs autocast to bf16; a CUDA GPU needs native bf16 (Ampere or newer), not emulation. Planning for CUDA from a machine
     without one assumes a current GPU (bf16)."""
     if device_kind == "cuda" and torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.is_bf16_supported(including_emulation=False)  # V100/T4 emulate it: fp16 there
     return True
 
 

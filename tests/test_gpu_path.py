@@ -273,11 +273,13 @@ def _says_out_of_memory_with_the_estimate(text: str) -> None:
 
 
 def test_13_best_records_out_of_memory_with_the_estimate(tmp_path, tiny_dataset, monkeypatch, capsys):
+    from gpt2_tui import main as gpt2_tui_main  # bench is gpt2_tui's command (bench/cli.py), not engine.cli's
+
     _oom_on_training_calls(monkeypatch)
     out = tmp_path / "best"
-    main(["bench", "--best", "--preset", "micro", "--data", str(tiny_dataset), "--device", "cpu", "--vocab-size", "64",
+    gpt2_tui_main(["bench", "--best", "--preset", "micro", "--data", str(tiny_dataset), "--device", "cpu", "--vocab-size", "64",
           "--batch-sizes", "2", "--compile-modes", "eager", "--steps", "1", "--warmup", "1", "--out", str(out)])  # fmt: skip
-    from engine.measure.best import BestResult
+    from bench.best import BestResult
 
     result = BestResult.model_validate_json((out / "best.json").read_text())
     [candidate] = result.candidates
@@ -285,7 +287,7 @@ def test_13_best_records_out_of_memory_with_the_estimate(tmp_path, tiny_dataset,
 
 
 def test_13_ladder_records_out_of_memory_with_the_estimate(tmp_path, tiny_dataset, monkeypatch):
-    from engine.measure import ladder
+    from bench import ladder
 
     _oom_on_training_calls(monkeypatch)
     cfg = ladder.BenchConfig(preset="micro", data=str(tiny_dataset), device="cpu", vocab_size=64, steps=1, warmup=1,

@@ -93,7 +93,7 @@ def test_gpu_report_dry_run_gets_through_every_part_on_a_bare_box(bare_python, t
     out = tmp_path / "report"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env |= {"GPT2_TUI_CACHE": str(tmp_path / "cache"), "PATH": f"{bare_python.parent}:{env.get('PATH', '')}"}
-    proc = subprocess.run([bare_python, "-m", "engine.cli", "bench", "--gpu-report", "--dry-run", "--out", str(out)],
+    proc = subprocess.run([bare_python, "-m", "gpt2_tui", "bench", "--gpu-report", "--dry-run", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     tail = (proc.stdout + proc.stderr)[-3000:]
     reports = sorted(out.glob("*.json"))
