@@ -13,6 +13,7 @@ launcher and the form ask here, so they can never disagree.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import platform
 import shutil
@@ -152,8 +153,10 @@ def capabilities() -> Capabilities:
 
 def compile_reason(cuda: bool) -> str | None:
     """Why torch.compile cannot run here (None: it can): what is missing, in words. Checked the
-    way Inductor looks: $CXX (else g++) on CPU with Python's C headers; Triton and $CC (else
-    clang/gcc/cc) on CUDA. Without this, a missing compiler is a page of traceback at step 1."""
+    way the compilers look: on CPU, Inductor uses $CXX (else g++) with Python's C headers; on
+    CUDA, Triton builds its driver stub with $CC, else gcc, else clang (triton/runtime/build.py;
+    never plain `cc`), against Python.h too. Without this, a missing compiler is a page of
+    traceback at step 1."""
     try:
         from torch._dynamo.eval_frame import is_dynamo_supported
 
@@ -162,20 +165,23 @@ def compile_reason(cuda: bool) -> str | None:
     except ImportError:
         return "this torch has no torch.compile"
     if cuda:
-        try:
-            import triton  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("triton") is None:
             return "torch.compile on CUDA needs Triton, which is not installed"
-        found = next((c for c in ("clang", "gcc", "cc") if shutil.which(c)), "cc")
-        return _compiler_problem("CC", os.environ.get("CC") or found, "Triton's C compiler")
+        found = os.environ.get("CC") or next((c for c in ("gcc", "clang") if shutil.which(c)), None)
+        if found is None:
+            return "torch.compile on CUDA needs a C compiler for Triton: neither $CC, gcc nor clang was found (e.g. the build-essential package)"
+        return _compiler_problem("CC", found, "Triton's C compiler") or python_headers_problem("CUDA")
     default = "clang++" if sys.platform == "darwin" else "g++"
-    problem = _compiler_problem("CXX", os.environ.get("CXX") or default, "a C++ compiler")
-    if problem:
-        return problem
+    return _compiler_problem("CXX", os.environ.get("CXX") or default, "a C++ compiler") or python_headers_problem("CPU")
+
+
+def python_headers_problem(where: str) -> str | None:
+    """None when Python's C headers (Python.h) are installed: Inductor's C++ kernels and
+    Triton's driver stub both compile against them."""
     include = sysconfig.get_paths().get("include") or ""
-    if not os.path.isfile(os.path.join(include, "Python.h")):
-        return f"torch.compile on CPU needs Python's C headers (Python.h, e.g. the python3-dev package), not found in {include}"
-    return None
+    if os.path.isfile(os.path.join(include, "Python.h")):
+        return None
+    return f"torch.compile on {where} needs Python's C headers (Python.h, e.g. the python3-dev package), not found in {include}"
 
 
 @functools.cache
