@@ -34,12 +34,12 @@ def out_of_memory(config: RunConfig) -> str:
     """A rung's or candidate's record after an OOM: the words, and what the estimator
     predicted against what the device offered, so the table says how far off it was."""
     from engine import memory
-    from engine.device import budget
+    from engine.device import memory_bytes
     from engine.text import human
 
     est = memory.estimate(config)
-    available, label = budget(est.target)
-    of = f" of {human(available)} {label}" if available else ""
+    total = memory_bytes(config.speed.device)
+    of = f" of {human(total)} device memory" if total else ""
     return f"out of memory: estimated peak {human(est.peak_bytes)}{of}; lower --batch-size"
 
 

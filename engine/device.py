@@ -110,13 +110,35 @@ def available_host_memory() -> int | None:
     return None
 
 
-def budget(device_kind: str) -> tuple[int | None, str]:
-    """(bytes a run may use on this machine's device of that kind, what that figure is)."""
+def free_cuda_bytes(index: int | None = None) -> int | None:
+    """Memory free on a GPU now (torch.cuda.mem_get_info): other processes' share is not the
+    run's. Under torchrun each rank asks for its own GPU (LOCAL_RANK). When this call is what
+    created the CUDA context, the context is added back: the estimate counts it already."""
+    if not torch.cuda.is_available():
+        return None
+    if index is None:
+        local = os.environ.get("LOCAL_RANK", "")
+        index = int(local) if local.isdigit() else torch.cuda.current_device()
+    fresh = not torch.cuda.is_initialized()
+    free, _total = torch.cuda.mem_get_info(index)
+    if fresh:
+        from engine.memory import CUDA_CONTEXT_BYTES
+
+        free += CUDA_CONTEXT_BYTES
+    return int(free)
+
+
+def budget(device_kind: str, free: bool = True) -> tuple[int | None, str]:
+    """(bytes a run may use on this machine's device of that kind, what that figure is):
+    on CUDA the memory free at launch, not the card's total. `free=False`: the card's total,
+    for a live toggle, whose new segment takes over the memory the running one holds."""
     if device_kind == "cpu":
         return available_host_memory(), "RAM available"
     if device_kind == "mps":
         return memory_bytes("mps"), "MPS working set"
-    return memory_bytes("cuda"), "GPU memory"
+    if not free:
+        return memory_bytes("cuda"), "GPU memory"
+    return free_cuda_bytes(), "GPU memory free now"
 
 
 def check(device_name: str, precision_name: str, compile_: bool) -> None:

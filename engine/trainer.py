@@ -202,7 +202,7 @@ class Trainer:
         self.model = GPT(cfg.model).to(self.device)
         self.parallel = distributed.choose(cfg.speed.parallel, cfg, self.dist, self.device)
         if self.parallel == "fsdp":
-            self.model = distributed.shard(self.model, self.device, self.dist)  # before the optimizer
+            self.model = distributed.shard(self.model, self.device, self.dist, self.precision)  # before the optimizer
         self.optimizer = self._make_optimizer()
 
         T, B = cfg.seq_len, cfg.train.batch_size
