@@ -134,3 +134,27 @@ def test_10_a_run_is_judged_against_the_memory_free_at_launch(a_cuda_box, monkey
     monkeypatch.setenv("LOCAL_RANK", "3")  # under torchrun each rank asks for its own GPU
     device.budget("cuda")
     assert asked[-1] == 3
+
+
+# ---------------------------------------------------------------- 5: each rank its own GPU's RNG
+
+
+def test_5_each_rank_restores_its_own_gpus_state_from_either_format(monkeypatch):
+    """The resume on a CUDA rank (cuda:1 here), with torch.cuda's one RNG call faked: an older
+    checkpoint's list gives this rank its own entry; one without that entry is a warning,
+    not an IndexError; the new format holds one tensor, set on the run's device."""
+    from engine.trainer import _rng_state, _set_rng_state
+
+    set_calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: set_calls.append((int(s[0]), torch.device(d).index)))
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda d: torch.full((16,), 7, dtype=torch.uint8))
+    rank1 = torch.device("cuda", 1)
+    state = _rng_state(rank1)
+    assert isinstance(state["cuda"], torch.Tensor)  # one device's state, not every GPU's
+    assert _set_rng_state(state, rank1) is None and set_calls[-1] == (7, 1)
+    old = state | {"cuda": [torch.zeros(16, dtype=torch.uint8), torch.ones(16, dtype=torch.uint8)]}
+    assert _set_rng_state(old, rank1) is None and set_calls[-1] == (1, 1)
+    set_calls.clear()
+    warning = _set_rng_state(old | {"cuda": old["cuda"][:1]}, rank1)
+    assert warning and "GPU 1" in warning and set_calls == []
+    assert _set_rng_state(old, torch.device("cpu")) is None and set_calls == []  # a CPU run restores none
