@@ -28,6 +28,10 @@ import torch
 from engine.errors import UserError
 
 Kind = Literal["cuda", "mps", "cpu"]
+# The CUDA context with PyTorch's kernels (CUDA 12 lazy loading: typically 0.3-0.6 GiB): not
+# seen by torch.cuda.max_memory_allocated, taken from the device all the same. The estimator
+# counts it; the free-memory budget adds back the one its own query created.
+CUDA_CONTEXT_BYTES = 512 * 2**20
 
 
 def _mps() -> bool:
@@ -122,8 +126,6 @@ def free_cuda_bytes(index: int | None = None) -> int | None:
     fresh = not torch.cuda.is_initialized()
     free, _total = torch.cuda.mem_get_info(index)
     if fresh:
-        from engine.memory import CUDA_CONTEXT_BYTES
-
         free += CUDA_CONTEXT_BYTES
     return int(free)
 

@@ -37,9 +37,8 @@ from engine.text import MiB, fix_flags, human, params_text
 Sharding = Literal["ddp", "fsdp"]
 Target = Literal["cuda", "mps", "cpu"]
 
-# Not seen by torch.cuda.max_memory_allocated, but taken from the device all the same:
-# the CUDA context with PyTorch's kernels (CUDA 12 lazy loading: typically 0.3-0.6 GiB).
-CUDA_CONTEXT_BYTES = 512 * MiB
+# Not seen by torch.cuda.max_memory_allocated, but taken from the device all the same: the
+# CUDA context (engine.device.CUDA_CONTEXT_BYTES, where the free-memory budget needs it too).
 # NCCL's own device buffers per rank for a data-parallel communicator (DDP's all-reduce,
 # FSDP's all-gather / reduce-scatter), outside PyTorch's allocator. Basis: NCCL keeps, per
 # channel and per ring peer (2), a buffer per protocol: Simple NCCL_BUFFSIZE (4 MiB) + LL128
@@ -322,7 +321,7 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     phases = {k: sum(v.values()) for k, v in by_phase.items()}
     peak_phase = max(phases, key=lambda k: phases[k])
     allocated = phases[peak_phase]
-    context = CUDA_CONTEXT_BYTES if target == "cuda" else 0
+    context = device.CUDA_CONTEXT_BYTES if target == "cuda" else 0
     margin = int(allocated * ALLOCATOR_MARGIN) if target == "cuda" else 0
     outside = {"CUDA context": context, "allocator margin": margin}  # taken from the device, not allocated
     if target == "cuda" and world_size > 1:
