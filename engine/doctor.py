@@ -203,7 +203,7 @@ def run_rows(include_compile: bool = False, say: Callable[[str], None] | None = 
             except Exception as err:  # a switch that fails here is exactly what the doctor reports
                 line = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 rows.append(Row("runs", name, PROBLEM, f"failed: {type(err).__name__}: {line}"[:300],
-                                f"train without it here, or fix what it says", time.perf_counter() - t0))  # fmt: skip
+                                "train without it here, or fix what it says", time.perf_counter() - t0))  # fmt: skip
             else:
                 rows.append(Row("runs", name, OK, f"{RUN_STEPS} steps", seconds=time.perf_counter() - t0))
     return rows
