@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel
 
 from engine import rundir
-from bench.common import BenchOptions, default_out, load_average, time_config
+from bench.common import OUT_OF_MEMORY, BenchOptions, default_out, load_average, out_of_memory, time_config
 from engine.checkpoint import atomic_write_bytes
 from engine.text import human
 from engine.config import resolve
@@ -97,8 +97,8 @@ def sweep(preset: str, base: dict[str, Any], batches: list[int], modes: list[str
         config, ds = open_data(config)
         try:
             t = time_config(config, ds, out / f"{i}-b{b}-{mode}")
-        except torch.OutOfMemoryError:
-            c.status = "out of memory"
+        except OUT_OF_MEMORY:
+            c.status = out_of_memory(config)
         except Exception as err:  # a compile mode missing here: record it, go on
             line = str(err).strip().splitlines()[0] if str(err).strip() else ""
             c.status = f"failed: {type(err).__name__}: {line}"[:200]

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
-from engine import compile_cache
+from engine import compile_cache, guard
 from engine import events as ev
 from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_STEPS, MAX_VOCAB, RunConfig
 from engine.data import Dataset
@@ -25,6 +25,22 @@ from engine.errors import UserError
 from engine.control import Control
 from engine.start import start
 from engine.trainer import Trainer
+
+
+OUT_OF_MEMORY = (torch.OutOfMemoryError, guard.OutOfMemory)  # torch's, and the trainer's stop after one
+
+
+def out_of_memory(config: RunConfig) -> str:
+    """A rung's or candidate's record after an OOM: the words, and what the estimator
+    predicted against what the device offered, so the table says how far off it was."""
+    from engine import memory
+    from engine.device import memory_bytes
+    from engine.text import human
+
+    est = memory.estimate(config)
+    total = memory_bytes(config.speed.device)
+    of = f" of {human(total)} device memory" if total else ""
+    return f"out of memory: estimated peak {human(est.peak_bytes)}{of}; lower --batch-size"
 
 
 class BenchOptions(BaseModel):

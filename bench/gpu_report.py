@@ -1,6 +1,6 @@
 """The GPU report: the figures a CUDA box owes docs/gpu/, in one command.
 
-    gpt2-tui bench --gpu-report                      every part, about nine minutes on an H100
+    gpt2-tui bench --gpu-report                      every part, about 22 minutes cold on an H100, less warm
     gpt2-tui bench --gpu-report --part memory        one part (repeatable), merged into the day's report
     gpt2-tui bench --gpu-report --dry-run --out DIR  the same plumbing on CPU, with the tiniest shapes
 
@@ -42,7 +42,15 @@ from engine.errors import UserError
 from bench.common import BenchOptions
 
 from bench.names import PARTS  # noqa: E402  (torch-free, for --help)
-BUDGET_S = {"tests": 90, "ladder": 200, "best": 120, "memory": 80, "overhead": 50}  # 9 minutes together
+# Budgets for a first, cold run on an H100 (no compile cache, no dataset yet); a part past its
+# budget keeps what it finished. ladder: the default dataset is built first (~30 s: a BPE on the
+# stdlib corpus), 5 eager gpt2 rungs at ~15 s each, then 5 compiled rungs whose model changes
+# each time (attention, vocab, loss), so each compiles cold: ~60-90 s for gpt2 under inductor.
+# best: 4 compiled candidates (2 batches x default, reduce-overhead), ~80 s each cold (the
+# CUDA-graph mode also captures), plus 25 timed steps. About 22 minutes together cold; a
+# warm compile cache takes a fraction of that.
+BUDGET_S = {"tests": 120, "ladder": 600, "best": 400, "memory": 120, "overhead": 90}
+DOCTOR_BUDGET_S = 240  # its short runs: under a minute on CPU, a cold micro compile on CUDA
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: every part runs from here
 TAIL_LINES = 15  # of a failed or interrupted part's output, kept in the report
 
@@ -66,6 +74,7 @@ class Report(BaseModel):
     commit: str | None
     date: str
     dry_run: bool
+    doctor: dict[str, Any] = {}  # `gpt2-tui doctor --json`, run first: what this box can run
     parts: dict[str, PartResult] = {}
 
 
@@ -77,7 +86,7 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
     python = [sys.executable, "-m"]
     data = ["--data", str(Path(opts.data).resolve())] if opts.data else []  # the parts run from the checkout
     bench = [*python, "gpt2_tui", "bench", *data, *(["--vocab-size", str(opts.vocab_size)] if opts.vocab_size else [])]
-    tests = [*python, "pytest", "tests/test_gpu.py", "-q", "-rfE", "-p", "no:cacheprovider"]
+    tests: list[str] | str = [*python, "pytest", "tests/test_gpu.py", "-q", "-rfE", "-p", "no:cacheprovider"]
     if opts.dry_run:
         tiny = ["--preset", "micro", "--device", "cpu", "--steps", "1", "--warmup", "1"]
         ladder = [*bench, *tiny, "--skip", "compile"]
@@ -93,13 +102,38 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
         memory = [*python, "bench.memory_check", "--presets", "gpt2,gpt2-medium", "--batch-sizes", "4,8,16",
                   "--compile", "off"]  # fmt: skip
         overhead = ["--preset", "nano", "--max-steps", "200", "--rounds", "2"]
-    missing = [m for m in ("textual", "textual_plotext", "plotext") if importlib.util.find_spec(m) is None]
+    if importlib.util.find_spec("pytest") is None:
+        tests = ("skipped: pytest not installed here, and the part runs tests/test_gpu.py with it "
+                 "(docs/gpu/README.md says how to bring it)")  # fmt: skip
+    missing = [m for m in ("textual", "textual_plotext", "plotext", "rich") if importlib.util.find_spec(m) is None]
     dashboard: list[str] | str = [*python, "bench.overhead", *overhead, *data]
     if missing:
         dashboard = (f"skipped: {', '.join(missing)} not installed here, and the dashboard is what it measures "
                      "(docs/gpu/README.md says how to bring them)")  # fmt: skip
     return {"tests": tests, "ladder": [*ladder, "--out", str(work / "ladder")],
             "best": [*best, "--out", str(work / "best")], "memory": memory, "overhead": dashboard}  # fmt: skip
+
+
+def run_doctor(dry_run: bool) -> dict[str, Any]:
+    """`doctor --json` first, as a child (no CUDA context held here while the parts run);
+    its problems are printed, and the report goes on: each part says what it could do."""
+    import json
+
+    argv = [sys.executable, "-m", "gpt2_tui", "doctor", "--json", *([] if dry_run else ["--compile"])]
+    print(f"[doctor] {shown(argv)}  (budget {DOCTOR_BUDGET_S} s)", flush=True)
+    rc, wall, text = run_part(argv, DOCTOR_BUDGET_S, echo=False)
+    try:
+        start = text.find('{\n "rows"')  # the JSON, after whatever torch may have warned on stderr
+        found = json.loads(text[start:]) if start >= 0 else {}
+    except ValueError:
+        found = {}
+    if not found:
+        print(f"[doctor] no result ({'timed out' if rc is None else f'exit {rc}'})", flush=True)
+        return {"problems": [f"doctor gave no result ({'timed out' if rc is None else f'exit {rc}'})"], "rows": []}
+    for line in found.get("problems", []):
+        print(f"[doctor] problem: {line}", flush=True)
+    print(f"[doctor] {len(found.get('problems', []))} problems in {wall:.0f} s", flush=True)
+    return found
 
 
 def shown(argv: list[str]) -> str:
@@ -114,7 +148,7 @@ def shown(argv: list[str]) -> str:
     return shlex.join(out)
 
 
-def run_part(argv: list[str], budget_s: int) -> tuple[int | None, float, str]:
+def run_part(argv: list[str], budget_s: int, echo: bool = True) -> tuple[int | None, float, str]:
     """Run argv from the checkout, its output echoed; past budget_s, interrupt it (SIGINT,
     then SIGKILL) with everything it started. (exit status or None, seconds, output)."""
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
@@ -127,7 +161,8 @@ def run_part(argv: list[str], budget_s: int) -> tuple[int | None, float, str]:
     def pump() -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
             lines.append(line)
-            print(f"    {line}", end="", flush=True)
+            if echo:
+                print(f"    {line}", end="", flush=True)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -234,6 +269,14 @@ def to_markdown(r: Report) -> str:
         "| part | status | wall s | budget s | ran at |",
         "|---|---|---:|---:|---|",
     ]
+    if r.doctor:
+        problems = r.doctor.get("problems", [])
+        lines += ["", "## doctor", "", "Command: `python -m gpt2_tui doctor`", ""]
+        lines += [f"- problem: {p}" for p in problems] or ["No problems found."]
+        lines += ["", "| section | check | status | s | detail |", "|---|---|---|---:|---|"]
+        lines += [f"| {x['section']} | {x['name']} | {x['status']} | "
+                  f"{'' if x.get('seconds') is None else format(x['seconds'], '.1f')} | {x['detail']} |"
+                  for x in r.doctor.get("rows", [])]  # fmt: skip
     done = [p for p in PARTS if p in r.parts]
     lines += [f"| {p} | {r.parts[p].status} | {r.parts[p].wall_s:.0f} | {r.parts[p].budget_s} | {r.parts[p].ran_at} |"
               for p in done]  # fmt: skip
@@ -286,6 +329,8 @@ def run(opts: BenchOptions, command: str) -> int:
     print(f"GPU report: {report.device}, torch {report.torch_version}; parts {', '.join(parts)} "
           f"-> {out / stem(report)}.md and .json", flush=True)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
+    report.doctor = run_doctor(opts.dry_run)
+    save(report, out)
     with tempfile.TemporaryDirectory(prefix="gpt2-tui-gpu-report-") as tmp:
         work = Path(tmp)
         planned = commands(opts, work)

@@ -36,7 +36,8 @@ from engine.data import Dataset
 from engine.errors import UserError
 from engine.control import Control
 from engine.device import cpu_half_reason, describe as describe_device, idle_data_switches, pick as pick_device
-from bench.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
+from bench.common import (OUT_OF_MEMORY, BenchOptions, FirstStep, default_out, load_average, out_of_memory,
+                          time_compile_cache)
 from engine.start import open_data
 
 GPT2_VOCAB = 50257
@@ -350,8 +351,8 @@ def _run_rung(
         timing, r.first_steps = time_compile_cache(
             bench.compile_cache, config, ds, run_dir, control, (lambda e: on_step(r.name, e)) if on_step else None
         )
-    except torch.OutOfMemoryError:
-        r.status, r.reason = "failed", "out of device memory: lower --batch-size"
+    except OUT_OF_MEMORY:
+        r.status, r.reason = "failed", out_of_memory(config)
         return
     except Exception as err:  # a missing kernel or compiler: record it, climb on
         line = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -23,6 +23,11 @@ from engine.errors import UserError
 
 REQUIRED = ("model", "optimizer", "step", "config")
 RESUME = ("rng", "data")  # what --resume needs beyond the weights
+
+
+def _is_bytes_tensor(value: object) -> bool:
+    """A generator state: one device's CUDA RNG (what a checkpoint holds since issue 20)."""
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 TMP_SUFFIX = runfiles.TMP_SUFFIX
 POINTER_CAP = 4096  # `latest` holds one file name
@@ -227,7 +232,8 @@ def _resume_problem(state: dict[str, Any], optimizer: torch.optim.Optimizer | No
     cpu = rng["torch"]
     if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8 or cpu.numel() != torch.get_rng_state().numel():
         return "rng.torch is not a CPU generator state"
-    if not (isinstance(rng["numpy"], str) and isinstance(rng["python"], (tuple, list)) and isinstance(rng["cuda"], list)):
+    if not (isinstance(rng["numpy"], str) and isinstance(rng["python"], (tuple, list))
+            and (isinstance(rng["cuda"], list) or _is_bytes_tensor(rng["cuda"]))):  # a list: every GPU's (older)
         return "rng states have the wrong types"
     try:
         position = json.loads(state["data"]) if isinstance(state["data"], str) else None

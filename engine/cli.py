@@ -1,4 +1,4 @@
-"""The headless commands: train, estimate, prepare, sample, export, toggle, compare.
+"""The headless commands: train, estimate, prepare, sample, export, toggle, compare, doctor.
 
 `python -m engine.cli train ...` is what torchrun runs (no UI is loaded); `gpt2-tui`
 (gpt2_tui.py) adds the app, `attach` and the measuring tools (bench/) on top of this parser.
@@ -180,10 +180,26 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     c = sub.add_parser("compare", help="runs and their segments side by side: settled speed, switches, best val loss")
     c.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN", help="run directories (live or finished)")
     c.add_argument("--json", action="store_true", help="print the runs and segments as JSON instead of the table")
+    d = sub.add_parser("doctor", help="what this box can run: versions, GPU, compile, and a short run of each switch")
+    d.add_argument("--json", action="store_true", help="print the checks as JSON instead of the table")
+    d.add_argument("--compile", action="store_true", help="on CPU, also run torch.compile (about 40 s; always on CUDA)")
+    d.add_argument("--no-runs", dest="runs", action="store_false", help="only the checks, no short training runs")
     return parser, sub
 
 
 # ---------------------------------------------------------------- the commands
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """The table (or --json); exit 1 when a check found a problem, each named in one line with its fix."""
+    import json
+
+    from engine import doctor
+
+    say = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    rows = doctor.diagnose(runs=args.runs, include_compile=args.compile, say=say)
+    print(json.dumps(doctor.to_json(rows), indent=1) if args.json else doctor.to_table(rows))
+    return 1 if doctor.problems(rows) else 0
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
@@ -426,6 +442,8 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
         return cmd_export(args)
     if args.command == "toggle":
         return cmd_toggle(args)
+    if args.command == "doctor":
+        return cmd_doctor(args)
     if args.command == "compare":
         from engine import compare
 

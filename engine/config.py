@@ -35,6 +35,7 @@ MAX_WIDTH = 2**17  # embedding width, heads
 MAX_CONTEXT = 2**20  # tokens per sequence
 MAX_VOCAB = 2**32  # uint32 token files
 MAX_BATCH = 2**16  # sequences per micro-batch, micro-batches per step
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # compile modes that capture CUDA graphs
 MAX_STEPS = 10**12  # any step count or interval
 MAX_COUNT = 10**6  # evals' batches, kept checkpoints, bad steps in a row
 MAX_SAMPLE_TOKENS = 2**16
@@ -254,6 +255,21 @@ class RunConfig(_Strict):
             raise Invalid(f"warmup steps {w} is not below max steps {n}: the lr would never reach its peak",
                           {"optim.warmup_steps": f"{n - 1} or less" if n >= 2 else "0"},
                           {"train.max_steps": f"{w + 1} or more"})  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _cuda_graphs_without_accumulation(self) -> RunConfig:
+        """reduce-overhead and max-autotune replay CUDA graphs whose outputs (the .grad tensors
+        allocated during capture) are overwritten by the next replay: accumulating gradients
+        over micro-batches reads overwritten memory (torch/_inductor/cudagraph_trees.py names
+        this case). Refused here, so the CLI, the form and a live toggle all refuse it."""
+        mode, accum = self.speed.compile_mode, self.train.grad_accum
+        if self.speed.compile and mode in CUDA_GRAPH_MODES and accum > 1:
+            raise Invalid(
+                f"compile mode {mode} with grad accumulation {accum}: its CUDA graphs overwrite the accumulated gradients",
+                {"speed.compile_mode": "max-autotune-no-cudagraphs"}, {"speed.compile_mode": "default"},
+                {"train.grad_accum": 1},
+            )
         return self
 
     @property

@@ -14,6 +14,7 @@ launcher and the form ask here, so they can never disagree.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import platform
 import shutil
@@ -28,6 +29,10 @@ import torch
 from engine.errors import UserError
 
 Kind = Literal["cuda", "mps", "cpu"]
+# The CUDA context with PyTorch's kernels (CUDA 12 lazy loading: typically 0.3-0.6 GiB): not
+# seen by torch.cuda.max_memory_allocated, taken from the device all the same. The estimator
+# counts it; the free-memory budget adds back the one its own query created.
+CUDA_CONTEXT_BYTES = 512 * 2**20
 
 
 def _mps() -> bool:
@@ -51,10 +56,10 @@ def pick(name: str) -> torch.device:
 
 
 def has_bf16(device_kind: str) -> bool:
-    """CPUs autocast to bf16; a CUDA GPU needs Ampere or newer. Planning for CUDA from a machine
+    """CPUs autocast to bf16; a CUDA GPU needs native bf16 (Ampere or newer), not emulation. Planning for CUDA from a machine
     without one assumes a current GPU (bf16)."""
     if device_kind == "cuda" and torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.is_bf16_supported(including_emulation=False)  # V100/T4 emulate it: fp16 there
     return True
 
 
@@ -172,13 +177,33 @@ def available_host_memory() -> int | None:
     return None
 
 
-def budget(device_kind: str) -> tuple[int | None, str]:
-    """(bytes a run may use on this machine's device of that kind, what that figure is)."""
+def free_cuda_bytes(index: int | None = None) -> int | None:
+    """Memory free on a GPU now (torch.cuda.mem_get_info): other processes' share is not the
+    run's. Under torchrun each rank asks for its own GPU (LOCAL_RANK). When this call is what
+    created the CUDA context, the context is added back: the estimate counts it already."""
+    if not torch.cuda.is_available():
+        return None
+    if index is None:
+        local = os.environ.get("LOCAL_RANK", "")
+        index = int(local) if local.isdigit() else torch.cuda.current_device()
+    fresh = not torch.cuda.is_initialized()
+    free, _total = torch.cuda.mem_get_info(index)
+    if fresh:
+        free += CUDA_CONTEXT_BYTES
+    return int(free)
+
+
+def budget(device_kind: str, free: bool = True) -> tuple[int | None, str]:
+    """(bytes a run may use on this machine's device of that kind, what that figure is):
+    on CUDA the memory free at launch, not the card's total. `free=False`: the card's total,
+    for a live toggle, whose new segment takes over the memory the running one holds."""
     if device_kind == "cpu":
         return available_host_memory(), "RAM available"
     if device_kind == "mps":
         return memory_bytes("mps"), "MPS working set"
-    return memory_bytes("cuda"), "GPU memory"
+    if not free:
+        return memory_bytes("cuda"), "GPU memory"
+    return free_cuda_bytes(), "GPU memory free now"
 
 
 def check(device_name: str, precision_name: str, compile_: bool) -> None:
@@ -215,8 +240,10 @@ def capabilities() -> Capabilities:
 
 def compile_reason(cuda: bool) -> str | None:
     """Why torch.compile cannot run here (None: it can): what is missing, in words. Checked the
-    way Inductor looks: $CXX (else g++) on CPU with Python's C headers; Triton and $CC (else
-    clang/gcc/cc) on CUDA. Without this, a missing compiler is a page of traceback at step 1."""
+    way the compilers look: on CPU, Inductor uses $CXX (else g++) with Python's C headers; on
+    CUDA, Triton builds its driver stub with $CC, else gcc, else clang (triton/runtime/build.py;
+    never plain `cc`), against Python.h too. Without this, a missing compiler is a page of
+    traceback at step 1."""
     try:
         from torch._dynamo.eval_frame import is_dynamo_supported
 
@@ -225,20 +252,23 @@ def compile_reason(cuda: bool) -> str | None:
     except ImportError:
         return "this torch has no torch.compile"
     if cuda:
-        try:
-            import triton  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("triton") is None:
             return "torch.compile on CUDA needs Triton, which is not installed"
-        found = next((c for c in ("clang", "gcc", "cc") if shutil.which(c)), "cc")
-        return _compiler_problem("CC", os.environ.get("CC") or found, "Triton's C compiler")
+        found = os.environ.get("CC") or next((c for c in ("gcc", "clang") if shutil.which(c)), None)
+        if found is None:
+            return "torch.compile on CUDA needs a C compiler for Triton: neither $CC, gcc nor clang was found (e.g. the build-essential package)"
+        return _compiler_problem("CC", found, "Triton's C compiler") or python_headers_problem("CUDA")
     default = "clang++" if sys.platform == "darwin" else "g++"
-    problem = _compiler_problem("CXX", os.environ.get("CXX") or default, "a C++ compiler")
-    if problem:
-        return problem
+    return _compiler_problem("CXX", os.environ.get("CXX") or default, "a C++ compiler") or python_headers_problem("CPU")
+
+
+def python_headers_problem(where: str) -> str | None:
+    """None when Python's C headers (Python.h) are installed: Inductor's C++ kernels and
+    Triton's driver stub both compile against them."""
     include = sysconfig.get_paths().get("include") or ""
-    if not os.path.isfile(os.path.join(include, "Python.h")):
-        return f"torch.compile on CPU needs Python's C headers (Python.h, e.g. the python3-dev package), not found in {include}"
-    return None
+    if os.path.isfile(os.path.join(include, "Python.h")):
+        return None
+    return f"torch.compile on {where} needs Python's C headers (Python.h, e.g. the python3-dev package), not found in {include}"
 
 
 @functools.cache

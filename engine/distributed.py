@@ -166,10 +166,13 @@ def choose(parallel: str, config: Any, ctx: Context, device: torch.device) -> Pa
     return "fsdp" if memory.estimate(config, ctx.world_size, "fsdp").fits(total) else "ddp"
 
 
-def shard(model: torch.nn.Module, device: torch.device, ctx: Context) -> torch.nn.Module:
+def shard(model: torch.nn.Module, device: torch.device, ctx: Context, precision: str = "fp32") -> torch.nn.Module:
     """FSDP2: each transformer block is one unit, the root (embeddings, tied head) another.
 
     In place: the parameters become DTensors, so this comes before the optimizer is made.
+    Mixed precision (bf16/fp16) gathers the parameters in that dtype (half the all-gather
+    bytes; autocast would cast them anyway) and reduce-scatters gradients in fp32, so the
+    sharded fp32 master weights and their optimizer state see fp32 gradients.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -177,10 +180,21 @@ def shard(model: torch.nn.Module, device: torch.device, ctx: Context) -> torch.n
     # our forward may return views of its logits (sliced at inference); nothing edits them in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mesh = init_device_mesh(device.type, (ctx.world_size,))
+    policy = mixed_precision_policy(precision)
+    more = {"mp_policy": policy} if policy is not None else {}
     for block in model.transformer.h:  # type: ignore[union-attr]
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, **more)
+    fully_shard(model, mesh=mesh, **more)
     return model
+
+
+def mixed_precision_policy(precision: str) -> Any:
+    """FSDP2's MixedPrecisionPolicy for a run's precision: params gathered in bf16/fp16,
+    gradients reduced in fp32; None for fp32/tf32 (FSDP2's default: everything fp32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return None if dtype is None else MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
 def replicate(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,19 +67,32 @@ class StepGuard:
         self._loss, self._norm = zeros(), zeros()
         self.last = Reading(0.0, 0.0, 0, 0)
 
-    def judge(self, loss: torch.Tensor, norm: torch.Tensor, scaled: bool) -> torch.Tensor:
-        """The 0/1 skip flag for this step (1 = skip), computed on the device."""
+    def judge(
+        self, loss: torch.Tensor, norm: torch.Tensor, scaled: bool,
+        agree: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The 0/1 skip flag for this step (1 = skip), computed on the device.
+
+        `scaled`: a GradScaler runs and `norm` was taken after its unscale_, so a non-finite
+        norm is its overflow (its scale search): skipped, but not counted as a bad step.
+        `agree` (distributed.max_over_ranks) makes the verdict one verdict across ranks,
+        in the step's one all-reduce, before the counters move: a spike seen on one rank
+        counts on every rank, so they all reach a divergence stop at the same step."""
         loss, norm = loss.detach().float(), norm.detach().float()
         finite = torch.isfinite(loss) & (torch.isfinite(norm) | scaled)
         spike = loss > torch.maximum(self._ema * SPIKE_RATIO, self._ema + SPIKE_MARGIN)
-        bad = ~finite | spike
+        overflow = ~torch.isfinite(norm) if scaled else torch.zeros_like(finite)
+        flags = torch.stack([~finite | spike, overflow]).float()
+        if agree is not None:
+            flags = agree(flags)
+        bad = flags[0] > 0
         self.flag = bad.float()
         self._streak = (self._streak + 1) * self.flag
         self._total = self._total + self.flag
         level = torch.where(torch.isfinite(self._ema), EMA_DECAY * self._ema + (1 - EMA_DECAY) * loss, loss)
         self._ema = torch.where(bad, self._ema, level)  # the level follows good steps only
         self._loss, self._norm = loss, norm
-        return self.flag
+        return flags.amax()
 
     def read(self) -> Reading:
         """One host read of this step's loss, norm and the bad-step counters."""

@@ -37,9 +37,15 @@ from engine.text import MiB, fix_flags, human, params_text
 Sharding = Literal["ddp", "fsdp"]
 Target = Literal["cuda", "mps", "cpu"]
 
-# Not seen by torch.cuda.max_memory_allocated, but taken from the device all the same:
-# the CUDA context with PyTorch's kernels (CUDA 12 lazy loading: typically 0.3-0.6 GiB).
-CUDA_CONTEXT_BYTES = 512 * MiB
+# Not seen by torch.cuda.max_memory_allocated, but taken from the device all the same: the
+# CUDA context (engine.device.CUDA_CONTEXT_BYTES, where the free-memory budget needs it too).
+# NCCL's own device buffers per rank for a data-parallel communicator (DDP's all-reduce,
+# FSDP's all-gather / reduce-scatter), outside PyTorch's allocator. Basis: NCCL keeps, per
+# channel and per ring peer (2), a buffer per protocol: Simple NCCL_BUFFSIZE (4 MiB) + LL128
+# (~4.6 MiB) + LL (~0.25 MiB), about 9 MiB x 2 peers = 18 MiB a channel; NVLink boxes run 16-32
+# channels (PCIe fewer): 0.3-0.6 GiB, plus the proxy's and the collectives' scratch. Taken as
+# 1 GiB, the upper end; memory_check on a multi-GPU box measures it (nvidia-smi minus reserved).
+NCCL_COMM_BYTES = 1024 * MiB
 # The caching allocator's reserved-but-unused share at the peak (fragmentation, rounding).
 ALLOCATOR_MARGIN = 0.08
 # torch.compile (inductor) recomputes cheap pointwise results (GELU, layer-norm outputs)
@@ -249,11 +255,15 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         # (embeddings, tied head, ln_f), params gathered in fp32. The root stays gathered
         # through forward and backward; a block is gathered while it runs, the next prefetched,
         # and its unsharded gradient exists until reduce-scattered.
+        # Mixed precision (engine.distributed.mixed_precision_policy): gathered in bf16/fp16, the
+        # unsharded gradient reduce-scattered in fp32.
         params, grads, optim = -(-params // world_size), -(-grads // world_size), -(-optim // world_size)
         root = 4 * config.model.model_copy(update={"n_layer": 0}).n_params(s.V)
         block = (4 * N - root) // s.L
-        shard_extra = root + 3 * block
-        notes.append("FSDP2: the root unit gathered throughout, plus three block-sized buffers (modelled)")
+        gathered = 2 if low else 4  # bytes a gathered parameter takes
+        shard_extra = (root + 2 * block) * gathered // 4 + block
+        notes.append("FSDP2: the root unit gathered throughout, two gathered blocks and one block's fp32 "
+                     f"gradient (modelled; gathered in {precision if low else 'fp32'})")  # fmt: skip
     elif world_size > 1:
         # DDP(gradient_as_bucket_view=True): gradients are views into buckets allocated once,
         # so they are never freed between steps
@@ -261,7 +271,8 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         notes.append("DDP: gradients live in buckets allocated for the whole run")
 
     acts, layer_acts = saved_activations(s, low, target, compiled)
-    copies = weight_copies(s, low)
+    fsdp_low = shard_extra > 0 and low  # FSDP2 gathers the weights already in bf16/fp16: autocast copies none
+    copies = 0 if fsdp_low else weight_copies(s, low)
     a = 2 if low else 4
     if s.chunked:  # engine.losses.chunked_linear_cross_entropy: no B*T*Vp tensor at all
         logits_held, ce_fwd, ce_bwd = 0, chunked_transient(s, low), 0
@@ -310,10 +321,14 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     phases = {k: sum(v.values()) for k, v in by_phase.items()}
     peak_phase = max(phases, key=lambda k: phases[k])
     allocated = phases[peak_phase]
-    context = CUDA_CONTEXT_BYTES if target == "cuda" else 0
+    context = device.CUDA_CONTEXT_BYTES if target == "cuda" else 0
     margin = int(allocated * ALLOCATOR_MARGIN) if target == "cuda" else 0
-    breakdown = by_phase[peak_phase] | {"CUDA context": context, "allocator margin": margin}
-    components = parts(grads, True, breakdown["transient"]) | {"CUDA context": context, "allocator margin": margin}
+    outside = {"CUDA context": context, "allocator margin": margin}  # taken from the device, not allocated
+    if target == "cuda" and world_size > 1:
+        outside["NCCL buffers"] = NCCL_COMM_BYTES
+        notes.append(f"NCCL: {human(NCCL_COMM_BYTES)} per rank for the communicator's buffers (modelled; docs/memory.md)")
+    breakdown = by_phase[peak_phase] | outside
+    components = parts(grads, True, breakdown["transient"]) | outside
     if config.model.init_from:  # engine.start loads them into the model before training: host memory, once
         notes.append(f"weights from {config.model.init_from} (pretrained): its shape; loading them takes "
                      f"{human(4 * N)} of host memory at set-up, freed before step 1")
@@ -324,7 +339,7 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         world_size=world_size, sharding=sharding, compile=compiled,
         breakdown=breakdown, components=components, phases=phases, peak_phase=peak_phase,
         activation_bytes=acts, layer_activation_bytes=layer_acts, allocated_peak_bytes=allocated,
-        peak_bytes=allocated + context + margin, notes=notes,
+        peak_bytes=allocated + sum(outside.values()), notes=notes,
     )  # fmt: skip
 
 

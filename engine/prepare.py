@@ -13,6 +13,7 @@ and renamed into place, and every input is checked before anything is written.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import re
@@ -88,36 +89,40 @@ def skipped_text(skipped: list[Skipped], limit: int = SKIPPED_NAMED) -> str:
 
 
 class _Progress:
-    """rich's progress on stderr (textual brings rich): a bar for a known total, else a spinner
-    with the time so far. When stderr is not a terminal (logs, CI) a start line and a done
-    line with the time it took. Never stdout: that is the command's result."""
+    """rich's progress on stderr when it is installed (textual brings it) and stderr is a
+    terminal: a bar for a known total, else a spinner with the time so far. Otherwise (logs,
+    CI, a bare box without rich) a start line and a done line with the time it took; with
+    progress off, nothing, and rich is never imported (engine/ runs without it). Never
+    stdout: that is the command's result."""
 
     def __init__(self, label: str, total: int | None, enabled: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
-        from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+        self.label, self._t0, self._bar = label, time.perf_counter(), None
+        if enabled and sys.stderr.isatty() and importlib.util.find_spec("rich") is not None:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
+            from rich.progress import TimeElapsedColumn, TimeRemainingColumn
 
-        self.label, self.quiet_summary = label, enabled and not sys.stderr.isatty()
-        self._t0 = time.perf_counter()
-        live = enabled and sys.stderr.isatty()
-        text = "[progress.description]{task.description}"
-        columns = (text, BarColumn(), TaskProgressColumn(), TimeRemainingColumn()) if total is not None else (
-            SpinnerColumn(), text, TimeElapsedColumn())  # fmt: skip
-        self._bar = Progress(*columns, console=Console(stderr=True), disable=not live, transient=False)
-        self._task = self._bar.add_task(label, total=None if total is None else max(total, 1))
+            text = "[progress.description]{task.description}"
+            columns = (text, BarColumn(), TaskProgressColumn(), TimeRemainingColumn()) if total is not None else (
+                SpinnerColumn(), text, TimeElapsedColumn())  # fmt: skip
+            self._bar = Progress(*columns, console=Console(stderr=True), transient=False)
+            self._task = self._bar.add_task(label, total=None if total is None else max(total, 1))
+            self._bar.start()
+        self.quiet_summary = enabled and self._bar is None
         if self.quiet_summary:
             print(f"{label}...", file=sys.stderr, flush=True)
-        self._bar.start()
 
     def update(self, n: int) -> None:
-        self._bar.advance(self._task, n)
+        if self._bar is not None:
+            self._bar.advance(self._task, n)
 
     def __enter__(self) -> _Progress:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         """Stop the display (and give the cursor back) however the work ended; 'done' only if it did."""
-        self._bar.stop()
+        if self._bar is not None:
+            self._bar.stop()
         if self.quiet_summary and kind is None:
             print(f"{self.label}: done in {time.perf_counter() - self._t0:.1f} s", file=sys.stderr, flush=True)
 

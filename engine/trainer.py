@@ -4,7 +4,8 @@ Its owner (engine/run_owner.py) holds the run directory, the sinks and the reque
 segment ends with an `Ending` the owner acts on (the run is over, or a live toggle goes on).
 
 Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss/accum ->
-(fp16) unscale -> clip, recording the pre-clip norm -> optimizer step -> scaler update,
+(fp16) unscale -> clip, recording the pre-clip norm -> the guard's verdict, one for all
+ranks -> optimizer step (skipped on the device when bad) -> scaler update,
 with the LR from `lr_at(step)`. Everything (model build, torch.compile, the loop) happens
 on the thread that calls `Trainer.run()`, because torch.compile is not thread-safe.
 The host syncs with the device only at log, eval and checkpoint steps: whether a step's
@@ -52,23 +53,37 @@ def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
 
 
-def _rng_state() -> dict[str, Any]:
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """Host RNGs, and the run device's CUDA generator only: each rank saves its own GPU's,
+    never every visible GPU's (a resume may see fewer)."""
     np_state = np.random.get_state()
     return {
         "python": random.getstate(),
         "numpy": json.dumps([np_state[0], np_state[1].tolist(), *np_state[2:]]),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else [],  # a list: older readers' type
     }
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> str | None:
+    """Restore what `_rng_state` saved; the CUDA state only when this run trains on CUDA.
+    An older checkpoint holds a list (one state per GPU visible then): this rank's device's
+    entry is taken where it exists. Returns a warning when a CUDA state could not apply."""
     random.setstate(state["python"])
     kind, keys, *rest = json.loads(state["numpy"])
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if device.type != "cuda" or (isinstance(cuda, list) and not cuda):
+        return None
+    if isinstance(cuda, list):  # get_rng_state_all() of an older checkpoint
+        index = device.index or 0
+        if index >= len(cuda):
+            return (f"the checkpoint holds no CUDA RNG state for GPU {index} (it was saved with {len(cuda)}); "
+                    "that generator starts from the seed")  # fmt: skip
+        cuda = cuda[index]
+    torch.cuda.set_rng_state(cuda, device)
+    return None
 
 
 def _check_shapes(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: Path) -> None:
@@ -150,6 +165,7 @@ class Trainer:
         self._paused = False
         self._warmup: compiling.Warmup | None = None  # a compiled segment's counters, read after its first steps
         self._artifacts_note: str | None = None  # why the run's compile artifacts were ignored
+        self._rng_warning: str | None = None  # a resume's CUDA RNG state that could not apply
 
     # ------------------------------------------------------------------ plumbing
 
@@ -197,7 +213,7 @@ class Trainer:
             self._init_state = None  # its host copy goes now
         self.parallel = distributed.choose(cfg.speed.parallel, cfg, self.dist, self.device)
         if self.parallel == "fsdp":
-            self.model = distributed.shard(self.model, self.device, self.dist)  # before the optimizer
+            self.model = distributed.shard(self.model, self.device, self.dist, self.precision)  # before the optimizer
         self.optimizer = self._make_optimizer()
 
         T, B = cfg.seq_len, cfg.train.batch_size
@@ -253,7 +269,7 @@ class Trainer:
             "best_val_loss": self.best_val_loss,
             "val_loss": self.last_eval[1] if self.last_eval and self.last_eval[0] == self.step else None,
             "config": self.config.model_dump(mode="json"),
-            "rng": _rng_state(),
+            "rng": _rng_state(self.device),
             "data": json.dumps(self.loader.state()),
         }
 
@@ -274,9 +290,9 @@ class Trainer:
         if state.get("val_loss") is not None:
             self.last_eval = (self.step, state["val_loss"])
         try:
-            _set_rng_state(state["rng"])
+            self._rng_warning = _set_rng_state(state["rng"], self.device)
             self.loader.set_state(json.loads(state["data"]))
-        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
             raise UserError(
                 f"{path} holds a damaged RNG or data position ({type(err).__name__}); resume from another checkpoint"
             ) from None
@@ -375,16 +391,19 @@ class Trainer:
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         norm = distributed.local_value(norm)  # FSDP2: a DTensor
-        skip = self.guard.judge(loss_sum, norm, scaled=self.scaler is not None)  # on the device
-        skip = distributed.max_over_ranks(skip, self.dist)  # every rank skips the same steps
-        if self.scaler:
-            self.scaler.step(self.optimizer)  # skips non-finite grads itself
-            self.scaler.update()
-        elif self.optimizer.defaults.get("fused"):
+        # one verdict for every rank (their one all-reduce); with fp16 the norm is unscaled
+        # here, so skip = the scaler's inf OR the guard's verdict, exactly what bf16/fp32 skip
+        skip = self.guard.judge(loss_sum, norm, scaled=self.scaler is not None,
+                                agree=lambda flags: distributed.max_over_ranks(flags, self.dist))  # fmt: skip
+        if self.optimizer.defaults.get("fused"):
             self.optimizer.found_inf = skip  # the fused kernel leaves weights and state as they were
             self.optimizer.step()
         elif not skip.item():  # unfused AdamW has no found_inf: the one per-step host read left
             self.optimizer.step()
+        if self.scaler:
+            # not scaler.step(): it would fold in only its own inf. update() reads the infs its
+            # unscale_ recorded, so only a real overflow lowers the scale, never a spike
+            self.scaler.update()
         return loss_sum, norm
 
     def _loop(self) -> Ending:
@@ -609,6 +628,8 @@ class Trainer:
                 self.emit(ev.Warning_(message=note))
             if self._artifacts_note:
                 self.emit(ev.Warning_(message=self._artifacts_note))
+            if self._rng_warning:
+                self.emit(ev.Warning_(message=self._rng_warning))
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
             aside = self.ckpts.set_aside_after(self.step) if self.resume_from and self.dist.is_main else None

@@ -22,8 +22,8 @@ def _run(tmp_path, data, **flags):
     return trainer, [e for e in events if e.event == "step"]
 
 
-def test_bf16_compile_flash_fused(tmp_path, tiny_dataset):
-    trainer, steps = _run(tmp_path, tiny_dataset, **{"speed.precision": "bf16", "speed.compile": True,
+def test_bf16_compile_flash_fused(tmp_path, structured_dataset):
+    trainer, steps = _run(tmp_path, structured_dataset, **{"speed.precision": "bf16", "speed.compile": True,
                                                      "model.attention": "flash"})
     assert trainer.optimizer.defaults["fused"] is True  # auto-on for CUDA
     assert all(torch.isfinite(torch.tensor(s.loss)) for s in steps)
@@ -32,8 +32,8 @@ def test_bf16_compile_flash_fused(tmp_path, tiny_dataset):
     assert next(trainer.model.parameters()).dtype == torch.float32  # fp32 master weights
 
 
-def test_fp16_uses_a_grad_scaler_that_is_checkpointed(tmp_path, tiny_dataset):
-    trainer, steps = _run(tmp_path, tiny_dataset, **{"speed.precision": "fp16"})
+def test_fp16_uses_a_grad_scaler_that_is_checkpointed(tmp_path, structured_dataset):
+    trainer, steps = _run(tmp_path, structured_dataset, **{"speed.precision": "fp16"})
     assert trainer.scaler is not None
     state = torch.load(tmp_path / "run" / "checkpoints" / "step_000020.pt", weights_only=True)
     assert state["scaler"] and state["scaler"]["scale"] > 0

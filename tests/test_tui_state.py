@@ -94,6 +94,18 @@ def test_alerts_fire_once_per_episode() -> None:
     assert len(alerts(s)) == n  # still the same episode
 
 
+def test_data_stall_alert_says_unpinned_data_time_includes_gpu_time() -> None:
+    """Issue 20 (13): on CUDA with pinned memory off, .to(device) waits for the step before,
+    so the data time holds GPU time: the alert says so instead of blaming the loader."""
+    cfg = resolve("micro", overrides={"data.pin_memory": False}).model_dump(mode="json")
+    s = RunState()
+    s.feed(ev.RunStarted(config=cfg, n_params=1, device="cuda:0", device_name="H100", precision="bf16",
+                         flops_per_token=1, time=1000.0))  # fmt: skip
+    s.feed(_step(1, data=0.05, t=0.1))
+    assert "data loading is 50%" in alerts(s)[-1] and "includes GPU time" in alerts(s)[-1]
+    assert "--pin-memory" in alerts(s)[-1]
+
+
 def test_eta_settled_speed_and_checkpoints(tmp_path: Path) -> None:
     s = RunState()
     s.feed(_started(max_steps=100))

@@ -321,9 +321,13 @@ class RunState:
             f"step {e.step}: grad norm at the clip ({clip}) for {need} reports after warmup: lr may be too high", e.time,
         )  # fmt: skip
         share = e.data_time_s / e.step_time_s if e.step_time_s > 0 else 0.0
+        unpinned = bool(self.started and self.started.device.startswith("cuda")
+                        and not self._setting("data", "pin_memory", True))  # fmt: skip
+        # unpinned, .to(device) waits for the GPU to finish the step before: that wait lands in data time
+        why = ("; pinned memory is off, so this includes GPU time: the copy to the GPU waits for the step "
+               "before it (try --pin-memory to measure it right)" if unpinned else " (try --preload/--prefetch)")  # fmt: skip
         self._alert(
-            "data", share > DATA_SHARE,
-            f"step {e.step}: data loading is {100 * share:.0f}% of the step time (try --preload/--prefetch)", e.time,
+            "data", share > DATA_SHARE, f"step {e.step}: data loading is {100 * share:.0f}% of the step time{why}", e.time,
         )  # fmt: skip
 
     def _setting(self, section: str, key: str, default: Any) -> Any:

@@ -178,7 +178,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             mem.update("")
             self.memory_line = ""
             return form_words(err), None
-        total, source = device.budget(est.target)
+        total, source = device.budget(est.target, free=False)  # the running segment's memory is the new one's
         self.memory_line = verdict(est, total)
         mem.update(f"memory of the new set [{source}]\n{format_table(est, total)}")
         fits = None if total is None else est.fits(total)

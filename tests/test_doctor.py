@@ -1,0 +1,55 @@
+"""`gpt2-tui doctor` on CPU: the table, --json, and a missing piece named in one line (issue 20).
+
+The real command through the real CLI; the short runs are real micro runs on this CPU. A
+missing compiler is simulated the way a box lacks one: $CXX names a program that is not there.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import device
+from engine.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler_checks():
+    device._compiler_problem.cache_clear()
+    yield
+    device._compiler_problem.cache_clear()
+
+
+def test_doctor_on_cpu_exits_0_with_its_table(capsys):
+    code = main(["doctor"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[0].split()[:3] == ["section", "check", "status"]
+    for check in ("torch", "torch.compile", "Python.h", "compile cache", "CUDA", "eager fp32", "bf16 autocast",
+                  "fp16 + GradScaler", "fused AdamW", "pinned + prefetch"):  # fmt: skip
+        assert any(line.split("  ")[1:2] and check in line for line in out.splitlines()), (check, out)
+    runs = [line for line in out.splitlines() if line.startswith("runs")]
+    assert any("eager fp32" in line and " ok " in line for line in runs), runs
+    assert any("pinned + prefetch" in line and "needs a GPU" in line for line in runs), runs  # says what needs one
+    assert out.rstrip().endswith("no problems found")
+
+
+def test_doctor_json_parses_and_names_a_missing_compiler_in_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    code = main(["doctor", "--json", "--no-runs"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["ok"] is False
+    compile_row = next(r for r in data["rows"] if r["name"] == "torch.compile")
+    assert compile_row["status"] == "problem" and compile_row["fix"]
+    [problem] = data["problems"]
+    assert "no-such-g++" in problem and "fix:" in problem and "\n" not in problem
+    assert {"section", "name", "status", "detail", "fix", "seconds"} <= set(data["rows"][0])
+
+
+def test_doctor_table_lists_each_problem_with_its_fix(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    assert main(["doctor", "--no-runs"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    problems = [line for line in lines if line.startswith("problem: ")]
+    assert len(problems) == 1 and "no-such-g++" in problems[0] and "fix:" in problems[0], lines
