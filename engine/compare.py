@@ -114,7 +114,7 @@ def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) 
 
 # The speed first, the switches last: at 80 columns the figures the product exists to show
 # stay on screen however many switches a run changed (issue 22).
-COLUMNS = ("run", "steps", "why", "warm-up", "compile", "ms/step", "tok/s", "MFU", "peak mem", "vs prev", "vs first", "best val", "switches")  # fmt: skip
+COLUMNS = ("run", "steps", "why", "warm-up", "ms/step", "tok/s", "compile", "MFU", "peak mem", "vs prev", "vs first", "best val", "switches")  # fmt: skip
 SWITCHES_COLUMN = COLUMNS.index("switches")
 LEFT = frozenset({0, 1, 2, SWITCHES_COLUMN})  # text columns; the figures are right-aligned
 
@@ -125,9 +125,9 @@ def cells(r: Row) -> list[str]:
     s = r.segment
     return [
         cell(r.run), f"{s.from_step}-{s.to_step}", s.reason,
-        "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s", compile_text(s),
+        "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s",
         "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}",
-        "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
+        "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}", compile_text(s),
         "-" if s.mfu is None else f"{100 * s.mfu:.1f}%",
         human(s.peak_mem_bytes), ratio_text(r.vs_prev), ratio_text(r.vs_first),
         "" if r.best_val_loss is None else f"{r.best_val_loss:.4f}", "",
