@@ -245,8 +245,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    import signal
+
     from engine.prepare import prepare_report, skipped_text
 
+    def terminated(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # prepare's cleanup (its hidden temp directory) runs, as on Ctrl-C
+
+    signal.signal(signal.SIGTERM, terminated)
     report = prepare_report(
         list(args.paths), args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
         val_fraction=args.val_fraction, seed=args.seed, progress=True,

@@ -4,7 +4,7 @@ planted, torn, filled) loses steps, writes outside it, or reaches the terminal r
 Each test is one item of the issue, on the real CLI (`gpt2-tui` in its own process), real
 files, FIFOs, symlinks and, where the test runs as root, a small tmpfs for a full disk.
 They are written against behaviour (exit codes, output, files, events.jsonl), not internals.
-Request acknowledgements are `request` events {id, action, status: applied|dropped, reason};
+Request acknowledgements are `request` events {id, kind, status: applied|dropped, reason};
 warnings are the existing `warning` event. Every child process runs under a memory limit
 (a /dev/zero link must fail the test, not the machine) and a timeout (a FIFO must not hang it).
 """
@@ -257,7 +257,7 @@ def test_02_toggle_whose_save_fails_is_refused_and_the_run_trains_on(tmp_path, t
     out = r.output()
     if not saved_steps(r.dir):
         assert "previous checkpoints are intact" not in out, out[-3000:]
-    acks = [q for q in requests(r.events()) if q.get("action") == "toggle"]
+    acks = [q for q in requests(r.events()) if q.get("kind") == "toggle"]
     assert len(acks) == 1 and acks[0]["status"] == "dropped" and acks[0].get("reason"), acks
 
 
@@ -704,12 +704,12 @@ def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_da
             one_line_refusal(res)
     r.signal(signal.SIGUSR2)  # resume
     deadline = time.monotonic() + 40
-    while len([q for q in requests(r.events()) if q.get("action") == "toggle"]) < len(asked) and time.monotonic() < deadline:
+    while len([q for q in requests(r.events()) if q.get("kind") == "toggle"]) < len(asked) and time.monotonic() < deadline:
         if r.proc.poll() is not None:
             break
         time.sleep(0.1)
     r.stop()
-    acks = [q for q in requests(r.events()) if q.get("action") == "toggle"]
+    acks = [q for q in requests(r.events()) if q.get("kind") == "toggle"]
     assert asked and len(acks) == len(asked), (len(asked), acks)
     assert all(q["status"] in ("applied", "dropped") and q.get("id") for q in acks), acks
     assert len({q["id"] for q in acks}) == len(acks)
@@ -732,7 +732,7 @@ def test_19b_a_toggle_left_by_a_dead_run_is_not_applied_by_a_later_resume(tmp_pa
     after = r.events()[before:]
     toggled = [e for e in after if e.get("event") == "segment" and e.get("reason") == "toggle"]
     assert not toggled, toggled
-    stale = [q for q in requests(after) if q.get("action") == "toggle" and q.get("status") == "dropped"]
+    stale = [q for q in requests(after) if q.get("kind") == "toggle" and q.get("status") == "dropped"]
     assert stale or any("toggle" in w for w in warnings(after)), "the stale request was discarded without a line"
 
 
