@@ -349,6 +349,13 @@ def guarded(body: Callable[[], int]) -> int:
     except BrokenPipeError:  # `gpt2-tui ... | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as err:  # a write the command could not make (disk full, read-only): one line
+        from engine.text import path_text
+
+        where = f" ({path_text(err.filename)})" if err.filename else ""
+        print(f"error: {err.strerror or type(err).__name__}{where}; free space or fix permissions and retry",
+              file=sys.stderr)  # fmt: skip
+        return 2
 
 
 def parse(parser: Parser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
