@@ -93,11 +93,12 @@ class RunWriter:
             for sink in self.sinks:
                 sink.emit(event)
 
-    def take(self) -> list[Request]:
-        """The requests asked since the last step boundary, the same on every rank."""
+    def take(self, defer: tuple[str, ...] = ()) -> list[Request]:
+        """The requests asked since the last step boundary, the same on every rank; mailbox
+        requests of a kind in `defer` wait in the mailbox (Mailbox.take)."""
         local = self.control.take()
         if self.mailbox is not None:
-            for r in self.mailbox.take():
+            for r in self.mailbox.take(defer):
                 if r.problem is None and r.time < self.since:
                     asked = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time))
                     r = dataclasses.replace(r, problem=f"stale: asked at {asked}, before this run's writer started")

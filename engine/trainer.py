@@ -446,7 +446,9 @@ class Trainer:
             self.emit(ev.Paused(step=self.step))
             while self._paused and ending is None:
                 time.sleep(0.1)
-                ending = self._act_on(self.owner.take(), toggles)
+                # a toggle asked meanwhile waits in the mailbox (a kill -9 cannot lose it),
+                # and is taken at the first boundary after the resume
+                ending = self._act_on(self.owner.take(defer=("toggle",)), toggles)
             self.emit(ev.Resumed(step=self.step))
             self.clock.restart()
         if ending is not None:

@@ -215,6 +215,13 @@ def deep_json(n: int = 100_000) -> str:
     return "[" * n
 
 
+def steer(run_dir: Path, kind: str) -> None:
+    """Ask a live run to pause or resume through its mailbox (signals only stop a run)."""
+    from engine.control import Request, post
+
+    post(run_dir, Request(kind))
+
+
 def requests(events: list[dict]) -> list[dict]:
     return [e for e in events if e.get("event") == "request"]
 
@@ -692,7 +699,7 @@ def test_18_a_garbage_writer_pid_follows_the_one_liveness_rule(tmp_path, tiny_da
 def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_dataset, runs):
     r = runs(tmp_path / "run", tiny_dataset)
     r.wait_step(3)
-    r.signal(signal.SIGUSR2)  # pause: both requests land before the next step boundary
+    steer(r.dir, "pause")  # both requests land before the next step boundary
     deadline = time.monotonic() + 20
     while not any(e.get("event") == "paused" for e in r.events()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -702,7 +709,7 @@ def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_da
     for res in (first, second):
         if res.returncode != 0:
             one_line_refusal(res)
-    r.signal(signal.SIGUSR2)  # resume
+    steer(r.dir, "resume")
     deadline = time.monotonic() + 40
     while len([q for q in requests(r.events()) if q.get("kind") == "toggle"]) < len(asked) and time.monotonic() < deadline:
         if r.proc.poll() is not None:
@@ -719,7 +726,7 @@ def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_da
 def test_19b_a_toggle_left_by_a_dead_run_is_not_applied_by_a_later_resume(tmp_path, tiny_dataset, runs):
     r = runs(tmp_path / "run", tiny_dataset, "--ckpt-interval", "2")
     r.wait_step(4)
-    r.signal(signal.SIGUSR2)  # paused: the request stays pending when the writer dies
+    steer(r.dir, "pause")  # paused: the request stays pending when the writer dies
     deadline = time.monotonic() + 20
     while not any(e.get("event") == "paused" for e in r.events()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -761,3 +768,23 @@ def test_20_sigterm_during_prepare_leaves_no_hidden_temp_directory(tmp_path):
         pytest.fail("prepare did not stop on SIGTERM")
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert not left, left
+
+
+@pytest.mark.timeout(180)
+def test_19c_a_toggle_saved_for_but_never_opened_is_reported_on_resume(tmp_path, tiny_dataset):
+    """A kill -9 between a toggle's save and its new segment (simulated: the toggle's checkpoint
+    names it, config.toml still has the old switches): the resume says it was dropped."""
+    import torch
+
+    run = trained(tmp_path, tiny_dataset, "run", 4, "--ckpt-interval", "2")
+    latest = max((run / "checkpoints").glob("step_*.pt"))
+    state = torch.load(latest, weights_only=True)
+    state["pending_toggles"] = [{"id": "t0ggle1d", "switches": {"data.prefetch": False}}]
+    torch.save(state, latest)
+    before = len(read_events(run))
+    res = cli("train", "--resume", str(run), "--max-steps", "6")
+    assert res.returncode == 0, res.stdout[-1500:] + res.stderr[-1500:]
+    after = read_events(run)[before:]
+    lost = [q for q in requests(after) if q.get("id") == "t0ggle1d"]
+    assert len(lost) == 1 and lost[0]["status"] == "dropped" and lost[0].get("reason"), lost
+    assert any("t0ggle1d" in w for w in warnings(after)), warnings(after)
