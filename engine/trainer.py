@@ -145,6 +145,7 @@ class Trainer:
         self.loader: BatchLoader | None = None
         self._paused = False
         self._pending_toggles: list[dict[str, Any]] = []  # toggles the resumed checkpoint was saved for
+        self._save_error = "unknown error"  # the last failed save's OS error, for a request's ack
 
     # ------------------------------------------------------------------ plumbing
 
@@ -343,6 +344,7 @@ class Trainer:
         except OSError as err:  # disk full, permission denied: warn and go on, or stop (on_save_error)
             self.best_val_loss = previous_best
             kept = self.ckpts.latest() if self.dist.is_main else None
+            self._save_error = err.strerror or type(err).__name__
             self._act(guard.save_failed(err, self.step, self.ckpts.path, on_error, self.run_dir, kept))
             return False
         self.emit(
@@ -477,7 +479,7 @@ class Trainer:
                     saved = self.save_checkpoint()
                     self.clock.restart()
                     if saved is False:
-                        self._drop([r], "the checkpoint could not be written (see the warning)")
+                        self._drop([r], f"the checkpoint could not be written ({self._save_error})")
                         continue
                 else:
                     self._paused = r.kind == "pause"
@@ -504,8 +506,11 @@ class Trainer:
             return None
         # the next segment resumes from exactly here; a save that fails refuses the toggle
         # (guard.save_failed words it) and the run trains on with its switches
-        if not self._save("toggle", pending=accepted):
-            self._drop(accepted, "its checkpoint could not be written (see the warning); the run goes on with its switches")
+        failed = None if self._save("toggle", pending=accepted) else self._save_error
+        if self.dist.enabled:  # rank 0 alone writes: every rank goes on, or hands over, alike
+            failed = distributed.broadcast_object(failed if self.dist.is_main else None)
+        if failed is not None:
+            self._drop(accepted, f"its checkpoint could not be written ({failed}); the run goes on with its switches")
             self.clock.restart()
             return None
         return Ending("toggle", config, accepted)
