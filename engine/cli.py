@@ -310,6 +310,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    import signal
+
+    def terminated(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # prepare's cleanup (its hidden temp directory) runs, as on Ctrl-C
+
+    signal.signal(signal.SIGTERM, terminated)
     if args.hf_dataset:
         return cmd_prepare_hub(args)
     hub_only = [f for f, v in (("--config", args.hf_config), ("--data-files", args.data_files), ("--max-tokens", args.max_tokens)) if v]
@@ -467,6 +473,13 @@ def guarded(body: Callable[[], int]) -> int:
     except BrokenPipeError:  # `gpt2-tui ... | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as err:  # a write the command could not make (disk full, read-only): one line
+        from engine.text import path_text
+
+        where = f" ({path_text(err.filename)})" if err.filename else ""
+        print(f"error: {err.strerror or type(err).__name__}{where}; free space or fix permissions and retry",
+              file=sys.stderr)  # fmt: skip
+        return 2
 
 
 def parse(parser: Parser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -131,7 +131,10 @@ class Mailbox:
         self.path = Path(run_dir) / MAILBOX
         self._refused: set[tuple[int, int, str]] = set()  # what was refused once is not refused again
 
-    def take(self) -> list[Request]:
+    def take(self, defer: tuple[str, ...] = ()) -> list[Request]:
+        """Every request in the mailbox, oldest first; those of a kind in `defer` (toggles while
+        the run is paused) stay in the file, so a writer killed meanwhile never holds one only
+        in memory: the next writer finds it there (stale, dropped with a line)."""
         import fcntl
 
         try:
@@ -152,13 +155,20 @@ class Mailbox:
             except OSError:
                 return []  # a sender is writing: next step
             data = os.read(fd, MAX_BYTES + 1)
-            os.unlink(self.path)  # under the lock: a sender waiting on it sees the file gone and retries
+            if len(data) > MAX_BYTES:
+                os.unlink(self.path)
+                return self._refuse((0, 0, "grew"), f"over {MAX_BYTES} bytes")
+            lines = [line for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+            taken = [(line, parse(line)) for line in lines]
+            kept = [line for line, r in taken if r.problem is None and r.kind in defer]
+            if kept:  # under the lock: rewritten in place, a sender appends after it
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, ("\n".join(kept) + "\n").encode(), 0)
+            else:
+                os.unlink(self.path)  # under the lock: a sender waiting on it sees the file gone and retries
         finally:
             os.close(fd)
-        if len(data) > MAX_BYTES:
-            return self._refuse((0, 0, "grew"), f"over {MAX_BYTES} bytes")
-        text = data.decode("utf-8", errors="replace")
-        return [parse(line) for line in text.splitlines() if line.strip()]
+        return [r for _, r in taken if not (r.problem is None and r.kind in defer)]
 
     def _refuse(self, key: tuple[int, int, str], why: str) -> list[Request]:
         if key in self._refused:

@@ -23,6 +23,7 @@ one on a background thread while the model computes.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -89,6 +90,10 @@ class Sidecar(BaseModel):
 # --------------------------------------------------------------------------- token files
 
 
+class DataFailed(UserError):
+    """A token file changed under a running (not preloaded) run: the trainer saves and stops."""
+
+
 @dataclass
 class Shard:
     """One file of tokens: where they start in it, how many, and (if preloaded) the array."""
@@ -101,10 +106,23 @@ class Shard:
 
     def tokens(self) -> np.ndarray:
         """The tokens: the RAM copy if preloaded, else a memmap opened afresh (nanoGPT's way:
-        a long-lived np.memmap was seen to grow resident memory as pages stay mapped)."""
+        a long-lived np.memmap was seen to grow resident memory as pages stay mapped). A file
+        that shrank since it was opened is a DataFailed, checked before mapping (reading a
+        mapped page past the end would be a SIGBUS, not an error)."""
         if self.data is not None:
             return self.data
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+        need = self.offset + self.count * self.dtype.itemsize
+        try:
+            size = os.stat(self.path).st_size
+            if size < need:
+                raise DataFailed(self._shrunk(f"{size} bytes, {need} expected"))
+            return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+        except (OSError, ValueError) as err:  # gone, replaced, or cut between the check and the map
+            raise DataFailed(self._shrunk(getattr(err, "strerror", None) or str(err))) from None
+
+    def _shrunk(self, what: str) -> str:
+        return (f"{self.path} changed under the run ({what}): it was truncated, replaced or removed "
+                "while training read it; restore it, then continue the run with --resume")  # fmt: skip
 
     def load(self) -> None:
         self.data = np.fromfile(self.path, dtype=self.dtype, count=self.count, offset=self.offset)

@@ -94,6 +94,28 @@ class StepGuard:
         self._loss, self._norm = loss, norm
         return flags.amax()
 
+    def state_dict(self) -> dict[str, float]:
+        """The loss level and bad-step streak a checkpoint carries, so the first step after a
+        resume or toggle is judged as it would be in a straight run (one host read, at a save)."""
+        ema, streak = torch.stack([self._ema, self._streak]).tolist()
+        return {"ema": ema, "streak": streak}
+
+    def load_state_dict(self, state: dict[str, float] | None) -> None:
+        """Restore what state_dict saved; a checkpoint without it (older runs) starts with no
+        level (inf), as before."""
+        if not state:
+            return
+        try:
+            ema, streak = float(state.get("ema", math.inf)), float(state.get("streak", 0.0))
+        except (TypeError, ValueError):
+            return  # a damaged entry: start with no level, as an old checkpoint does
+        if math.isnan(streak):
+            streak = 0.0
+        if math.isnan(ema) or ema < 0:
+            ema = math.inf  # a damaged level: judge no spike rather than every step
+        self._ema = torch.full((), ema, device=self._ema.device)
+        self._streak = torch.full((), max(0.0, streak), device=self._streak.device)
+
     def read(self) -> Reading:
         """One host read of this step's loss, norm and the bad-step counters."""
         loss, norm, streak, total = torch.stack([self._loss, self._norm, self._streak, self._total]).tolist()
@@ -189,15 +211,18 @@ def unhealthy(step: int, val_loss: float, best: float | None, weights_finite: bo
     )
 
 
-def save_failed(err: OSError, step: int, ckpt_dir: Path, policy: str, run_dir: Path) -> Verdict:
-    """A checkpoint write failed (disk full, no permission): warn, then go on or stop."""
+def save_failed(err: OSError, step: int, ckpt_dir: Path, policy: str, run_dir: Path, kept: Path | None) -> Verdict:
+    """A checkpoint write failed (disk full, no permission). One rule: only a `stop` policy
+    (the final save, or --on-save-error stop) ends the run; a toggle's save ("toggle") refuses
+    the toggle and the run trains on; otherwise warn and retry at the next interval. The words
+    say what is true: whether any checkpoint exists (`kept`, the newest left)."""
     why = err.strerror or type(err).__name__
-    message = (
-        f"checkpoint at step {step} could not be written ({why}: {err.filename or ckpt_dir}); "
-        "the previous checkpoints are intact"
-    )
+    intact = f"the previous checkpoints are intact (newest: {kept})" if kept else "no checkpoint has been written yet"
+    message = f"checkpoint at step {step} could not be written ({why}: {err.filename or ckpt_dir}); {intact}"
     if policy == "stop":
         return Verdict(message + f"; free disk space or fix permissions, then continue with --resume {run_dir}", SaveFailed)
+    if policy == "toggle":
+        return Verdict(message + "; the toggle is refused and the run trains on with its switches")
     return Verdict(
         message + "; training goes on and retries at the next checkpoint interval (--on-save-error stop to stop instead)"
     )

@@ -406,6 +406,8 @@ def check_fits(config: RunConfig, force: bool = False) -> None:
     from engine import device
 
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if not force:
+        check_eval_set(config, world)
     parallel = config.speed.parallel
     # `auto` takes DDP when it fits and FSDP otherwise (engine.distributed): either may do
     shardings: list[Sharding] = ["ddp", "fsdp"] if parallel == "auto" and world > 1 else ["fsdp" if parallel == "fsdp" else "ddp"]
@@ -428,6 +430,41 @@ def check_fits(config: RunConfig, force: bool = False) -> None:
     raise UserError(
         f"predicted peak memory {human(est.peak_bytes)} exceeds the {human(available)} of "
         f"{label} (largest: {parts}); {fix}, or --force to start anyway"
+    )
+
+
+def eval_set_bytes(config: RunConfig, world_size: int = 1) -> int:
+    """Host RAM the fixed val set holds: eval_batches (rounded up to the ranks) x B x T input
+    and target ids as int64, all built before each rank keeps its share (distributed.val_share)."""
+    n = -(-config.train.eval_batches // world_size) * world_size
+    return n * config.train.batch_size * config.seq_len * 2 * 8
+
+
+def host_budget() -> int | None:
+    """RAM this process may still take: MemAvailable, capped by its address-space limit."""
+    import resource
+
+    from engine import device
+
+    avail = device.available_host_memory()
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        avail = soft if avail is None else min(avail, soft)
+    return avail
+
+
+def check_eval_set(config: RunConfig, world_size: int = 1) -> None:
+    """Refuse an eval set that would take over half the host's RAM (the model, data and torch
+    need the rest), before anything is allocated or written."""
+    held, budget = eval_set_bytes(config, world_size), host_budget()
+    if budget is None or held <= budget // 2:
+        return
+    per_batch = config.train.batch_size * config.seq_len * 2 * 8
+    fit = max(1, (budget // 2) // per_batch // world_size * world_size)
+    raise UserError(
+        f"--eval-batches {config.train.eval_batches} holds {human(held)} of val batches in RAM, over half the "
+        f"{human(budget)} this process can have",
+        {"train.eval_batches": f"{fit} or fewer"},
     )
 
 

@@ -269,12 +269,33 @@ def _load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
         ) from exc
 
 
+MAX_WORD = 256  # characters: a longer pre-tokenized word is cut in pieces this long
+
+
+def _pre_tokenizer():  # -> tokenizers.pre_tokenizers.PreTokenizer
+    """GPT-2's byte-level split, then every word cut to at most MAX_WORD characters: BPE
+    training is quadratic in a word's length (1 MB of one letter took minutes), and no
+    merge is worth learning from a run that long. Ordinary words are untouched."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+        pre_tokenizers.Split(Regex(rf"[\s\S]{{1,{MAX_WORD}}}"), behavior="isolated"),
+    ])  # fmt: skip
+
+
 def train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokenizer
-    """A byte-level BPE of `vocab_size` entries (EOT among them) trained on `texts` (prepare_hub uses it too)."""
+    """A byte-level BPE of `vocab_size` entries (EOT among them) trained on `texts` (prepare_hub
+    uses it too). Trained on a worker thread while this (main) thread waits in short slices: the
+    Rust training does not return to Python until it ends, so waiting here is what lets
+    Ctrl-C or SIGTERM (engine.cli.cmd_prepare) stop prepare at once. The abandoned worker is
+    a daemon: it dies with the process."""
+    import threading
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = _pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -282,7 +303,20 @@ def train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokeniz
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,  # its bars write stray newlines to stdout, TTY or not (tokenizers 0.23)
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+        except BaseException as err:  # handed to the waiting thread
+            failed.append(err)
+
+    worker = threading.Thread(target=work, name="bpe-training", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)  # a signal's handler runs between these waits
+    if failed:
+        raise failed[0]
     return tokenizer
 
 

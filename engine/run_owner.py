@@ -67,6 +67,8 @@ class RunWriter:
         self.mailbox = Mailbox(self.run_dir) if self.dist.is_main else None
         self.since = time.time()  # mailbox requests older than this were asked of a previous writer
         self._logging = False
+        self._log: ev.JsonlSink | None = None
+        self._log_id: tuple[int, int] | None = None  # the events file this run appends to
 
     # ------------------------------------------------------------------ the lock
 
@@ -91,11 +93,12 @@ class RunWriter:
             for sink in self.sinks:
                 sink.emit(event)
 
-    def take(self) -> list[Request]:
-        """The requests asked since the last step boundary, the same on every rank."""
+    def take(self, defer: tuple[str, ...] = ()) -> list[Request]:
+        """The requests asked since the last step boundary, the same on every rank; mailbox
+        requests of a kind in `defer` wait in the mailbox (Mailbox.take)."""
         local = self.control.take()
         if self.mailbox is not None:
-            for r in self.mailbox.take():
+            for r in self.mailbox.take(defer):
                 if r.problem is None and r.time < self.since:
                     asked = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time))
                     r = dataclasses.replace(r, problem=f"stale: asked at {asked}, before this run's writer started")
@@ -107,11 +110,30 @@ class RunWriter:
         if not self.dist.is_main:
             return
         if not self._logging:
-            self.sinks.insert(0, ev.JsonlSink(self.run_dir / rundir.EVENTS))
+            self._log = ev.JsonlSink(self.run_dir / rundir.EVENTS)
+            self._log_id = _file_id(self.run_dir / rundir.EVENTS)
+            self.sinks.insert(0, self._log)
             rundir.claim_writer(self.run_dir)  # a kill -9 leaves it behind: attach sees a dead pid
             self._logging = True
         if trainer.resume:
             rundir.write_config(self.run_dir, trainer.config)  # flags given at resume (or a toggle) are kept
+
+    def reopen_log_if_moved(self) -> bool:
+        """events.jsonl is no longer the file this run appends to (moved, deleted, replaced):
+        start a new one at the same name, so the log goes on where readers look. True if so."""
+        if not (self.dist.is_main and self._logging):
+            return False
+        path = self.run_dir / rundir.EVENTS
+        if _file_id(path) == self._log_id:
+            return False
+        try:
+            log = ev.JsonlSink(path)
+        except OSError:
+            return False  # the directory itself is going: the trainer's own check words it
+        self.sinks[self.sinks.index(self._log)] = log
+        self._log.close()
+        self._log, self._log_id = log, _file_id(path)
+        return True
 
     # ------------------------------------------------------------------ the segments
 
@@ -125,6 +147,9 @@ class RunWriter:
                 except BaseException as err:
                     trainer.close()  # bad input found in set-up: nothing is written to the run
                     self._drop(applied, trainer.step, f"the new segment could not start: {err}")
+                    if self._logging:  # a later segment's set-up: the run's log says how it ended
+                        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                        self.emit(ev.RunFailed(step=trainer.step, error=f"{type(err).__name__}: {first}"))
                     raise
                 self._open_log(trainer)
                 ending = trainer.train(why, applied)
@@ -160,6 +185,15 @@ def _reset_compiled() -> None:
     from engine import compiling
 
     compiling.reset()
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path` itself (a link is not followed), None if absent."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _empty_device_cache() -> None:

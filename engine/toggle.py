@@ -56,6 +56,32 @@ def check(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
             f"a live toggle keeps the tokens per optimizer step ({t.batch_size} x {t.grad_accum} micro-batches); "
             "change the micro-batch and grad-accum together so their product stays"
         )
+    changed_shape = _shape_change(config, new)
+    if changed_shape:
+        v0, v1 = config.model.padded_vocab_size, new.model.padded_vocab_size
+        rows = f" (padded vocab {v0} -> {v1} rows)" if v0 != v1 else ""
+        raise UserError(
+            f"a live toggle keeps the model's shapes, and this one changes {changed_shape}{rows}; "
+            "the run's checkpoints cannot load into another shape: start a new run with that setting"
+        )
     device.check(new.speed.device, new.speed.precision, new.speed.compile)
     memory.check_fits(new, force=False)
     return new
+
+
+def _shape_change(old: RunConfig, new: RunConfig) -> str | None:
+    """The first parameter whose shape differs between the two configs' models (built on the
+    meta device: no memory), or None: the one rule for what a hand-over can carry."""
+    import torch
+
+    from engine.model import GPT
+
+    if old.model == new.model:
+        return None
+    with torch.device("meta"):
+        before = {k: tuple(v.shape) for k, v in GPT(old.model).state_dict().items()}
+        after = {k: tuple(v.shape) for k, v in GPT(new.model).state_dict().items()}
+    for name in sorted({*before, *after}):
+        if before.get(name) != after.get(name):
+            return f"{name} {before.get(name)} -> {after.get(name)}"
+    return None

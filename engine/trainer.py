@@ -36,7 +36,7 @@ from engine import compile_cache, compiling, distributed, guard, rundir, toggle
 from engine.control import Control, Request
 from engine.run_owner import Ending, RunWriter
 from engine.config import OptimConfig, RunConfig
-from engine.data import BatchLoader, BatchSampler, Dataset
+from engine.data import BatchLoader, BatchSampler, DataFailed, Dataset
 from engine.errors import UserError
 from engine.flops import flops_per_token, mfu, peak_flops
 from engine.model import GPT
@@ -166,6 +166,8 @@ class Trainer:
         self._warmup: compiling.Warmup | None = None  # a compiled segment's counters, read after its first steps
         self._artifacts_note: str | None = None  # why the run's compile artifacts were ignored
         self._rng_warning: str | None = None  # a resume's CUDA RNG state that could not apply
+        self._pending_toggles: list[dict[str, Any]] = []  # toggles the resumed checkpoint was saved for
+        self._save_error = "unknown error"  # the last failed save's OS error, for a request's ack
 
     # ------------------------------------------------------------------ plumbing
 
@@ -271,6 +273,7 @@ class Trainer:
             "config": self.config.model_dump(mode="json"),
             "rng": _rng_state(self.device),
             "data": json.dumps(self.loader.state()),
+            "guard": self.guard.state_dict(),
         }
 
     def _load_resumed(self) -> None:
@@ -287,6 +290,10 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.tokens = state["step"], state.get("tokens", 0)
         self.best_val_loss = state.get("best_val_loss")
+        pending = state.get("pending_toggles")
+        self._pending_toggles = [p for p in pending if isinstance(p, dict)] if isinstance(pending, list) else []
+        guard_state = state.get("guard")
+        self.guard.load_state_dict(guard_state if isinstance(guard_state, dict) else None)
         if state.get("val_loss") is not None:
             self.last_eval = (self.step, state["val_loss"])
         try:
@@ -337,9 +344,16 @@ class Trainer:
         finally:
             self.model.train()
 
-    def save_checkpoint(self, final: bool = False) -> None:
+    def save_checkpoint(self, final: bool = False) -> bool:
         """Save a healthy state; a blown-up one stops the run instead (the last good checkpoint
-        stays latest). A `final` save that fails always ends the run with an error."""
+        stays latest). A `final` save that fails always ends the run with an error; another
+        follows --on-save-error. False when the write failed and the run goes on."""
+        return self._save("stop" if final else self.config.train.on_save_error)
+
+    def _save(self, on_error: str, pending: Sequence[Request] = ()) -> bool:
+        """The save itself; `on_error` is guard.save_failed's policy (stop, continue, toggle).
+        `pending`: the toggles this save hands over; the checkpoint names them, so a resume
+        after a kill -9 before their segment opened reports them (`_report_lost_toggles`)."""
         if not (self.last_eval and self.last_eval[0] == self.step):
             self.evaluate()  # every checkpoint carries its val loss, so `best` means something
         val_loss = self.last_eval[1]
@@ -353,17 +367,20 @@ class Trainer:
             self.best_val_loss = val_loss
         try:
             state = self._state()  # on every rank: FSDP2 gathers the shards here
+            state["pending_toggles"] = [{"id": r.id, "switches": dict(r.switches)} for r in pending]
             if not self.dist.is_main:
-                return
+                return True
             path = self.ckpts.save(state, self.step, is_best)
         except OSError as err:  # disk full, permission denied: warn and go on, or stop (on_save_error)
             self.best_val_loss = previous_best
-            policy = "stop" if final else self.config.train.on_save_error
-            self._act(guard.save_failed(err, self.step, self.ckpts.path, policy, self.run_dir))
-            return
+            kept = self.ckpts.latest() if self.dist.is_main else None
+            self._save_error = err.strerror or type(err).__name__
+            self._act(guard.save_failed(err, self.step, self.ckpts.path, on_error, self.run_dir, kept))
+            return False
         self.emit(
             ev.Checkpoint(step=self.step, path=str(path), val_loss=val_loss, best=is_best, size_bytes=path.stat().st_size)
         )
+        return True
 
     def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (loss, pre-clip grad norm) as device tensors (no sync)."""
@@ -419,7 +436,12 @@ class Trainer:
                 return ending
 
             lr = lr_at(self.step, self.config.optim, max_steps)
-            loss, _ = self.train_step(lr)  # no host read here: see the module docstring
+            try:
+                loss, _ = self.train_step(lr)  # no host read here: see the module docstring
+            except DataFailed:  # the data went bad under the run: the steps trained so far are saved
+                self.optimizer.zero_grad(set_to_none=True)  # this step was never taken
+                self.save_checkpoint()
+                raise
             self.step += 1
             self.tokens += self.config.tokens_per_step * self.dist.world_size
             clock.steps += 1
@@ -473,7 +495,9 @@ class Trainer:
             self.emit(ev.Paused(step=self.step))
             while self._paused and ending is None:
                 time.sleep(0.1)
-                ending = self._act_on(self.owner.take(), toggles)
+                # a toggle asked meanwhile waits in the mailbox (a kill -9 cannot lose it),
+                # and is taken at the first boundary after the resume
+                ending = self._act_on(self.owner.take(defer=("toggle",)), toggles)
             self.emit(ev.Resumed(step=self.step))
             self.clock.restart()
         if ending is not None:
@@ -499,8 +523,11 @@ class Trainer:
                 stopping = r
             else:
                 if r.kind == "save":
-                    self.save_checkpoint()
+                    saved = self.save_checkpoint()
                     self.clock.restart()
+                    if saved is False:
+                        self._drop([r], f"the checkpoint could not be written ({self._save_error})")
+                        continue
                 else:
                     self._paused = r.kind == "pause"
                 self._ack(r, "applied")
@@ -524,8 +551,35 @@ class Trainer:
             accepted.append(r)
         if not accepted:
             return None
-        self.save_checkpoint(final=True)  # the next segment resumes from exactly here
+        # the next segment resumes from exactly here; a save that fails refuses the toggle
+        # (guard.save_failed words it) and the run trains on with its switches
+        failed = None if self._save("toggle", pending=accepted) else self._save_error
+        if self.dist.enabled:  # rank 0 alone writes: every rank goes on, or hands over, alike
+            failed = distributed.broadcast_object(failed if self.dist.is_main else None)
+        if failed is not None:
+            self._drop(accepted, f"its checkpoint could not be written ({failed}); the run goes on with its switches")
+            self.clock.restart()
+            return None
         return Ending("toggle", config, accepted)
+
+    def _report_lost_toggles(self, applied: Sequence[Request]) -> None:
+        """A toggle whose checkpoint was saved but whose segment never opened (a kill -9 in
+        the hand-over) is not lost without a word: this resume says it was dropped, unless
+        the switches it asked for are the ones this segment runs with."""
+        from engine.segments import switches
+
+        now, opened = switches(self.config), {r.id for r in applied}
+        for p in self._pending_toggles:
+            rid, asked = str(p.get("id", "?"))[:64], p.get("switches")
+            rid = rid if rid.isprintable() else "?"
+            if rid in opened or not isinstance(asked, dict):
+                continue
+            if asked and all(now.get(name) == value for name, value in asked.items()):
+                continue  # its segment opened before the kill: config.toml carries its switches
+            self.emit(ev.Warning_(message=f"a toggle ({rid}) was saved for at step {self.step} but the run was "
+                                          "killed before it applied; resumed with the switches it had"))  # fmt: skip
+            self.emit(ev.RequestAck(id=rid, kind="toggle", status="dropped", step=self.step,
+                                    reason="the run was killed between the toggle's save and its new segment"))  # fmt: skip
 
     def _ack(self, r: Request, status: str, reason: str = "") -> None:
         self.emit(ev.RequestAck(id=r.id, kind=r.kind, status=status, step=self.step, reason=reason))
@@ -552,12 +606,19 @@ class Trainer:
                                  self.config.optim.lr, self.run_dir))  # fmt: skip
 
     def _check_run_dir(self) -> None:
-        """A run whose directory vanished (deleted, unmounted) stops instead of training blind."""
-        if self.dist.is_main and not (self.run_dir / rundir.EVENTS).exists():
+        """A run whose directory vanished (deleted, unmounted) stops instead of training blind;
+        an events file moved or deleted alone (log rotation, cleanup) is re-created and the
+        run trains on: its checkpoints still land."""
+        if not self.dist.is_main:
+            return
+        if not (self.run_dir / rundir.CHECKPOINTS).is_dir():
             raise UserError(
-                f"the run directory {self.run_dir} (or its {rundir.EVENTS}) vanished at step {self.step}; "
+                f"the run directory {self.run_dir} (or its {rundir.CHECKPOINTS}) vanished at step {self.step}; "
                 "the run stopped, as nothing could be saved; restore the directory or start a new run"
             )
+        if self.owner.reopen_log_if_moved():
+            self.emit(ev.Warning_(message=f"{rundir.EVENTS} was moved or deleted before step {self.step}; a new one "
+                                          "was started and the run trains on (the earlier events are where it was moved)"))  # fmt: skip
 
     def _loop_or_oom(self) -> Ending:
         """The loop, with a CUDA out-of-memory turned into a clean stop that says what fits."""
@@ -630,6 +691,7 @@ class Trainer:
                 self.emit(ev.Warning_(message=self._artifacts_note))
             if self._rng_warning:
                 self.emit(ev.Warning_(message=self._rng_warning))
+            self._report_lost_toggles(applied)
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
             aside = self.ckpts.set_aside_after(self.step) if self.resume_from and self.dist.is_main else None

@@ -4,7 +4,7 @@ planted, torn, filled) loses steps, writes outside it, or reaches the terminal r
 Each test is one item of the issue, on the real CLI (`gpt2-tui` in its own process), real
 files, FIFOs, symlinks and, where the test runs as root, a small tmpfs for a full disk.
 They are written against behaviour (exit codes, output, files, events.jsonl), not internals.
-Request acknowledgements are `request` events {id, action, status: applied|dropped, reason};
+Request acknowledgements are `request` events {id, kind, status: applied|dropped, reason};
 warnings are the existing `warning` event. Every child process runs under a memory limit
 (a /dev/zero link must fail the test, not the machine) and a timeout (a FIFO must not hang it).
 """
@@ -216,6 +216,13 @@ def deep_json(n: int = 100_000) -> str:
     return "[" * n
 
 
+def steer(run_dir: Path, kind: str) -> None:
+    """Ask a live run to pause or resume through its mailbox (signals only stop a run)."""
+    from engine.control import Request, post
+
+    post(run_dir, Request(kind))
+
+
 def requests(events: list[dict]) -> list[dict]:
     return [e for e in events if e.get("event") == "request"]
 
@@ -258,7 +265,7 @@ def test_02_toggle_whose_save_fails_is_refused_and_the_run_trains_on(tmp_path, t
     out = r.output()
     if not saved_steps(r.dir):
         assert "previous checkpoints are intact" not in out, out[-3000:]
-    acks = [q for q in requests(r.events()) if q.get("action") == "toggle"]
+    acks = [q for q in requests(r.events()) if q.get("kind") == "toggle"]
     assert len(acks) == 1 and acks[0]["status"] == "dropped" and acks[0].get("reason"), acks
 
 
@@ -694,7 +701,7 @@ def test_18_a_garbage_writer_pid_follows_the_one_liveness_rule(tmp_path, tiny_da
 def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_dataset, runs):
     r = runs(tmp_path / "run", tiny_dataset)
     r.wait_step(3)
-    r.signal(signal.SIGUSR2)  # pause: both requests land before the next step boundary
+    steer(r.dir, "pause")  # both requests land before the next step boundary
     deadline = time.monotonic() + 20
     while not any(e.get("event") == "paused" for e in r.events()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -704,14 +711,14 @@ def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_da
     for res in (first, second):
         if res.returncode != 0:
             one_line_refusal(res)
-    r.signal(signal.SIGUSR2)  # resume
+    steer(r.dir, "resume")
     deadline = time.monotonic() + 40
-    while len([q for q in requests(r.events()) if q.get("action") == "toggle"]) < len(asked) and time.monotonic() < deadline:
+    while len([q for q in requests(r.events()) if q.get("kind") == "toggle"]) < len(asked) and time.monotonic() < deadline:
         if r.proc.poll() is not None:
             break
         time.sleep(0.1)
     r.stop()
-    acks = [q for q in requests(r.events()) if q.get("action") == "toggle"]
+    acks = [q for q in requests(r.events()) if q.get("kind") == "toggle"]
     assert asked and len(acks) == len(asked), (len(asked), acks)
     assert all(q["status"] in ("applied", "dropped") and q.get("id") for q in acks), acks
     assert len({q["id"] for q in acks}) == len(acks)
@@ -721,7 +728,7 @@ def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_da
 def test_19b_a_toggle_left_by_a_dead_run_is_not_applied_by_a_later_resume(tmp_path, tiny_dataset, runs):
     r = runs(tmp_path / "run", tiny_dataset, "--ckpt-interval", "2")
     r.wait_step(4)
-    r.signal(signal.SIGUSR2)  # paused: the request stays pending when the writer dies
+    steer(r.dir, "pause")  # paused: the request stays pending when the writer dies
     deadline = time.monotonic() + 20
     while not any(e.get("event") == "paused" for e in r.events()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -734,7 +741,7 @@ def test_19b_a_toggle_left_by_a_dead_run_is_not_applied_by_a_later_resume(tmp_pa
     after = r.events()[before:]
     toggled = [e for e in after if e.get("event") == "segment" and e.get("reason") == "toggle"]
     assert not toggled, toggled
-    stale = [q for q in requests(after) if q.get("action") == "toggle" and q.get("status") == "dropped"]
+    stale = [q for q in requests(after) if q.get("kind") == "toggle" and q.get("status") == "dropped"]
     assert stale or any("toggle" in w for w in warnings(after)), "the stale request was discarded without a line"
 
 
@@ -763,3 +770,23 @@ def test_20_sigterm_during_prepare_leaves_no_hidden_temp_directory(tmp_path):
         pytest.fail("prepare did not stop on SIGTERM")
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert not left, left
+
+
+@pytest.mark.timeout(180)
+def test_19c_a_toggle_saved_for_but_never_opened_is_reported_on_resume(tmp_path, tiny_dataset):
+    """A kill -9 between a toggle's save and its new segment (simulated: the toggle's checkpoint
+    names it, config.toml still has the old switches): the resume says it was dropped."""
+    import torch
+
+    run = trained(tmp_path, tiny_dataset, "run", 4, "--ckpt-interval", "2")
+    latest = max((run / "checkpoints").glob("step_*.pt"))
+    state = torch.load(latest, weights_only=True)
+    state["pending_toggles"] = [{"id": "t0ggle1d", "switches": {"data.prefetch": False}}]
+    torch.save(state, latest)
+    before = len(read_events(run))
+    res = cli("train", "--resume", str(run), "--max-steps", "6")
+    assert res.returncode == 0, res.stdout[-1500:] + res.stderr[-1500:]
+    after = read_events(run)[before:]
+    lost = [q for q in requests(after) if q.get("id") == "t0ggle1d"]
+    assert len(lost) == 1 and lost[0]["status"] == "dropped" and lost[0].get("reason"), lost
+    assert any("t0ggle1d" in w for w in warnings(after)), warnings(after)
