@@ -18,7 +18,7 @@ import pytest
 from engine.config import resolve
 from gpt2_tui import main
 from tui.app import GPT2App
-from pilot_wait import WAIT_S, until
+from pilot_wait import WAIT_S, launch_in_app, until
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 LONG = {"train.max_steps": 100000, "train.ckpt_interval": 100000, "train.eval_interval": 100000,
@@ -164,18 +164,12 @@ def test_what_next_arrow_keys_move_between_its_buttons(tmp_path, tiny_dataset, c
 
 def test_switches_screen_has_an_apply_key(tiny_dataset, tmp_path):
     """On the Switches screen Apply is a key away (its footer names it), not ~12 Tabs."""
-    from tui.screens.dashboard import DashboardScreen
-
     app = GPT2App(micro(tiny_dataset, **LONG))
 
     async def go() -> None:
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: bool(app.screen.query("#run-dir")), "the form")
-            app.screen.query_one("#run-dir").value = str(tmp_path / "run")
-            await pilot.pause()
-            await pilot.press("f6")
-            await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
-            await until(pilot, lambda: app.session.state.step >= 2, "a few steps")
+            await launch_in_app(pilot, app, tmp_path / "run", 2)
             dash = app.screen
             await pilot.press("o")
             await until(pilot, lambda: app.screen is not dash, "the switches screen")
@@ -215,8 +209,6 @@ def test_status_line_settled_speed_is_the_current_segments(tmp_path, tiny_datase
 
 
 def test_elapsed_does_not_count_while_paused(tiny_dataset, tmp_path):
-    from tui.screens.dashboard import DashboardScreen
-
     app = GPT2App(micro(tiny_dataset, **LONG))
 
     def elapsed() -> str:
@@ -225,11 +217,7 @@ def test_elapsed_does_not_count_while_paused(tiny_dataset, tmp_path):
     async def go() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: bool(app.screen.query("#run-dir")), "the form")
-            app.screen.query_one("#run-dir").value = str(tmp_path / "run")
-            await pilot.pause()
-            await pilot.press("f6")
-            await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
-            await until(pilot, lambda: app.session.state.step >= 2, "a few steps")
+            await launch_in_app(pilot, app, tmp_path / "run", 2)
             await pilot.press("p")
             await until(pilot, lambda: "PAUSED" in status(app), "paused")
             await pilot.pause(1.5)

@@ -196,29 +196,7 @@ def test_6_auto_precision_does_not_count_emulated_bf16(monkeypatch):
     assert seen and all(s == {"including_emulation": False} for s in seen)
 
 
-# ---------------------------------------------------------------- 11: a cold compile is cold
-
-
-def test_11_compile_cache_cold_compiles_in_a_fresh_process(tmp_path, tiny_dataset, monkeypatch, capsys):
-    """Triton pins its cache directory at a process's first autotune, so a second 'cold'
-    compile in the same process reads the first one's kernels. Cold is only cold in a
-    process that has compiled nothing: the measurement must not run torch.compile here.
-    (Counted with a stand-in torch.compile in this process; a fresh process has the real one.)"""
-    compiled: list[object] = []
-
-    def fake_compile(model, *args, **kwargs):
-        compiled.append(model)
-        return model
-
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    toml = tmp_path / "run.toml"
-    toml.write_text(_config(tiny_dataset, **{"speed.compile": True}).to_toml())
-    out = tmp_path / "t"
-    code = main(["bench", "--config", str(toml), "--steps", "1", "--compile-cache", "cold", "--out", str(out)])
-    assert code == 0, capsys.readouterr().err
-    assert compiled == [], "the cold measurement compiled inside the calling process"
-    first = json.loads((out / "timeline.json").read_text())["first_steps"]
-    assert [f["cache"] for f in first] == ["cold"] and first[0]["cache_files"] > 0
+# 11 (a cold compile is cold): tests/test_compile_scope.py
 
 
 # ---------------------------------------------------------------- 12: test_gpu's loss assertion
