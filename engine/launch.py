@@ -98,9 +98,9 @@ def run(n: int, config: RunConfig, run_dir: Path, resume: bool, force: bool, arg
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # torchrun --standalone
         max_restarts=0, monitor_interval=0.1, shutdown_timeout=SHUTDOWN_GRACE_S,
     )  # fmt: skip
-    # the launcher is the run's one writer for its ranks: it holds the lock, they are told so
+    # the launcher is the run's one writer for its ranks: it holds the lock, and its descendants
+    # (the ranks, under torchrun) are let in by rundir's ancestor rule
     rundir.claim_writer(run_dir) if resume else rundir.claim_new(run_dir)
-    os.environ[rundir.LOCK_ENV] = str(run_dir.resolve())
     print(f"launching {n} processes (torch.distributed.run): {run_dir}", file=sys.stderr, flush=True)
     try:
         elastic_launch(launch, sys.executable)(*command(argv, run_dir, not resume and not out_given))
@@ -111,7 +111,6 @@ def run(n: int, config: RunConfig, run_dir: Path, resume: bool, force: bool, arg
         print(f"stopped by {err.sigval.name}; {_latest(run_dir)}", file=sys.stderr)
         return 128 + int(err.sigval)
     finally:
-        del os.environ[rundir.LOCK_ENV]
         rundir.release_writer(run_dir)
     return 0
 

@@ -27,7 +27,6 @@ CONFIG, EVENTS, CHECKPOINTS, TOKENIZER = "config.toml", "events.jsonl", "checkpo
 WRITER = "writer.pid"  # "host pid since" of the process writing the run, while it runs
 WRITER_LOCK = "writer.lock"  # flock'ed too (older versions lock only this); the run dir's own flock is the lock
 LAUNCH_LOG = "console.log"  # the app's detached launch writes the run's console here before it starts
-LOCK_ENV = "GPT2_TUI_RUN_LOCKED"  # set by the launcher for its ranks: the run dir whose lock it holds
 MAILBOX = "requests.jsonl"  # engine.control's; named here for the link check
 # where a run writes: a link at any of these names is refused before anything is written
 WRITTEN = (CONFIG, EVENTS, WRITER, WRITER_LOCK, TOKENIZER, MAILBOX, LAUNCH_LOG, CHECKPOINTS, f"{CHECKPOINTS}/latest",
@@ -204,9 +203,29 @@ def _key(path: Path) -> str:
     return str(Path(path).resolve())
 
 
-def _lock_env_holds(path: Path) -> bool:
-    """Under the launcher: it holds this run's lock for its ranks, which must not refuse each other."""
-    return os.environ.get(LOCK_ENV) == _key(path)
+def _held_by_ancestor(path: Path) -> bool:
+    """Under `--nproc` the launcher holds the run's lock for its ranks (its descendants through
+    torchrun), which must not refuse each other. Who holds it comes from the lock itself
+    (lock_holder), not from anything a process could set for itself (an environment variable)."""
+    holder = lock_holder(path)
+    pid = os.getppid()
+    for _ in range(64):  # a process tree is shallow; a loop in it is not followed forever
+        if holder is None or pid <= 1:
+            return False
+        if pid == holder:
+            return True
+        pid = _parent_pid(pid)
+    return False
+
+
+def _parent_pid(pid: int) -> int:
+    """The parent of `pid` from /proc/PID/stat (0 when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+        return int(stat[stat.rindex(b")") + 2:].split()[1])  # "pid (comm) state ppid ...": comm may hold spaces
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def lock(path: Path) -> None:
@@ -217,7 +236,7 @@ def lock(path: Path) -> None:
     import fcntl
 
     key = _key(path)
-    if key in _held or _lock_env_holds(path):
+    if key in _held or _held_by_ancestor(path):
         return
     runfiles.check_no_links(path, WRITTEN)
     try:
@@ -288,7 +307,7 @@ def _flock_pid(locked: Path) -> int | None:
 def claim_writer(path: Path) -> None:
     """Hold the run's lock (idempotent) and record who writes it ("host pid since"), so `attach`
     and `gpt2-tui runs` can tell a live run from one whose writer died."""
-    if _lock_env_holds(path):
+    if _held_by_ancestor(path):
         return  # the launcher's record names the holder of the lock
     lock(path)
     since = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -149,22 +149,26 @@ def test_claim_is_idempotent_and_release_removes_the_record(tmp_path: Path) -> N
 
 
 def test_the_launchers_ranks_do_not_refuse_each_other(tmp_path: Path) -> None:
-    """Under --nproc the launcher holds the lock; ranks are told so (and only for that directory)."""
+    """Under --nproc the launcher holds the lock and its descendants (the ranks) are let in;
+    who holds it comes from the lock, so no other process gets in by its environment (the old
+    GPT2_TUI_RUN_LOCKED variable let any process that set it write the run)."""
     from engine import rundir
     from engine.errors import UserError
 
     d = tmp_path / "r"
     d.mkdir()
-    rundir.claim_writer(d)
+    holder = _holder(d)  # another process holds the run: a sibling of ours is no rank of it
     try:
-        rank = _holder(d, take="rundir.claim_writer(path); rundir.lock(path)", **{rundir.LOCK_ENV: str(d.resolve())})
-        _stop(rank)
-        other = tmp_path / "other"
-        other.mkdir()
         with pytest.raises(subprocess.CalledProcessError) as err:
             subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from engine import rundir; "
                             "rundir.lock(Path(sys.argv[1]))", str(d)], cwd=ROOT, check=True, capture_output=True,
-                           text=True, env=os.environ | {rundir.LOCK_ENV: str(other.resolve())})  # fmt: skip
+                           text=True, env=os.environ | {"GPT2_TUI_RUN_LOCKED": str(d.resolve())})  # fmt: skip
         assert "is being written by" in err.value.stderr and UserError.__name__ in err.value.stderr
+    finally:
+        _stop(holder)
+    rundir.claim_writer(d)  # now this process is the launcher: its child is a rank, let in
+    try:
+        rank = _holder(d, take="rundir.claim_writer(path); rundir.lock(path)")
+        _stop(rank)
     finally:
         rundir.release_writer(d)
