@@ -38,6 +38,7 @@ from engine.control import Control
 from engine.device import cpu_half_reason, describe as describe_device, idle_data_switches, pick as pick_device
 from bench.common import (OUT_OF_MEMORY, BenchOptions, FirstStep, default_out, load_average, out_of_memory,
                           time_compile_cache)
+from engine.settings import ladder
 from engine.start import open_data
 
 GPT2_VOCAB = 50257
@@ -53,43 +54,13 @@ class RungSpec(BaseModel):
     why: str
 
 
+BASELINE, _RUNGS = ladder()  # every switch's rung is described with its setting (engine/config.py)
 LADDER: list[RungSpec] = [
-    RungSpec(
-        name="baseline", label="baseline",
-        changes={
-            "speed.precision": "fp32", "speed.compile": False, "model.attention": "manual",
-            "data.preload": False, "data.vectorized": False, "model.pad_vocab": False,
-            "optim.fused": False, "data.pin_memory": False, "data.prefetch": False, "model.loss": "plain",
-        },
-        why="fp32, eager, manual attention, memmap opened per batch, per-row batch loop, "
-        "unpadded vocab, unfused AdamW",
-    ),
-    RungSpec(name="preload", label="+ RAM preload", changes={"data.preload": True},
-             why="token files read into RAM instead of np.memmap per batch"),
-    RungSpec(name="vectorized", label="+ vectorized batches", changes={"data.vectorized": True},
-             why="one numpy gather per batch instead of a Python loop"),
-    RungSpec(name="tf32", label="+ TF32", changes={"speed.precision": "tf32"},
-             why="TF32 tensor-core matmuls (Ampere+)"),
-    RungSpec(name="amp", label="+ AMP", changes={"speed.precision": "amp"},
-             why="bf16 autocast (fp16 + GradScaler where bf16 is missing)"),
-    RungSpec(name="compile", label="+ torch.compile", changes={"speed.compile": True},
-             why="torch.compile of the model (first step compiles)"),
-    RungSpec(name="flash", label="+ flash attention", changes={"model.attention": "flash"},
-             why="F.scaled_dot_product_attention, causal"),
-    RungSpec(name="pad_vocab", label="+ padded vocab", changes={"model.pad_vocab": True},
-             why="embedding and LM head padded to a multiple of 64"),
-    RungSpec(
-        name="fused", label="+ fused AdamW, pinned, prefetch",
-        changes={"optim.fused": True, "data.pin_memory": True, "data.prefetch": True},
-        why="fused AdamW kernel, pinned host memory + async copies, batch built on a thread",
-    ),
-    RungSpec(name="chunked_loss", label="+ chunked loss", changes={"model.loss": "chunked"},
-             why="lm_head + cross-entropy over row chunks: never the whole B x T x V logits "
-             "(a memory rung: the saving is in its peak memory column; docs/memory.md)"),
+    RungSpec(name="baseline", label="baseline", changes=BASELINE, why="fp32, eager, manual attention, memmap opened "
+             "per batch, per-row batch loop, unpadded vocab, unfused AdamW"),  # fmt: skip
+    *(RungSpec(name=r.name, label=r.label, changes=r.changes, why=r.why) for r in _RUNGS),
 ]
 from bench.names import RUNG_NAMES  # noqa: E402  (torch-free, for --help)
-
-assert RUNG_NAMES == [r.name for r in LADDER], "bench/names.py lists the ladder's rungs in order"
 
 
 class BenchConfig(BaseModel):

@@ -1,9 +1,9 @@
 """The names `gpt2-tui --help` lists (ladder rungs, GPU-report parts), kept free of torch so
-building the parser stays instant; bench.ladder and bench.gpu_report check theirs match."""
+building the parser stays instant; bench.gpu_report checks its parts match."""
 
 from __future__ import annotations
 
-RUNG_NAMES: list[str] = [
-    "baseline", "preload", "vectorized", "tf32", "amp", "compile", "flash", "pad_vocab", "fused", "chunked_loss",
-]  # fmt: skip
+from engine.settings import ladder
+
+RUNG_NAMES: list[str] = ["baseline", *(r.name for r in ladder()[1])]  # the rungs live with the settings (engine/config.py)
 PARTS: tuple[str, ...] = ("tests", "ladder", "best", "memory", "overhead")

@@ -54,9 +54,17 @@ def _meta(form: str | None = None, live: bool = False, **more: Any) -> dict[str,
     """A setting's description beyond its type (engine.settings reads it): its form section,
     whether a live run may change it (a speed switch: engine.segments.SWITCHES), and
     optionally `flag` (a CLI flag other than `--field-name`; None = no flag), `label` (the
-    form's name for it, other than the field's), `blank` (what a blank input means) and
-    `metavar` (its value in `--help`)."""
+    form's name for it, other than the field's), `blank` (what a blank input means),
+    `metavar` (its value in `--help`), and for a speed switch its place on the speed ladder
+    (bench/ladder.py): `baseline` (its value on the ladder's first rung) and `rungs` (rung()s)."""
     return {"form": form, "live": live, **more}
+
+
+def rung(at: int, name: str, value: Any, label: str = "", why: str = "") -> dict[str, Any]:
+    """A rung of the speed ladder this setting takes: the `at`-th step up from the baseline
+    sets it to `value`. Settings that share a rung name change together on that rung; one of
+    them gives its label ("+ RAM preload") and what it does."""
+    return {"at": at, "name": name, "value": value, "label": label, "why": why}
 
 
 class ModelConfig(_Strict):
@@ -77,12 +85,12 @@ class ModelConfig(_Strict):
         None, ge=2, le=MAX_VOCAB, description="real vocabulary (default: the dataset's; nanoGPT/llm.c files: 50257)"
     )
     pad_vocab: bool = Field(
-        True, description="pad the vocab to a multiple of 64, 50257 -> 50304 (reported 3-25% faster; docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True)
+        True, description="pad the vocab to a multiple of 64, 50257 -> 50304 (reported 3-25% faster; docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(7, "pad_vocab", True, "+ padded vocab", "embedding and LM head padded to a multiple of 64")])
     )
     bias: bool = Field(True, description="biases in Linear and LayerNorm")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability")
     attention: Attention = Field(
-        "flash", description="flash = SDPA (reported ~1.35x, O(T) memory; docs/benchmarks.md); manual = masked softmax", json_schema_extra=_meta(SWITCH, live=True)
+        "flash", description="flash = SDPA (reported ~1.35x, O(T) memory; docs/benchmarks.md); manual = masked softmax", json_schema_extra=_meta(SWITCH, live=True, baseline="manual", rungs=[rung(6, "flash", "flash", "+ flash attention", "F.scaled_dot_product_attention, causal")])
     )
     grad_checkpointing: bool = Field(
         False, description="recompute each block in backward: less activation memory, ~30% more compute", json_schema_extra=_meta(SWITCH, live=True)
@@ -90,7 +98,8 @@ class ModelConfig(_Strict):
     loss: Literal["plain", "chunked"] = Field(
         "plain",
         description="chunked = the lm_head matmul and cross-entropy computed in row chunks, never holding "
-        "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md)", json_schema_extra=_meta(SWITCH, live=True)
+        "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md)", json_schema_extra=_meta(SWITCH, live=True, baseline="plain", rungs=[rung(9, "chunked_loss", "chunked", "+ chunked loss", "lm_head + cross-entropy over row chunks: never the whole B x T x V logits "
+        "(a memory rung: the saving is in its peak memory column; docs/memory.md)")])
     )
 
     @model_validator(mode="after")
@@ -127,13 +136,13 @@ class DataConfig(_Strict):
         50257, ge=2, le=MAX_VOCAB, description="vocab of nanoGPT/llm.c files, which carry none", json_schema_extra=_meta(flag=None)
     )
     preload: bool = Field(
-        True, description="read the token files into RAM instead of np.memmap (reported 2-3x faster random reads)", json_schema_extra=_meta(SWITCH, live=True)
+        True, description="read the token files into RAM instead of np.memmap (reported 2-3x faster random reads)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(1, "preload", True, "+ RAM preload", "token files read into RAM instead of np.memmap per batch")])
     )
     vectorized: bool = Field(
-        True, description="build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True)
+        True, description="build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(2, "vectorized", True, "+ vectorized batches", "one numpy gather per batch instead of a Python loop")])
     )
-    pin_memory: bool = Field(True, description="pinned host buffers + non_blocking copies (CUDA)", json_schema_extra=_meta(SWITCH, live=True))
-    prefetch: bool = Field(True, description="build the next batch on a background thread while a GPU computes (ignored on CPU)", json_schema_extra=_meta(SWITCH, live=True))
+    pin_memory: bool = Field(True, description="pinned host buffers + non_blocking copies (CUDA)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(8, "fused", True)]))
+    prefetch: bool = Field(True, description="build the next batch on a background thread while a GPU computes (ignored on CPU)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(8, "fused", True)]))
 
 
 class OptimConfig(_Strict):
@@ -155,7 +164,7 @@ class OptimConfig(_Strict):
         1.0, ge=0, allow_inf_nan=False, description="clip the global grad norm to this (0 = off)", json_schema_extra=_meta(BATCH)
     )
     fused: bool | None = Field(
-        None, description="fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)", json_schema_extra=_meta(SWITCH, live=True, flag="--fused-adamw")
+        None, description="fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(8, "fused", True, "+ fused AdamW, pinned, prefetch", "fused AdamW kernel, pinned host memory + async copies, batch built on a thread")], flag="--fused-adamw")
     )
 
     @model_validator(mode="after")
@@ -171,10 +180,10 @@ class SpeedConfig(_Strict):
     device: Device = Field("auto", description="where to train (auto: cuda > mps > cpu)", json_schema_extra=_meta(DEVICE))
     precision: Precision = Field(
         "auto", description="auto = bf16 on GPUs that have it, else fp16 on CUDA, else fp32; reported on GPT-2: "
-        "tf32 ~3x fp32 (Ampere+), bf16 ~1.1x more, fp16 uses a GradScaler (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True)
+        "tf32 ~3x fp32 (Ampere+), bf16 ~1.1x more, fp16 uses a GradScaler (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True, baseline="fp32", rungs=[rung(3, "tf32", "tf32", "+ TF32", "TF32 tensor-core matmuls (Ampere+)"), rung(4, "amp", "amp", "+ AMP", "bf16 autocast (fp16 + GradScaler where bf16 is missing)")])
     )
     compile: bool = Field(
-        False, description="torch.compile (reported 1.5-2.3x; the first steps are slow while it compiles)", json_schema_extra=_meta(SWITCH, live=True)
+        False, description="torch.compile (reported 1.5-2.3x; the first steps are slow while it compiles)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(5, "compile", True, "+ torch.compile", "torch.compile of the model (first step compiles)")])
     )
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile mode", json_schema_extra=_meta(SWITCH, live=True)
