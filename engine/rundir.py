@@ -324,10 +324,15 @@ def release_writer(path: Path) -> None:
     unlock(path)
 
 
-def writer_alive(path: Path) -> bool:
+def writer_alive(path: Path) -> bool | None:
     """Whether a process writes this run: someone holds its lock. The one liveness rule (runs,
-    toggle, attach): writer.pid may be stale, garbage or name a reused pid."""
-    return lock_holder(path) is not None
+    toggle, attach): writer.pid may be stale, garbage or name a reused pid. None (unknown) only
+    when nobody here holds the lock and writer.pid names another host: a lock taken there (a
+    shared file system) is not visible from here."""
+    if lock_holder(path) is not None:
+        return True
+    record = writer_of(path)
+    return None if record is not None and record[0] != socket.gethostname() else False
 
 
 def writer_record(path: Path) -> tuple[str, int, str] | None:

@@ -60,7 +60,9 @@ def writer_target(run_dir: Path) -> tuple[int | None, str]:
     if pid is None:
         record = rundir.writer_of(run_dir)
         if record is not None and record[0] != socket.gethostname():
-            return None, f"no process here holds its lock (writer.pid names {path_text(record[0])}, another host)"
+            return None, f"written by pid {record[1]} on {path_text(record[0])}, another host"
+        if record is not None and _proc_status(record[1]):  # a live pid that is not the writer (reused, stale)
+            return None, f"pid {record[1]} does not hold the run's lock"
         return None, "no process holds the run's lock: the run is not running"
     status = _proc_status(pid)
     if status and int(status["Uid"].split()[0]) != os.getuid():

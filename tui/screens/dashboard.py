@@ -79,7 +79,8 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     mfu = "unknown" if last is None or last.mfu is None else f"{100 * last.mfu:.1f}%"
     where = state.started.device_name if state.started else "-"
     label = state_label(state, now)
-    if session.mode == "attached" and state.live and rundir.writer_alive(session.run_dir) is False:
+    if session.mode == "attached" and state.live and state.stop_since is None and rundir.writer_alive(session.run_dir) is False:
+        # (a stop asked from here ends the writer before its run_finished is read: STOPPING then)
         label = "WRITER GONE (died without finishing; --resume it)"
     line1 = (
         f"{label}  step {state.step}/{total or '?'}  ETA {clock_text(state.eta())}  "
