@@ -303,5 +303,9 @@ def test_attach_tells_a_dead_writer_from_a_live_one(tmp_path: Path) -> None:
         return asyncio.run(go())
 
     assert "WRITER GONE" in status_after_attach(dead.pid)
-    alive = status_after_attach(os.getpid())
+    rundir.claim_writer(run_dir)  # alive: this process holds the run's lock (the one liveness rule)
+    try:
+        alive = status_after_attach(os.getpid())
+    finally:
+        rundir.release_writer(run_dir)
     assert "RUNNING" in alive and "WRITER GONE" not in alive

@@ -11,6 +11,8 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable, Static
 
@@ -122,9 +124,20 @@ def write_run(root: Path, name: str, t0: float, *, end: str | None = None, alive
     if end:
         lines.append(ev.RunFinished(time=t0 + 2, step=10, reason=end))
     (d / rundir.EVENTS).write_text("".join(e.model_dump_json() + "\n" for e in lines))
-    if alive:
-        (d / rundir.WRITER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    if alive:  # this process holds the run's lock: the one liveness rule (issue 21)
+        rundir.claim_writer(d)
+        _claimed.append(d)
     return d
+
+
+_claimed: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _release_claimed():
+    yield
+    while _claimed:
+        rundir.release_writer(_claimed.pop())
 
 
 class RunsApp(App):

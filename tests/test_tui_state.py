@@ -55,7 +55,8 @@ def test_cpu_capabilities_disable_cuda_only_switches() -> None:
     gpu = capabilities.Capabilities(cuda=True, mps=False, bf16=False, device="cuda", device_name="T4", compile_reason="no triton")
     refused = capabilities.refuse({"speed.device": "auto", "speed.precision": "bf16", "speed.compile": True}, gpu)
     assert "no bf16" in refused["speed.precision"] and refused["speed.compile"] == "no triton"
-    assert capabilities.disabled(gpu) == {"speed.compile": "no triton", "speed.compile_mode": "no triton"}
+    assert capabilities.disabled(gpu) == {"speed.compile": "no triton", "speed.compile_mode": "no triton",
+                                          "speed.compile_scope": "no triton"}
 
 
 def _started(clip: float = 1.0, max_steps: int = 100) -> ev.RunStarted:
