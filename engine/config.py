@@ -189,9 +189,10 @@ class SpeedConfig(_Strict):
         "default", description="torch.compile mode", json_schema_extra=_meta(SWITCH, live=True)
     )
     compile_scope: Literal["model", "blocks"] = Field(
-        "blocks", description="what torch.compile compiles: blocks = one transformer block, reused by every layer "
-        "(the cold compile no longer grows with depth; embeddings and loss stay eager); model = the whole forward "
-        "as one graph (the longest cold compile; fusion across blocks) (docs/benchmarks.md)",
+        "model", description="what torch.compile compiles: model = the whole forward as one graph (fusion across "
+        "blocks; the faster steps); blocks = one transformer block, reused by every layer (a shorter cold compile "
+        "that no longer grows with depth, slower settled steps: nano on CPU 1.9x shorter warm-up, +21% ms/step; "
+        "docs/benchmarks.md)",
         json_schema_extra=_meta(SWITCH, live=True),
     )
     parallel: Literal["auto", "ddp", "fsdp"] = Field(
