@@ -208,3 +208,21 @@ def cli_fails(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) 
     for w in words:
         assert w in err, err
     return err
+
+
+def micro_config(data: Path, **flags):
+    """The micro preset on CPU in fp32 over `data`, with dotted overrides: a run's config for
+    tests that build the engine directly."""
+    from engine.config import resolve
+
+    return resolve("micro", None, {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | flags)
+
+
+def run_events(run_dir: Path) -> list:
+    """A run's events, every line readable (a test run writes no bad line)."""
+    from engine import rundir
+    from engine.events import read_events
+
+    events, problems = read_events(run_dir / rundir.EVENTS)
+    assert problems == []
+    return events

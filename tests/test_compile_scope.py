@@ -23,16 +23,10 @@ from gpt2_tui import main
 from engine.config import resolve
 from engine.events import read_events
 from engine.start import start
+from conftest import micro_config, run_events
 
 
-def _config(data: Path, **flags):
-    return resolve("micro", None, {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | flags)
-
-
-def _events(run_dir: Path):
-    events, problems = read_events(run_dir / rundir.EVENTS)
-    assert problems == []
-    return events
+_config, _events = micro_config, run_events
 
 
 # ---------------------------------------------------------------- issue 20, finding 11

@@ -27,18 +27,12 @@ from engine.errors import UserError
 from engine.events import read_events
 from engine.model import GPT
 from engine.start import start
+from conftest import micro_config, run_events
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _config(data: Path, **flags):
-    return resolve("micro", None, {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | flags)
-
-
-def _events(run_dir: Path):
-    events, problems = read_events(run_dir / rundir.EVENTS)
-    assert problems == []
-    return events
+_config, _events = micro_config, run_events
 
 
 def _on_training_calls(monkeypatch, hook) -> None:
