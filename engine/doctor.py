@@ -93,6 +93,9 @@ def machine_rows() -> list[Row]:
     from engine.text import human
 
     rows.append(Row("machine", "RAM available", INFO, human(ram) if ram else "unknown"))
+    for half in ("bf16", "fp16"):  # the CPU's own half precision: emulated is ~1/400 of fp32 (issue 22)
+        slow = device.cpu_half_reason(half)
+        rows.append(Row("machine", f"CPU {half}", INFO, slow or "native: the CPU does it in hardware"))
     return rows
 
 

@@ -53,3 +53,16 @@ def test_doctor_table_lists_each_problem_with_its_fix(capsys, monkeypatch, tmp_p
     lines = capsys.readouterr().out.splitlines()
     problems = [line for line in lines if line.startswith("problem: ")]
     assert len(problems) == 1 and "no-such-g++" in problems[0] and "fix:" in problems[0], lines
+
+
+def test_doctor_says_when_this_cpu_emulates_bf16(monkeypatch):
+    """Issue 22 item 10: a CPU whose torch probes say no avx512_bf16 and no AMX (an AVX2 box)
+    emulates bf16 at a few hundredths of fp32: doctor says so, with the measured matmul."""
+    import torch
+
+    from engine import doctor
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    (row,) = [r for r in doctor.machine_rows() if r.name == "CPU bf16"]
+    assert "no native bf16" in row.detail and "fp32" in row.detail and "ms" in row.detail
