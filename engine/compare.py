@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine import events as ev
-from engine import rundir
+from engine import rundir, runfiles
 from engine.errors import UserError
 from engine.text import human, path_text, ratio_text, short, value_text
 from engine.text import shown as cell
-from engine.segments import SWITCHES, SegmentSummary, segments_of, speedup
+from engine.segments import SWITCHES, SegmentReader, SegmentSummary, speedup
 
 
 class RunComparison(BaseModel):
@@ -43,28 +43,53 @@ def best_val_loss(events: Sequence[Any]) -> float | None:
     return min(vals) if vals else None
 
 
-def read_run(run_dir: Path) -> list[Any]:
-    """A run directory's events, or UserError with one line naming the problem and the fix."""
+def _run_events(run_dir: Path) -> Iterator[Any]:
+    """A run directory's events one at a time (a bad line is skipped, never a reason to refuse
+    the run), or UserError with one line naming the problem and the fix."""
     rundir.require_dir(run_dir)
     path = run_dir / rundir.EVENTS
     if not os.path.lexists(path):
         raise UserError(f"{run_dir} is not a run directory (no {rundir.EVENTS}); give the directory of a run")
-    try:  # a bad line is skipped (and counted), never a reason to refuse the run
-        events, _ = ev.read_events(path)
-    except OSError as err:  # a link, a FIFO, a device: engine.runfiles refuses it
+    lines = ev.EventLines(path)
+    try:
+        with runfiles.open_log(path, ev.EVENTS_CAP) as f:  # a link, a FIFO, a device: refused
+            for raw in f:
+                e = lines.parse(raw)
+                if e is not None:
+                    yield e
+    except OSError as err:
         raise UserError(f"cannot read {path_text(path)} ({err.strerror or type(err).__name__}); "
                         "give the directory of a run") from None  # fmt: skip
+
+
+def _never_started(run_dir: Path) -> UserError:
+    return UserError(f"{run_dir / rundir.EVENTS} holds no run_started event: the run never started; give a run that trained")
+
+
+def read_run(run_dir: Path) -> list[Any]:
+    """A run's events, all of them (the Compare screen draws its curves from them)."""
+    events = list(_run_events(run_dir))
     if not any(isinstance(e, ev.RunStarted) for e in events):
-        raise UserError(f"{path} holds no run_started event: the run never started; give a run that trained")
+        raise _never_started(run_dir)
     return events
+
+
+def summarize(run_dir: Path) -> RunComparison:
+    """A run's segments and best val loss, read in one pass holding no event list: memory stays
+    bounded by the number of segments and step times, however long the log (`compare`)."""
+    reader, best = SegmentReader(), None
+    for e in _run_events(run_dir):
+        reader.feed(e)
+        if isinstance(e, ev.Eval) and math.isfinite(e.val_loss):
+            best = e.val_loss if best is None else min(best, e.val_loss)
+    if reader.started is None:
+        raise _never_started(run_dir)
+    return RunComparison(run_dir=str(run_dir), best_val_loss=best, segments=reader.segments())
 
 
 def compare(run_dirs: Sequence[Path]) -> Comparison:
     """Every run read and checked before anything is shown: one bad directory, one line."""
-    read = [(Path(d), read_run(Path(d))) for d in run_dirs]
-    return Comparison(
-        runs=[RunComparison(run_dir=str(d), best_val_loss=best_val_loss(e), segments=segments_of(e)) for d, e in read]
-    )
+    return Comparison(runs=[summarize(Path(d)) for d in run_dirs])
 
 
 # ------------------------------------------------------------------------------ rows
