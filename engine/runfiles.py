@@ -191,12 +191,25 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        _discard(tmp)
         raise
-    _fsync_dir(path.parent)
+    _publish(tmp, path)
+
+
+def _discard(tmp: Path) -> None:
+    with contextlib.suppress(OSError):
+        tmp.unlink()
+
+
+def _publish(tmp: Path, dst: Path) -> None:
+    """Rename a finished temp file over `dst` (its directory synced), or remove it on failure."""
+    try:
+        os.replace(tmp, dst)
+    except BaseException:
+        _discard(tmp)
+        raise
+    _fsync_dir(dst.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -210,13 +223,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, tmp, follow_symlinks=False)
     except OSError:
         atomic_write(tmp, lambda f: f.write(read_bounded(src, 1 << 40)))
-    try:
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(dst.parent)
+    _publish(tmp, dst)
 
 
 def open_append(path: Path) -> BinaryIO:
