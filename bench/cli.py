@@ -32,7 +32,7 @@ def add_parsers(sub: Any) -> None:
     from bench.names import PARTS, RUNG_NAMES
 
     # checked here (one line on bad input), then handed to bench.batching as given
-    d = sub.add_parser("bench-data", help="time batch building: vectorized vs loop, RAM vs memmap")
+    d = sub.add_parser("bench-data", help="time batch building: vectorized vs loop, RAM vs reads from disk")
     d.add_argument("--data", metavar="DIR", default=argparse.SUPPRESS, help="dataset directory (default: the stdlib corpus)")
     for flag, kind, help_ in BENCH_DATA_FLAGS:
         d.add_argument(flag, type=kind, metavar="N", default=argparse.SUPPRESS, help=help_)

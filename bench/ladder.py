@@ -56,8 +56,8 @@ class RungSpec(BaseModel):
 
 BASELINE, _RUNGS = ladder()  # every switch's rung is described with its setting (engine/config.py)
 LADDER: list[RungSpec] = [
-    RungSpec(name="baseline", label="baseline", changes=BASELINE, why="fp32, eager, manual attention, memmap opened "
-             "per batch, per-row batch loop, unpadded vocab, unfused AdamW"),  # fmt: skip
+    RungSpec(name="baseline", label="baseline", changes=BASELINE, why="fp32, eager, manual attention, file read per "
+             "batch, per-row batch loop, unpadded vocab, unfused AdamW"),  # fmt: skip
     *(RungSpec(name=r.name, label=r.label, changes=r.changes, why=r.why) for r in _RUNGS),
 ]
 from bench.names import RUNG_NAMES  # noqa: E402  (torch-free, for --help)

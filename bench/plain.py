@@ -53,7 +53,8 @@ def reference_shape(config: RunConfig) -> ReferenceShape:
 
 def reference_tokens(dataset: Dataset) -> np.ndarray:
     """The train tokens the reference samples from: the first shard, at most REFERENCE_TOKENS."""
-    return np.asarray(dataset.train.shards[0].tokens()[:REFERENCE_TOKENS])
+    shard = dataset.train.shards[0]
+    return np.asarray(shard.read(0, min(shard.count, REFERENCE_TOKENS)))
 
 
 def reference_loop(

@@ -136,7 +136,7 @@ class DataConfig(_Strict):
         50257, ge=2, le=MAX_VOCAB, description="vocab of nanoGPT/llm.c files, which carry none", json_schema_extra=_meta(flag=None)
     )
     preload: bool = Field(
-        True, description="read the token files into RAM instead of np.memmap (reported 2-3x faster random reads)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(1, "preload", True, "+ RAM preload", "token files read into RAM instead of np.memmap per batch")])
+        True, description="read the token files into RAM instead of reading each batch from disk (reported 2-3x faster random reads)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(1, "preload", True, "+ RAM preload", "token files read into RAM instead of read from disk per batch")])
     )
     vectorized: bool = Field(
         True, description="build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(2, "vectorized", True, "+ vectorized batches", "one numpy gather per batch instead of a Python loop")])

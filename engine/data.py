@@ -25,7 +25,10 @@ from __future__ import annotations
 import json
 import os
 import queue
+import stat
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -104,21 +107,54 @@ class Shard:
     dtype: np.dtype
     data: np.ndarray | None = None
 
-    def tokens(self) -> np.ndarray:
-        """The tokens: the RAM copy if preloaded, else a memmap opened afresh (nanoGPT's way:
-        a long-lived np.memmap was seen to grow resident memory as pages stay mapped). A file
-        that shrank since it was opened is a DataFailed, checked before mapping (reading a
-        mapped page past the end would be a SIGBUS, not an error)."""
+    def windows(self, offsets: np.ndarray, width: int) -> np.ndarray:
+        """(len(offsets), width) tokens, row i starting at token offsets[i]: a gather from the
+        RAM copy, else one positioned read per row from a file opened afresh."""
         if self.data is not None:
-            return self.data
-        need = self.offset + self.count * self.dtype.itemsize
+            return sliding_window_view(self.data, width)[offsets]
+        out = np.empty((len(offsets), width), dtype=self.dtype)
+        with self._opened() as fd:
+            for row, start in zip(out, offsets.tolist()):
+                self._read_into(fd, row, start)
+        return out
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Tokens [start, start + count): a view of the RAM copy, or read from the file now."""
+        if self.data is not None:
+            return self.data[start : start + count]
+        out = np.empty(count, dtype=self.dtype)
+        with self._opened() as fd:
+            self._read_into(fd, out, start)
+        return out
+
+    @contextmanager
+    def _opened(self) -> Iterator[int]:
+        """The file, opened for this read only. Reads are pread, never a memmap: a file cut
+        under a mapping kills the process (SIGBUS) where a short read is an error we can
+        handle; the run saves and stops. O_NONBLOCK: a file swapped for a FIFO cannot block."""
         try:
-            size = os.stat(self.path).st_size
-            if size < need:
-                raise DataFailed(self._shrunk(f"{size} bytes, {need} expected"))
-            return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
-        except (OSError, ValueError) as err:  # gone, replaced, or cut between the check and the map
-            raise DataFailed(self._shrunk(getattr(err, "strerror", None) or str(err))) from None
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as err:
+            raise DataFailed(self._shrunk(err.strerror or str(err))) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise DataFailed(self._shrunk("no longer a regular file"))
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _read_into(self, fd: int, out: np.ndarray, start: int) -> None:
+        """Fill `out` with the tokens from `start` on; a short read is a DataFailed."""
+        view = memoryview(out).cast("B")
+        pos, done = self.offset + start * self.dtype.itemsize, 0
+        try:
+            while done < len(view):
+                got = os.preadv(fd, [view[done:]], pos + done)
+                if got == 0:
+                    raise DataFailed(self._shrunk(f"ends before byte {pos + len(view)}"))
+                done += got
+        except OSError as err:
+            raise DataFailed(self._shrunk(err.strerror or str(err))) from None
 
     def _shrunk(self, what: str) -> str:
         return (f"{self.path} changed under the run ({what}): it was truncated, replaced or removed "
@@ -429,11 +465,9 @@ def _check_ids(split: TokenSplit, info: DatasetInfo) -> None:
     """Scan the whole split in chunks: one bad id would otherwise crash (or, on CUDA,
     silently corrupt) the embedding lookup at some random step."""
     for shard in split.shards:
-        tokens = shard.tokens()
         largest = 0
         for start in range(0, shard.count, _SCAN_CHUNK):
-            largest = max(largest, int(tokens[start : start + _SCAN_CHUNK].max()))
-        del tokens
+            largest = max(largest, int(shard.read(start, min(_SCAN_CHUNK, shard.count - start)).max()))
         if largest >= info.vocab_size:
             problem = f"{shard.path} holds token id {largest}, not below vocab size {info.vocab_size}"
             if info.format == "gpt2-tui":
@@ -480,45 +514,39 @@ class BatchSampler:
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         shard_ids, offsets = self._draw()
         self.batches += 1
-        used = [0] if len(self.split.shards) == 1 else np.unique(shard_ids).tolist()
-        arrays = {i: self.split.shards[i].tokens() for i in used}
         if self.vectorized:
-            return self._gather(arrays, shard_ids, offsets)
-        return self._loop(arrays, shard_ids, offsets)
+            return self._gather(shard_ids, offsets)
+        return self._loop(shard_ids, offsets)
 
-    def _gather(
-        self, arrays: dict[int, np.ndarray], shard_ids: np.ndarray, offsets: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _gather(self, shard_ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One gather per shard, then one cast per output: no Python work per row.
 
-        The gather indexes rows of a sliding-window view of the tokens, the same result as
-        ``tokens[offsets[:, None] + np.arange(T + 1)]`` without building the (B, T+1)
-        index array: each window is one contiguous copy, ~3.5x faster at B=64, T=512
-        (see bench_data).
+        From RAM the gather indexes rows of a sliding-window view of the tokens, the same
+        result as ``tokens[offsets[:, None] + np.arange(T + 1)]`` without building the
+        (B, T+1) index array: each window is one contiguous copy, ~3.5x faster at B=64,
+        T=512 (see bench_data).
         """
         width = self.block_size + 1
-        if len(arrays) == 1:
-            (tokens,) = arrays.values()
-            windows = sliding_window_view(tokens, width)[offsets]
+        shards = self.split.shards
+        if len(shards) == 1:
+            windows = shards[0].windows(offsets, width)
         else:
-            windows = np.empty((self.batch_size, width), dtype=self.split.shards[0].dtype)
-            for i, tokens in arrays.items():
+            windows = np.empty((self.batch_size, width), dtype=shards[0].dtype)
+            for i in np.unique(shard_ids).tolist():
                 rows = np.flatnonzero(shard_ids == i)
-                windows[rows] = sliding_window_view(tokens, width)[offsets[rows]]
+                windows[rows] = shards[i].windows(offsets[rows], width)
         x = windows[:, :-1].astype(np.int64, order="C")
         y = windows[:, 1:].astype(np.int64, order="C")
         return x, y
 
-    def _loop(
-        self, arrays: dict[int, np.ndarray], shard_ids: np.ndarray, offsets: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _loop(self, shard_ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The naive way (slice, cast and stack row by row); kept as the benchmark baseline."""
         T = self.block_size
         xs, ys = [], []
         for i, off in zip(shard_ids.tolist(), offsets.tolist()):
-            tokens = arrays[i]
-            xs.append(tokens[off : off + T].astype(np.int64))
-            ys.append(tokens[off + 1 : off + 1 + T].astype(np.int64))
+            window = self.split.shards[i].read(off, T + 1)
+            xs.append(window[:-1].astype(np.int64))
+            ys.append(window[1:].astype(np.int64))
         return np.stack(xs), np.stack(ys)
 
     def state(self) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,8 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.data import BatchLoader, BatchSampler, Dataset, DatasetInfo, open_dataset
+from engine.data import BatchLoader, BatchSampler, Dataset, DatasetInfo, Shard, open_dataset
 from engine.errors import UserError
+
+
+def all_tokens(shard: Shard) -> np.ndarray:
+    return shard.read(0, shard.count)
 
 
 def batches(sampler: BatchSampler, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -38,7 +44,7 @@ def test_open_ours(tiny_dataset: Path) -> None:
     )  # fmt: skip
     assert ds.train.num_tokens == 20_000 and len(ds.val) == 4_000
     on_disk = np.fromfile(tiny_dataset / "train.bin", dtype="<u2")
-    assert np.array_equal(ds.train.shards[0].tokens(), on_disk)
+    assert np.array_equal(all_tokens(ds.train.shards[0]), on_disk)
 
 
 def test_open_ours_uint32_and_tokenizer(make_dataset) -> None:
@@ -53,7 +59,7 @@ def test_open_ours_uint32_and_tokenizer(make_dataset) -> None:
     assert ds.info.dtype == "uint32" and ds.info.eot_id == 69_999
     assert ds.info.tokenizer == str((root / "tok.json").resolve())
     assert (root / "train.bin").stat().st_size == 4 * 30_000
-    assert np.array_equal(ds.train.shards[0].tokens(), train)
+    assert np.array_equal(all_tokens(ds.train.shards[0]), train)
 
 
 def test_open_nanogpt(make_dataset) -> None:
@@ -63,7 +69,7 @@ def test_open_nanogpt(make_dataset) -> None:
     assert ds.info.format == "nanogpt" and ds.info.vocab_size == 50257 and ds.info.dtype == "uint16"
     assert (ds.info.train_tokens, ds.info.val_tokens) == (5000, 1000)
     assert ds.info.tokenizer is None and ds.info.eot_id is None
-    assert np.array_equal(ds.train.shards[0].tokens(), train)
+    assert np.array_equal(all_tokens(ds.train.shards[0]), train)
     assert open_dataset(root, vocab_size=50304).info.vocab_size == 50304
 
 
@@ -74,7 +80,7 @@ def test_open_llmc_shards(make_dataset) -> None:
     assert ds.info.format == "llmc" and ds.info.dtype == "uint16"
     assert (ds.info.train_tokens, ds.info.val_tokens) == (8000, 800)
     assert [s.path.name for s in ds.train.shards] == ["data_train_000001.bin", "data_train_000002.bin"]
-    assert np.array_equal(ds.train.shards[1].tokens(), b)
+    assert np.array_equal(all_tokens(ds.train.shards[1]), b)
     # A window never spans two shards, and both shards get sampled (weighted ~ 3:5).
     x, y = BatchSampler(ds.train, batch_size=400, block_size=64, seed=0).next()
     from_b = (x >= 100).all(axis=1)
@@ -87,7 +93,7 @@ def test_llmc_header_in_train_bin_counts_as_llmc(tmp_path: Path, writers) -> Non
     writers.llmc_shard(tmp_path / "val.bin", np.arange(300))
     ds = open_dataset(tmp_path, preload=False)
     assert ds.info.format == "llmc" and ds.info.train_tokens == 2000
-    assert np.array_equal(np.asarray(ds.val.shards[0].tokens()), np.arange(300))
+    assert np.array_equal(np.asarray(all_tokens(ds.val.shards[0])), np.arange(300))
 
 
 # --------------------------------------------------------------------------- sampling
@@ -171,6 +177,61 @@ def test_check_block(tiny_dataset: Path, make_dataset) -> None:
     with pytest.raises(UserError) as err:
         open_dataset(root, vocab_size=64).check_block(64)
     assert "train" in str(err.value) and "data_train_000002.bin" in str(err.value)
+
+
+_READER = """
+import sys, time
+from engine.data import BatchSampler, DataFailed, open_dataset
+ds = open_dataset(sys.argv[1], preload=False)
+print("open", flush=True)
+sys.stdin.readline()  # the cutter runs
+ok = failed = 0
+for vectorized in (True, False):
+    sampler = BatchSampler(ds.train, 64, 512, seed=0, vectorized=vectorized)
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        try:
+            sampler.next()
+            ok += 1
+        except DataFailed:
+            failed += 1
+print(ok, failed)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_token_file_cut_while_batches_are_read_is_an_error_not_a_crash(make_dataset) -> None:
+    """Another process truncates and restores train.bin as fast as it can while a not-preloaded
+    sampler builds batches: every cut shows as a DataFailed (the run saves and stops), never as
+    a SIGBUS that kills the process (what a memmap read of a page past the new end does)."""
+    root = make_dataset("gpt2-tui", train=np.arange(400_000, dtype=np.uint16) % 64)
+    train = root / "train.bin"
+    whole = train.read_bytes()
+    reader = subprocess.Popen([sys.executable, "-c", _READER, str(root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert reader.stdout is not None and reader.stdout.readline() == "open\n"
+    cutter = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "fd = os.open(sys.argv[1], os.O_WRONLY)\n"
+        "print('cutting', flush=True)\n"
+        "while True:\n"
+        "    os.ftruncate(fd, 1000)\n"
+        "    os.pwrite(fd, data, 0)\n"
+        "    time.sleep(0.001)\n"
+    ), str(train)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert cutter.stdout is not None and cutter.stdout.readline() == "cutting\n"
+        out, err = reader.communicate("go\n", timeout=45)
+    finally:
+        cutter.kill()
+        cutter.wait()
+        reader.kill()
+    train.write_bytes(whole)
+    assert reader.returncode == 0, (reader.returncode, err[-2000:])  # -7: SIGBUS
+    ok, failed = map(int, out.split())
+    assert ok > 0 and failed > 0, (ok, failed, "the cutter never caught the reader mid-read: nothing was tested")
 
 
 # --------------------------------------------------------------------------- loader

@@ -617,8 +617,6 @@ def test_14_toggle_on_a_full_disk_is_one_line(tmp_path, tiny_dataset, runs, tmpf
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=False, reason="known hole (issue 21 item 15, still open): a file cut between the size check "
-                   "and a read of its memmap ends the run by SIGBUS (exit -7); seen once in 3 full runs")
 def test_15_train_bin_truncated_under_a_no_preload_run(tmp_path, make_dataset, runs):
     data = make_dataset("gpt2-tui", name="cut")
     r = runs(tmp_path / "run", data, "--no-preload", "--ckpt-interval", "5")
