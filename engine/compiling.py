@@ -6,8 +6,9 @@ Scope (`speed.compile_scope`):
     blocks  each transformer Block compiled in place (Module.compile): all blocks share one
             code object and Dynamo treats their parameters as inputs, so one graph is traced
             and built once and reused by every layer (PyTorch's regional-compilation recipe);
-            embeddings, final norm and loss stay eager. The cold compile no longer grows
-            with depth; the parameter names (state_dict) stay as they are.
+            the final norm, lm_head and loss (GPT.loss_head) are one more small region,
+            the embeddings stay eager. The cold compile no longer grows with depth; the
+            parameter names (state_dict) stay as they are.
 
 Run artifacts: after the first compiled steps the trainer saves
 torch.compiler.save_cache_artifacts() into the run directory (`compile-artifacts.bin`,
@@ -45,6 +46,7 @@ def compile_forward(model: torch.nn.Module, scope: Scope, mode: str | None) -> t
     if scope == "blocks":
         for block in model.transformer.h:  # type: ignore[union-attr]
             block.compile(mode=mode)
+        model.loss_head = torch.compile(model.loss_head, mode=mode)  # an attribute, not a module: no state
         return model
     return torch.compile(model, mode=mode)
 

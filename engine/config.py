@@ -189,9 +189,9 @@ class SpeedConfig(_Strict):
         "default", description="torch.compile mode", json_schema_extra=_meta(SWITCH, live=True)
     )
     compile_scope: Literal["model", "blocks"] = Field(
-        "model", description="what torch.compile compiles: model = the whole forward as one graph (fusion across "
-        "blocks; the faster steps); blocks = one transformer block, reused by every layer (a shorter cold compile "
-        "that no longer grows with depth, slower settled steps: nano on CPU 1.9x shorter warm-up, +21% ms/step; "
+        "blocks", description="what torch.compile compiles: blocks = one transformer block, reused by every layer, "
+        "plus the loss head (a cold compile that does not grow with depth: 12-layer gpt2 on CPU 2.6x shorter, "
+        "+1.6% ms/step); model = the whole forward as one graph (fusion across blocks, the longest compile; "
         "docs/benchmarks.md)",
         json_schema_extra=_meta(SWITCH, live=True),
     )

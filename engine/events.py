@@ -48,6 +48,17 @@ class RunStarted(_Event):
     parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
     init_from: str | None = None  # this start loaded pretrained weights (--init-from: gpt2, or a directory)
 
+    def setting(self, dotted: str, kind: type | tuple[type, ...] = int) -> Any:
+        """One value of the run's config by dotted name ("train.max_steps"), or None when the
+        line lacks it or holds another type: events.jsonl is a file anyone may edit, so no
+        reader indexes `config` directly (a hand-written line must not crash a screen)."""
+        value: Any = self.config
+        for key in dotted.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            return None  # JSON true is no step count
+        return value if isinstance(value, kind) else None
+
 
 class Step(_AtStep):
     event: Literal["step"] = "step"
@@ -286,7 +297,7 @@ class ConsoleSink:
     def emit(self, event: _Event) -> None:
         eta = None
         if isinstance(event, RunStarted):
-            self._max_steps = event.config["train"]["max_steps"]
+            self._max_steps = event.setting("train.max_steps")
             self._times = []
         elif isinstance(event, Segment) and event.reason != "start":
             self._times = []

@@ -33,6 +33,24 @@ class OutOfMemory(UserError):
     """The device ran out of memory in a step: the stop names a micro-batch that fits."""
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """An allocation that failed: CUDA's OutOfMemoryError, Python's MemoryError, or the CPU
+    allocator's RuntimeError ("can't allocate memory", under a memory limit)."""
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+    )
+
+
+def setup_out_of_memory(err: BaseException, device: str) -> OutOfMemory:
+    """An allocation that failed while a run was being set up (model, optimizer, batches): one
+    line. The memory check refuses such a run first; it got here past --force, or the memory
+    free at launch went to another process."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return OutOfMemory(f"out of memory setting up the run on {device} ({first[:200]}): the model, optimizer and "
+                       "batches do not fit", {"train.batch_size": "smaller"},
+                       also="a smaller preset, or run without --force to see the memory estimate")  # fmt: skip
+
+
 SPIKE_RATIO, SPIKE_MARGIN = 2.0, 4.0  # a finite loss above max(2 x its EMA, EMA + 4 nats) is a spike
 EMA_DECAY = 0.9
 

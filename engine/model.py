@@ -121,9 +121,14 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        x = self.transformer.ln_f(x)
         if targets is None:  # generation: only the last position is needed
-            return self.lm_head(x[:, [-1], :])[..., : self.vocab_size], None
+            return self.lm_head(self.transformer.ln_f(x[:, [-1], :]))[..., : self.vocab_size], None
+        return self.loss_head(x, targets)
+
+    def loss_head(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Final norm, lm_head and the loss on the last block's output (B, T, C): a function of
+        its own so the `blocks` compile scope compiles it as one more region."""
+        x = self.transformer.ln_f(x)
         if self.cfg.loss == "chunked":  # never holds the B x T x V logits
             loss = chunked_linear_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1))
             return None, loss

@@ -69,6 +69,7 @@ class RunWriter:
         self._logging = False
         self._log: ev.JsonlSink | None = None
         self._log_id: tuple[int, int] | None = None  # the events file this run appends to
+        self._made: bool | None = None  # a new run: whether create() made its directory
 
     # ------------------------------------------------------------------ the lock
 
@@ -80,7 +81,14 @@ class RunWriter:
     def create(self, config: RunConfig, tokenizer: str | None) -> None:
         """A new run: its directory claimed (locked) and its config written."""
         if self.dist.is_main:
-            rundir.create(self.run_dir, config, tokenizer)
+            self._made = rundir.create(self.run_dir, config, tokenizer)
+
+    def discard_new(self) -> None:
+        """A new run refused before its first step: what create() wrote goes (rundir.discard_new),
+        so the refusal leaves the file system as it was. A run with a log, or resumed, keeps all."""
+        if self.dist.is_main and self._made is not None and not self._logging:
+            rundir.discard_new(self.run_dir, self._made)
+            self._made = None
 
     def release(self) -> None:
         if self.dist.is_main:
@@ -146,6 +154,7 @@ class RunWriter:
                     trainer.setup()
                 except BaseException as err:
                     trainer.close()  # bad input found in set-up: nothing is written to the run
+                    self.discard_new()  # a new run's first set-up: its directory goes too
                     self._drop(applied, trainer.step, f"the new segment could not start: {err}")
                     if self._logging:  # a later segment's set-up: the run's log says how it ended
                         first = (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -11,6 +11,7 @@ Output paths of every command (runs, datasets, benchmark tables) are checked her
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
@@ -147,8 +148,10 @@ def claim_new(path: Path) -> None:
     claim_writer(path)
 
 
-def create(path: Path, config: RunConfig, tokenizer: str | None) -> None:
-    """Make a new run directory (claimed by this process), then config.toml and the tokenizer."""
+def create(path: Path, config: RunConfig, tokenizer: str | None) -> bool:
+    """Make a new run directory (claimed by this process), then config.toml and the tokenizer;
+    whether the directory itself was made here (else it was an empty one given as --out)."""
+    made = not os.path.lexists(path)
     claim_new(path)
     try:
         (path / CHECKPOINTS).mkdir(exist_ok=True)
@@ -156,8 +159,28 @@ def create(path: Path, config: RunConfig, tokenizer: str | None) -> None:
         if tokenizer:
             atomic_write_bytes(path / TOKENIZER, Path(tokenizer).read_bytes())  # never a torn copy
     except BaseException:
-        release_writer(path)
+        discard_new(path, made)
         raise
+    return made
+
+
+def discard_new(path: Path, made: bool) -> None:
+    """Undo create() for a new run refused before its first step, so a refusal leaves the file
+    system as it was: what create() wrote goes (unlink never follows a link), then the
+    directory if this process made it and nothing else is in it (the app's console.log, say,
+    keeps it), then the lock."""
+    for name in (CONFIG, TOKENIZER, WRITER_LOCK):
+        with contextlib.suppress(OSError):
+            (path / name).unlink()
+    if _key(path) in _recorded:
+        with contextlib.suppress(OSError):
+            (path / WRITER).unlink()
+        _recorded.discard(_key(path))
+    with contextlib.suppress(OSError):
+        (path / CHECKPOINTS).rmdir()  # only when empty
+        if made:
+            path.rmdir()
+    unlock(path)
 
 
 def write_config(path: Path, config: RunConfig) -> None:

@@ -176,6 +176,7 @@ def start(
                              init_state=pretrained.state if pretrained else None)  # fmt: skip
     except BaseException:
         if not handing_over:  # a hand-over's owner releases at its run's end
+            owner.discard_new()  # a new run refused after its directory was made: it goes
             owner.release()
         raise
 

@@ -165,10 +165,10 @@ def shown(value: object) -> str:
 def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
     match e.event:
         case "run_started":
-            t = e.config["train"]
+            b, a, t = (e.setting(f"train.{k}") or "?" for k in ("batch_size", "grad_accum", "block_size"))
             return (
                 f"run started: {e.n_params / 1e6:.2f}M parameters on {e.device_name} ({e.device}, {e.precision}), "
-                f"{t['batch_size']}x{t['grad_accum']}x{t.get('block_size')} tokens/step, from step {e.start_step}"
+                f"{b}x{a}x{t} tokens/step, from step {e.start_step}"
             ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "") + (
                 f", weights from {printable(e.init_from)}" if getattr(e, "init_from", None) else ""
             )

@@ -17,6 +17,7 @@ and a `--log-interval N` step makes no host read at all.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import random
@@ -186,7 +187,19 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
 
     def setup(self) -> None:
-        """Device, model, optimizer, data, the resumed state, compile: everything before step 1."""
+        """Device, model, optimizer, data, the resumed state, compile: everything before step 1.
+        An allocation that fails here is one line (guard.setup_out_of_memory), not a traceback."""
+        try:
+            return self._setup()
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+            if not guard.is_out_of_memory(err):
+                raise
+            oom = guard.setup_out_of_memory(err, self.config.speed.device)
+        self.model = self.forward = self.optimizer = None  # the traceback's frames are gone: free what was built
+        gc.collect()
+        raise oom
+
+    def _setup(self) -> None:
         cfg = self.config
         self.device = distributed.place(devices.pick(cfg.speed.device), self.dist)
         self.precision = devices.precision(cfg.speed.precision, self.device.type)

@@ -606,6 +606,19 @@ def test_13_eval_batches_that_do_not_fit_are_refused_before_the_run_dir(tmp_path
 
 
 @pytest.mark.timeout(180)
+def test_13b_a_new_run_that_fails_in_set_up_leaves_no_run_dir(tmp_path, tiny_dataset):
+    """gpt2-xl past the memory check (--force) under the 6 GiB limit: the model's allocation
+    fails in set-up, after the run directory was made. One line, exit 2, and the directory
+    (config, tokenizer, checkpoints/, lock file) is gone: a refusal leaves the disk as it was."""
+    out = tmp_path / "run"
+    res = cli("train", "--preset", "gpt2-xl", "--device", "cpu", "--precision", "fp32", "--data", str(tiny_dataset),
+              "--out", str(out), "--max-steps", "2", "--force", timeout=150)  # fmt: skip
+    one_line_refusal(res, "out of memory")
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.timeout(180)
 def test_14_toggle_on_a_full_disk_is_one_line(tmp_path, tiny_dataset, runs, tmpfs):
     mnt = tmpfs("1m")
     r = runs(mnt / "run", tiny_dataset)

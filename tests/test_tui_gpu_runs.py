@@ -165,7 +165,7 @@ def test_runs_screen_lists_runs_and_posts_open(tmp_path: Path) -> None:
             screen = app.screen
             table = screen.query_one("#runs", DataTable)
             assert table.row_count == 3
-            rows = [table.get_row_at(i) for i in range(3)]
+            rows = [[str(c) for c in table.get_row_at(i)] for i in range(3)]
             assert [r[1] for r in rows] == ["new", "mid", "old"]  # newest first
             assert [r[3] for r in rows] == ["running", "stopped", "finished"]
             assert rows[0][2] == "nano 1.9M v8192" and rows[2][4] == "10/10" and rows[2][5] == "5.5000"
@@ -186,7 +186,7 @@ def test_runs_screen_lists_runs_and_posts_open(tmp_path: Path) -> None:
 
             await pilot.press("c")  # nothing marked: a hint, no message
             await pilot.press("space", "down", "space")
-            assert table.get_row_at(1)[0] == "*" and table.get_row_at(2)[0] == "*"
+            assert str(table.get_row_at(1)[0]) == "*" and str(table.get_row_at(2)[0]) == "*"
             await pilot.press("c")
             await until(pilot, lambda: len(app.opened) == 4, "Open posted by c")
             assert app.opened[3].action == "compare" and app.opened[3].paths == [mid, old]

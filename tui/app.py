@@ -24,6 +24,7 @@ from engine.config import RunConfig
 from engine.errors import UserError
 from engine.text import program
 from tui.form_model import form_words
+from tui.plain import PlainApp
 
 if TYPE_CHECKING:  # a run's session is imported when one opens: not before the form's first frame
     from tui.session import RunSession
@@ -84,7 +85,7 @@ class Inbox:
         return out
 
 
-class GPT2App(App):
+class GPT2App(PlainApp):
     CSS_PATH = "app.tcss"
     TITLE = "gpt2-tui"
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True), Binding("f1", "help", "Help", show=False)]

@@ -124,11 +124,12 @@ class RunState:
 
     @property
     def max_steps(self) -> int | None:
-        return self.started.config["train"]["max_steps"] if self.started else None
+        return self.started.setting("train.max_steps") if self.started else None
 
     @property
     def grad_clip(self) -> float:
-        return float(self.started.config["optim"]["grad_clip"]) if self.started else 0.0
+        clip = self.started.setting("optim.grad_clip", (int, float)) if self.started else None
+        return float(clip or 0.0)
 
     @property
     def compiling(self) -> bool:
@@ -331,7 +332,10 @@ class RunState:
         )  # fmt: skip
 
     def _setting(self, section: str, key: str, default: Any) -> Any:
-        return self.started.config.get(section, {}).get(key, default) if self.started else default
+        """The run's setting, or `default` when its run_started line lacks it (RunStarted.setting)."""
+        kind = type(default) if default is not None else int
+        value = self.started.setting(f"{section}.{key}", kind) if self.started else None
+        return default if value is None else value
 
     def _pinned_reports(self) -> int:
         warmup = self._setting("optim", "warmup_steps", 0) // max(1, self._setting("train", "log_interval", 1))

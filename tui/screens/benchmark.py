@@ -30,6 +30,7 @@ from engine.config import preset_names
 from engine.errors import UserError
 from engine.text import clock_text
 from tui.screens import BACK
+from tui.plain import PlainTable
 
 TICK_S = 0.5
 SHORT = {"precision": "prec", "vs baseline": "vs base", "first step s": "1st step s", "startup s": "start s"}  # fits 120 columns
@@ -110,7 +111,7 @@ class BenchmarkScreen(Screen):
             yield Button("Run [r]", id="bench-run", variant="primary")
         yield Static("r: run the ladder (each rung adds one optimization); s: stop; esc: back",
                      id="bench-status", markup=False)  # fmt: skip
-        yield DataTable(id="bench-table", zebra_stripes=True)
+        yield PlainTable(id="bench-table", zebra_stripes=True)
         yield Static("", id="bench-notes", markup=False)
         yield PlotextPlot(id="bench-chart")
         yield Footer()

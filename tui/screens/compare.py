@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.text import Text
 from textual import work
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.screen import Screen
@@ -27,12 +27,13 @@ from textual_plotext import PlotextPlot
 from engine import events as ev
 from engine.compare import best_val_loss, labels, read_run
 from engine.errors import UserError
-from engine.text import change_text
+from engine.text import change_text, shown
 from engine.segments import SegmentSummary, segments_of
 from tui.screens import BACK
 from tui.runstate import EMA_BETA, X_AXES, Series, XAxis
 from tui.widgets.charts import log_range, thin
 from tui.widgets.segments import SegmentTable
+from tui.plain import PlainApp
 
 PALETTE = ("cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white")  # plotext's names
 RICH = {"orange": "dark_orange"}  # where rich names the same colour otherwise
@@ -186,9 +187,9 @@ class CompareScreen(Screen):
         """The runs in their colours, each segment start with what it changed; x and keys."""
         out = Text()
         for r in self.runs:
-            out.append("\u2588\u2588 ", style=RICH.get(r.color, r.color)).append(r.label, style="bold")
+            out.append("\u2588\u2588 ", style=RICH.get(r.color, r.color)).append(shown(r.label), style="bold")
             for s in r.segments[1:]:
-                out.append(f"  | step {s.from_step}: {change_text(s.changed) or 'unchanged'} ({s.reason})")
+                out.append(shown(f"  | step {s.from_step}: {change_text(s.changed) or 'unchanged'} ({s.reason})"))
             out.append("\n")
         out.append(f"x: {self.axis}{'  log-y' if self.logy else ''}   x axis  l log-y  r reload  esc back")
         return out
@@ -218,7 +219,7 @@ class CompareScreen(Screen):
             self.app.pop_screen()
 
 
-class CompareApp(App):
+class CompareApp(PlainApp):
     """`gpt2-tui compare --tui RUN...`: the Compare screen alone."""
 
     TITLE = "gpt2-tui"

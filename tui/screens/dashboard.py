@@ -26,12 +26,13 @@ from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedCo
 from engine import rundir
 from engine.config import build
 from engine.errors import UserError
-from engine.text import change_text, clock_text, describe, human, printable
+from engine.text import change_text, clock_text, describe, human, printable, shown
 from tui.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.segments import SegmentTable
+from tui.plain import PlainTable
 
 MIN_INTERVAL = 0.5  # s between redraws: at most 2 Hz
 MAX_INTERVAL = 10.0
@@ -93,7 +94,7 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     line2 = f"{speed}  MFU {mfu}  on {where}  [{session.label}{steer}]"  # the run dir: in the title
     if state.failed:
         line2 = f"FAILED: {state.failed.error}"
-    return f"{line1}\n{line2}"
+    return f"{shown(line1)}\n{shown(line2)}"  # device name, error: read from the run's files
 
 
 def checkpoint_due_text(state: RunState, now: float | None = None) -> str:
@@ -101,7 +102,7 @@ def checkpoint_due_text(state: RunState, now: float | None = None) -> str:
     due = state.next_checkpoint()
     if due is None:
         return "" if state.live else f"run {state.state}: no more checkpoints"
-    every = state.started.config["train"]["ckpt_interval"]  # next_checkpoint found it
+    every = state.started.setting("train.ckpt_interval")  # next_checkpoint found it
     settled = state.settled_step_time()
     eta = f", in about {clock_text((due - state.step) * settled)}" if settled else ""
     which = "next" if state.checkpoints else "first"
@@ -163,7 +164,7 @@ class DashboardScreen(Screen):
                     yield Static("", id="unmeasured", markup=False)
             with TabPane("Checkpoints", id="tab-ckpt"):
                 yield Static("", id="ckpt-due", markup=False)
-                yield DataTable(id="ckpts", cursor_type="row", zebra_stripes=True)
+                yield PlainTable(id="ckpts", cursor_type="row", zebra_stripes=True)
             with TabPane("Sample", id="tab-sample"):
                 with VerticalScroll():
                     yield Static("(a short generation appears at each eval when the dataset has a tokenizer)", id="sample", markup=False)

@@ -21,6 +21,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from engine.runs import COLUMNS, DEFAULT_ROOT, RunSummary, list_runs, row
 from tui.screens import BACK
+from tui.plain import PlainTable
 
 Action = Literal["attach", "resume", "compare"]
 REFRESH_S = 5.0
@@ -60,7 +61,7 @@ class RunsScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(f"reading runs under {self.root} ...", id="runs-info", markup=False)
-        yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        yield PlainTable(id="runs", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:

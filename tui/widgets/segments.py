@@ -15,16 +15,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from engine import events as ev
 from engine.compare import COLUMNS, LEFT, SWITCHES_COLUMN, Row, cells, rows, shown_switches, switch_items
 from engine.segments import SegmentReader, SegmentSummary
+from tui.plain import PlainTable
 
 HOT = "bold yellow"  # a switch that differs from the first row
 
 
-class SegmentTable(DataTable):
+class SegmentTable(PlainTable):
     DEFAULT_CSS = """
     SegmentTable { height: auto; max-height: 14; }
     """
