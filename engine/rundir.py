@@ -172,10 +172,7 @@ def discard_new(path: Path, made: bool) -> None:
     for name in (CONFIG, TOKENIZER, WRITER_LOCK):
         with contextlib.suppress(OSError):
             (path / name).unlink()
-    if _key(path) in _recorded:
-        with contextlib.suppress(OSError):
-            (path / WRITER).unlink()
-        _recorded.discard(_key(path))
+    _drop_record(path)
     with contextlib.suppress(OSError):
         (path / CHECKPOINTS).rmdir()  # only when empty
         if made:
@@ -340,11 +337,16 @@ def claim_writer(path: Path) -> None:
 
 def release_writer(path: Path) -> None:
     """Drop our record, then the lock (in that order: a new writer never loses its record to us)."""
+    _drop_record(path)
+    unlock(path)
+
+
+def _drop_record(path: Path) -> None:
+    """Remove writer.pid if this process wrote it."""
     key = _key(path)
     if key in _recorded:
         (path / WRITER).unlink(missing_ok=True)
         _recorded.discard(key)
-    unlock(path)
 
 
 def writer_alive(path: Path) -> bool | None:

@@ -191,7 +191,7 @@ class Trainer:
         An allocation that fails here is one line (guard.setup_out_of_memory), not a traceback."""
         try:
             return self._setup()
-        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+        except Exception as err:
             if not guard.is_out_of_memory(err):
                 raise
             oom = guard.setup_out_of_memory(err, self.config.speed.device)

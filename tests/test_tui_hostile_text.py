@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from engine import events as ev
 from engine import rundir
 from tests.test_tui_gpu_runs import RunsApp
@@ -51,27 +53,14 @@ def assert_printable(svg: str, *literal: str) -> None:
         assert text in svg, f"{text!r} is not shown as written"
 
 
-def test_the_runs_screen_shows_hostile_names_as_text(tmp_path: Path) -> None:
-    for i, name in enumerate(NAMES):
-        hostile_run(tmp_path, name, 1000.0 + i)
+@pytest.mark.parametrize("screen", ["runs", "compare"])
+def test_the_runs_and_compare_screens_show_hostile_names_as_text(tmp_path: Path, screen: str) -> None:
+    runs = [hostile_run(tmp_path, name, 1000.0 + i) for i, name in enumerate(NAMES)]
+    app, kind = (RunsApp(tmp_path), RunsScreen) if screen == "runs" else (CompareApp(runs[1:]), CompareScreen)
 
     async def go() -> None:
-        app = RunsApp(tmp_path)
-        async with app.run_test(size=(160, 30)) as pilot:
-            await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded, "the runs listed")
-            await pilot.pause()
-            assert_printable(app.export_screenshot(), "m[b]k", "[red]r")
-
-    asyncio.run(go())
-
-
-def test_the_compare_screen_shows_hostile_names_as_text(tmp_path: Path) -> None:
-    runs = [hostile_run(tmp_path, name, 1000.0 + i) for i, name in enumerate(NAMES[1:])]
-
-    async def go() -> None:
-        app = CompareApp(runs)
         async with app.run_test(size=(160, 50)) as pilot:
-            await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded, "runs loaded")
+            await until(pilot, lambda: isinstance(app.screen, kind) and app.screen.loaded, f"the {screen} screen read")
             await pilot.pause()
             assert_printable(app.export_screenshot(), "m[b]k", "[red]r")
 
