@@ -25,14 +25,13 @@ on-disk caches, or from the run's artifacts).
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from engine import events as ev
+from engine import runfiles
 
 ARTIFACTS = "compile-artifacts.bin"
 MAX_ARTIFACTS_BYTES = 2 << 30  # read bounded: a run directory is a trust boundary
@@ -72,33 +71,15 @@ def save_artifacts(run_dir: Path, device_label: str) -> int | None:
     if saved is None:
         return None
     data = _MAGIC + json.dumps(_stamp(device_label)).encode() + b"\n" + saved[0]
-    path = Path(run_dir) / ARTIFACTS
-    tmp = path.with_name(f".{ARTIFACTS}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # replaces a link at `path` itself, never writes through it
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    runfiles.atomic_write_bytes(Path(run_dir) / ARTIFACTS, data)  # O_EXCL temp, rename: never through a link
     return len(data)
 
 
 def _read_bounded(path: Path) -> bytes | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        return runfiles.read_bounded(path, MAX_ARTIFACTS_BYTES)  # a link, FIFO or huge file: Refused
     except FileNotFoundError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("not a regular file")
-        if st.st_size > MAX_ARTIFACTS_BYTES:
-            raise ValueError(f"larger than {MAX_ARTIFACTS_BYTES >> 30} GiB")
-        return f.read(MAX_ARTIFACTS_BYTES + 1)
 
 
 def load_artifacts(run_dir: Path, device_label: str) -> tuple[bool, str | None]:
