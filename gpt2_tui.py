@@ -45,7 +45,7 @@ def _attach(run_dir: Path) -> int:
 
 def _runs(root: Path | None) -> int:
     from engine.errors import UserError
-    from engine.runs import DEFAULT_ROOT, format_table, list_runs
+    from engine.inspect.runs import DEFAULT_ROOT, format_table, list_runs
 
     if root is None and not DEFAULT_ROOT.is_dir():
         print(f"no runs yet: {DEFAULT_ROOT}/ does not exist here (start one with gpt2-tui, or give DIR)")
@@ -58,7 +58,7 @@ def _runs(root: Path | None) -> int:
 
 
 def _compare(run_dirs: list[Path], as_json: bool) -> int:
-    from engine.compare import read_run
+    from engine.inspect.compare import read_run
     from engine.errors import UserError
 
     if as_json:

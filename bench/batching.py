@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from engine.data import BatchSampler, TokenSplit, open_dataset
+from engine.train.data import BatchSampler, TokenSplit, open_dataset
 
 
 def _median_seconds(fns: list[Callable[[], object]], iters: int, warmup: int) -> list[float]:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.data is None:
-        from engine.prepare import default_dataset
+        from engine.prep.prepare import default_dataset
 
         args.data = default_dataset()
     ram = open_dataset(args.data, vocab_size=args.vocab_size, preload=True)

@@ -21,11 +21,11 @@ from pydantic import BaseModel
 
 from engine import rundir
 from bench.common import OUT_OF_MEMORY, BenchOptions, default_out, load_average, out_of_memory, time_config
-from engine.checkpoint import atomic_write_bytes
+from engine.files import atomic_write_bytes
 from engine.text import human
 from engine.config import resolve
 from engine.errors import UserError
-from engine.start import open_data
+from engine.run.configs import open_data
 
 COMPILE_MODES = ["eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,14 +16,14 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
-from engine import compile_cache, guard
+from engine.train import compile_cache, guard
 from engine import events as ev
 from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_STEPS, MAX_VOCAB, RunConfig
-from engine.data import Dataset
+from engine.train.data import Dataset
 from engine.errors import UserError
-from engine.control import Control
-from engine.start import start
-from engine.trainer import Trainer
+from engine.run.requests import Control
+from engine.run.owner import start
+from engine.train.trainer import Trainer
 
 
 OUT_OF_MEMORY = (torch.OutOfMemoryError, guard.OutOfMemory)  # torch's, and the trainer's stop after one
@@ -118,7 +117,7 @@ class Timing(BaseModel):
     flops_per_token: int
     peak_flops: float | None
     reason: str
-    compile_s: float | None = None  # from the run's `compiled` event (engine.compiling.Warmup)
+    compile_s: float | None = None  # from the run's `compiled` event (engine.train.compiling.Warmup)
     compile_source: str | None = None  # cold | warm disk | run artifacts
 
     def settled(self, warmup_intervals: int) -> list[float]:
@@ -156,14 +155,14 @@ def time_config(
 
     if config.speed.compile:  # a compile starts from the cache directory alone, as in a fresh process
         compile_cache.forget_loaded()
-    trainer = start(
+    run = start(
         config, run_dir, sinks=[ev.CallbackSink(collect)], control=control, force=True, dataset=dataset,
-        trainer_class=BenchTrainer,
+        segment_class=BenchTrainer,
     )  # fmt: skip
     try:
-        reason = trainer.run()
+        reason = run.run()
     finally:
-        del trainer
+        del run
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -192,53 +191,8 @@ class FirstStep(BaseModel):
     first_step_s: float  # the first logged interval's per-step time
     startup_s: float  # trainer start to first step done: build, compile (or cache read), first step
     cache_files: int  # files in the cache directory after the run
-    compile_s: float | None = None  # what torch counted as compiling (engine.compiling.Warmup)
+    compile_s: float | None = None  # what torch counted as compiling (engine.train.compiling.Warmup)
 
-
-def time_compile_cache(
-    mode: CacheMode | None,
-    config: RunConfig,
-    dataset: Dataset,
-    run_dir: Path,
-    control: Control | None = None,
-    on_step: Callable[[ev.Step], None] | None = None,
-) -> tuple[Timing, list[FirstStep]]:
-    """time_config, with torch.compile's caches in a fresh directory of their own, each run in
-    a fresh process (a process that compiled before is never cold again: bench.fresh):
-
-        cold  the run compiles from nothing
-        warm  a one-step run of the same config fills the directory, then the run reads it
-        both  the run compiles from nothing, then a one-step run reads what it left
-        all   as both, then a one-step run with an empty directory and the first run's
-              compile artifacts (what a resume on a new machine has)
-
-    and each run's first step, cold first. No mode, or compile off: time_config as it is
-    (the user's compile cache, as any run)."""
-    from bench.fresh import time_fresh
-
-    if mode is None or not config.speed.compile:
-        return time_config(config, dataset, run_dir, control, on_step), []
-    one = config.model_copy(update={"train": config.train.model_copy(update={"max_steps": 1, "log_interval": 1})})
-    plan = {"cold": [(config, "cold")], "warm": [(one, "cold"), (config, "warm")],
-            "both": [(config, "cold"), (one, "warm")],
-            "all": [(config, "cold"), (one, "warm"), (one, "artifacts")]}[mode]  # fmt: skip
-    firsts, timing = [], None
-    with tempfile.TemporaryDirectory(prefix="gpt2-tui-compile-cache-") as tmp:
-        disk, empty = Path(tmp) / "disk", Path(tmp) / "empty"
-        for cfg, state in plan:
-            cache = empty if state == "artifacts" else disk
-            if cfg is config:  # the timed run
-                t = timing = time_fresh(config, run_dir, cache, control, on_step)
-            else:
-                t = time_fresh(one, run_dir.with_name(f"{run_dir.name}-{state}-1step"), cache,
-                               artifacts_from=run_dir if state == "artifacts" else None)  # fmt: skip
-            if not t.step_times_s:  # stopped before its first step
-                break
-            files = sum(1 for p in cache.rglob("*") if p.is_file())
-            firsts.append(FirstStep(cache=state, steps=cfg.train.max_steps, first_step_s=t.step_times_s[0],
-                                    startup_s=t.startup_s, cache_files=files, compile_s=t.compile_s))  # fmt: skip
-    assert timing is not None
-    return timing, firsts
 
 
 def default_out(name: str) -> Path:

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from bench.common import load_average
-from engine import compiling
+from engine.train import compiling
 from engine import device as devices
 from engine.config import resolve
-from engine.data import BatchSampler
-from engine.model import GPT
-from engine.start import open_data
+from engine.train.data import BatchSampler
+from engine.train.model import GPT
+from engine.run.configs import open_data
 
 
 def _sync(device: torch.device) -> None:

@@ -5,7 +5,7 @@
 
 For each preset, round after round (the order of the scopes alternates, so a busy machine
 weighs on both alike), each compile scope (model, blocks) is timed with
-common.time_compile_cache("all"): a cold run of --steps steps in a fresh process with an
+fresh.time_compile_cache("all"): a cold run of --steps steps in a fresh process with an
 empty compile cache, then a one-step run reading the caches it left on disk (warm disk),
 then a one-step run with an empty cache and the first run's compile artifacts (run
 artifacts: a resume on a new machine). Every run is a fresh process (bench.fresh). The table
@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
-from bench.common import default_out, load_average, time_compile_cache
-from engine.checkpoint import atomic_write_bytes
+from bench.fresh import time_compile_cache
+from bench.common import default_out, load_average
+from engine.files import atomic_write_bytes
 from engine.config import resolve
 from engine.events import settled_step_time
-from engine.start import open_data
+from engine.run.configs import open_data
 
 SCOPES = ("model", "blocks")
 

@@ -6,7 +6,7 @@ compiled before is neither. `time_fresh` runs common.time_config in a child proc
 (`python -m bench.fresh`) with torch.compile's caches in a given directory, relays its step
 events to `on_step` as they come, forwards a stop (SIGTERM: the child stops at its next step
 boundary), and returns its Timing. With `artifacts_from`, the child first hot-loads the
-compile artifacts that run directory holds (engine.compiling), as a resume would.
+compile artifacts that run directory holds (engine.train.compiling), as a resume would.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from engine import events as ev
 from engine.config import RunConfig
-from engine.control import Control
+from engine.run.requests import Control
+from engine.train.data import Dataset
 
-if TYPE_CHECKING:
-    from bench.common import Timing
+from bench.common import CacheMode, FirstStep, Timing, time_config
 
 _STEP, _TIMING = "@@step ", "@@timing "
 
@@ -36,8 +36,6 @@ def time_fresh(
     on_step: Callable[[ev.Step], None] | None = None, artifacts_from: Path | None = None,
 ) -> Timing:  # fmt: skip
     """common.time_config(config) in a new process whose compile caches live in cache_dir."""
-    from bench.common import Timing
-
     job = {"config": config.model_dump(mode="json"), "run_dir": str(run_dir), "cache": str(cache_dir),
            "artifacts_from": str(artifacts_from) if artifacts_from else None}  # fmt: skip
     proc = subprocess.Popen(
@@ -74,11 +72,54 @@ def time_fresh(
     return timing
 
 
+def time_compile_cache(
+    mode: CacheMode | None,
+    config: RunConfig,
+    dataset: Dataset,
+    run_dir: Path,
+    control: Control | None = None,
+    on_step: Callable[[ev.Step], None] | None = None,
+) -> tuple[Timing, list[FirstStep]]:
+    """time_config, with torch.compile's caches in a fresh directory of their own, each run in
+    a fresh process (a process that compiled before is never cold again: bench.fresh):
+
+        cold  the run compiles from nothing
+        warm  a one-step run of the same config fills the directory, then the run reads it
+        both  the run compiles from nothing, then a one-step run reads what it left
+        all   as both, then a one-step run with an empty directory and the first run's
+              compile artifacts (what a resume on a new machine has)
+
+    and each run's first step, cold first. No mode, or compile off: time_config as it is
+    (the user's compile cache, as any run)."""
+    if mode is None or not config.speed.compile:
+        return time_config(config, dataset, run_dir, control, on_step), []
+    one = config.model_copy(update={"train": config.train.model_copy(update={"max_steps": 1, "log_interval": 1})})
+    plan = {"cold": [(config, "cold")], "warm": [(one, "cold"), (config, "warm")],
+            "both": [(config, "cold"), (one, "warm")],
+            "all": [(config, "cold"), (one, "warm"), (one, "artifacts")]}[mode]  # fmt: skip
+    firsts, timing = [], None
+    with tempfile.TemporaryDirectory(prefix="gpt2-tui-compile-cache-") as tmp:
+        disk, empty = Path(tmp) / "disk", Path(tmp) / "empty"
+        for cfg, state in plan:
+            cache = empty if state == "artifacts" else disk
+            if cfg is config:  # the timed run
+                t = timing = time_fresh(config, run_dir, cache, control, on_step)
+            else:
+                t = time_fresh(one, run_dir.with_name(f"{run_dir.name}-{state}-1step"), cache,
+                               artifacts_from=run_dir if state == "artifacts" else None)  # fmt: skip
+            if not t.step_times_s:  # stopped before its first step
+                break
+            files = sum(1 for p in cache.rglob("*") if p.is_file())
+            firsts.append(FirstStep(cache=state, steps=cfg.train.max_steps, first_step_s=t.step_times_s[0],
+                                    startup_s=t.startup_s, cache_files=files, compile_s=t.compile_s))  # fmt: skip
+    assert timing is not None
+    return timing, firsts
+
+
 def _child(job: dict) -> int:
-    from bench.common import time_config
-    from engine import compile_cache, compiling
+    from engine.train import compile_cache, compiling
     from engine import device as devices
-    from engine.start import open_data
+    from engine.run.configs import open_data
 
     config, dataset = open_data(RunConfig.model_validate(job["config"]))
     control = Control()

@@ -12,7 +12,7 @@ that gives them (its --out left out: the tool then picks a fresh directory):
     ladder    the speed ladder, gpt2 at B16 T1024 (ladder.py)
     best      every optimization on; micro-batch 16, 32 x compile default, reduce-overhead (best.py)
     memory    the estimator vs torch.cuda.max_memory_allocated, gpt2 and gpt2-medium (memory_check.py)
-    overhead  what the dashboard costs the run it shows (bench/overhead.py; needs textual)
+    overhead  what the dashboard costs the run it shows (tui/overhead.py, run as a command; needs textual)
 
 A part past its budget is interrupted and keeps what it finished (the ladder and the sweep
 save after every rung). The report, docs/gpu/DEVICE-DATE.json and .md, is rewritten after
@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from engine.checkpoint import atomic_write_bytes
+from engine.files import atomic_write_bytes
 from engine.errors import UserError
 from bench.common import BenchOptions
 
@@ -106,7 +106,7 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
         tests = ("skipped: pytest not installed here, and the part runs tests/test_gpu.py with it "
                  "(docs/gpu/README.md says how to bring it)")  # fmt: skip
     missing = [m for m in ("textual", "textual_plotext", "plotext", "rich") if importlib.util.find_spec(m) is None]
-    dashboard: list[str] | str = [*python, "bench.overhead", *overhead, *data]
+    dashboard: list[str] | str = [*python, "tui.overhead", *overhead, *data]
     if missing:
         dashboard = (f"skipped: {', '.join(missing)} not installed here, and the dashboard is what it measures "
                      "(docs/gpu/README.md says how to bring them)")  # fmt: skip

@@ -28,18 +28,18 @@ from pydantic import BaseModel, Field
 
 from engine import events as ev
 from engine import rundir
-from engine.checkpoint import atomic_write_bytes
+from engine.files import atomic_write_bytes
 from engine.memory import param_count
 from engine.text import human, params_text, ratio_text
 from engine.config import resolve
-from engine.data import Dataset
+from engine.train.data import Dataset
 from engine.errors import UserError
-from engine.control import Control
+from engine.run.requests import Control
 from engine.device import cpu_half_reason, describe as describe_device, idle_data_switches, pick as pick_device
-from bench.common import (OUT_OF_MEMORY, BenchOptions, FirstStep, default_out, load_average, out_of_memory,
-                          time_compile_cache)
+from bench.fresh import time_compile_cache
+from bench.common import (OUT_OF_MEMORY, BenchOptions, FirstStep, default_out, load_average, out_of_memory)
 from engine.settings import ladder
-from engine.start import open_data
+from engine.run.configs import open_data
 
 GPT2_VOCAB = 50257
 CPU_BUDGET_S = 480  # the whole ladder on a CPU: nano's finishes in minutes even on 2 cores, measured or skipped

@@ -87,7 +87,7 @@ def cpu_table() -> str:
 def cpu_peak_table() -> str:
     """Predicted allocated peak vs the live-tensor peak of one real Trainer step on CPU."""
     from bench.memory_measure import measure_peak
-    from engine.start import open_data
+    from engine.run.configs import open_data
 
     rows = ["| precision | attention | checkpointing | grad accum | predicted peak (phase) | measured peak | error |",
             "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
@@ -137,7 +137,7 @@ def run_peak(config: RunConfig, workdir: Path) -> tuple[int | None, int | None, 
     """Train `config` for its max_steps with the real Trainer (evals and checkpoints skipped);
     (max_memory_allocated, max_memory_reserved, "ok" | "OOM" | error)."""
     from bench.common import BenchTrainer
-    from engine.start import start
+    from engine.run.owner import start
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     torch._dynamo.reset()
@@ -146,7 +146,7 @@ def run_peak(config: RunConfig, workdir: Path) -> tuple[int | None, int | None, 
     torch.cuda.reset_peak_memory_stats()
     outcome = "ok"
     try:
-        start(config, run_dir / "run", force=True, trainer_class=BenchTrainer).run()
+        start(config, run_dir / "run", force=True, segment_class=BenchTrainer).run()
     except Exception as err:  # noqa: BLE001 - a failed run is a result here
         outcome = "OOM" if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err) else f"error: {err}"
     allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()

@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel
 
 from engine.config import RunConfig
-from engine.model import GPT
+from engine.train.model import GPT
 
 
 class SavedBytes(BaseModel):
@@ -128,7 +128,7 @@ class PeakBytes(BaseModel):
     by_category: dict[str, int]  # the profiler's categories at that moment
 
 
-def measure_peak(config: RunConfig, dataset, run_dir) -> PeakBytes:  # dataset: engine.data.Dataset
+def measure_peak(config: RunConfig, dataset, run_dir) -> PeakBytes:  # dataset: engine.train.data.Dataset
     """The peak of live tensor bytes over one training step of the real Trainer, from the
     PyTorch profiler's memory timeline (works on CPU, where no allocator keeps a peak).
 
@@ -138,7 +138,7 @@ def measure_peak(config: RunConfig, dataset, run_dir) -> PeakBytes:  # dataset: 
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
 
-    from engine.trainer import Trainer
+    from engine.train.trainer import Trainer
 
     trainer = Trainer(config, run_dir, dataset)
     trainer.setup()

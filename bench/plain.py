@@ -28,12 +28,12 @@ from pydantic import BaseModel
 from engine import rundir
 from bench.common import BenchOptions, default_out, load_average, time_config
 from bench.reference import ReferenceShape, reference_step_times
-from engine.checkpoint import atomic_write_bytes
+from engine.files import atomic_write_bytes
 from engine.config import RunConfig, resolve
-from engine.data import Dataset
+from engine.train.data import Dataset
 from engine.device import describe as device_name
 from engine.device import pick as pick_device
-from engine.start import open_data
+from engine.run.configs import open_data
 
 # The reference reads one int64 copy of its tokens: a window of the first shard is plenty
 # for random batches, and keeps a multi-GB train.bin from being copied whole.

@@ -18,7 +18,8 @@ def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
         from bench import gpu_report
 
         return gpu_report.run(opts, command)
-    from engine import device, rundir
+    from engine import device
+    from engine import rundir
 
     device.pick(opts.device)  # a device this machine lacks: one line, before any out dir exists
     if opts.out is not None:

@@ -7,7 +7,7 @@ step event every --log-interval steps; the table lists each interval's ms/step a
 point where the speed settled: the first interval after which every interval stays
 within 10% of the settled median (the median of the second half).
 With --compile-cache, torch.compile's caches start empty (cold), filled by a one-step run
-of the same config (warm), or both, one after the other (common.time_compile_cache); the
+of the same config (warm), or both, one after the other (fresh.time_compile_cache); the
 table then gives the first step of each: the warm-up a second run or a resume pays.
 """
 
@@ -23,12 +23,13 @@ import torch
 from pydantic import BaseModel
 
 from engine import rundir
-from bench.common import BenchOptions, FirstStep, default_out, load_average, time_compile_cache
-from engine.checkpoint import atomic_write_bytes
+from bench.fresh import time_compile_cache
+from bench.common import BenchOptions, FirstStep, default_out, load_average
+from engine.files import atomic_write_bytes
 from engine.config import RunConfig, resolve
-from engine.data import Dataset
+from engine.train.data import Dataset
 from engine.errors import UserError
-from engine.start import open_data
+from engine.run.configs import open_data
 
 SETTLED_BAND = 0.10
 

@@ -1,6 +1,7 @@
 """The training system, free of any UI: config -> front door -> trainer -> events.
 
-    from engine.start import new_config, start
+    from engine.run.configs import new_config
+    from engine.run.owner import start
     config, run_dir = new_config("nano", None, {"optim.lr": 3e-4})  # pydantic RunConfig, checked
     trainer = start(config, run_dir)   # data opened, memory checked, run directory created
     trainer.run()                      # events -> run_dir/events.jsonl (+ any sinks: console, TUI)

@@ -166,7 +166,7 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
                    help="write the text as generated, control characters included, even to a terminal "
                         "(a pipe or file always gets it raw)")  # fmt: skip
 
-    from engine.segments import SWITCHES
+    from engine.run.segments import SWITCHES
 
     g = sub.add_parser("toggle", help="change a live run's speed switches at its next step boundary (a new segment)")
     g.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory of a run training now")
@@ -194,7 +194,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """The table (or --json); exit 1 when a check found a problem, each named in one line with its fix."""
     import json
 
-    from engine import doctor
+    from engine.inspect import doctor
 
     say = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     rows = doctor.diagnose(runs=args.runs, include_compile=args.compile, say=say)
@@ -203,10 +203,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from engine import distributed, launch
-    from engine.control import Control
+    from engine.train import distributed
+    from engine.run import launch
+    from engine.run.requests import Control
     from engine.events import ConsoleSink
-    from engine.start import new_config, resumed_config, run_live, start
+    from engine.run.configs import new_config, resumed_config
+    from engine.run.owner import start
 
     overrides = overrides_from(args)
     if args.resume:
@@ -216,7 +218,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError("--init-from starts a new run; a --resume continues from its checkpoint: drop --init-from")
         config, run_dir = resumed_config(args.resume, overrides), args.resume
         if args.resume_from:  # named, so checked here, before anything runs
-            from engine.checkpoint import CheckpointDir
+            from engine.train.checkpoint import CheckpointDir
 
             CheckpointDir(run_dir / "checkpoints").resolve(args.resume_from)
     else:
@@ -226,14 +228,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if launch.requested(args.nproc):  # --nproc N: check everything, then relaunch under torch.distributed.run
         return launch.run(args.nproc, config, run_dir, bool(args.resume), args.force, argv, out_given=bool(args.out))
     control = Control()
-    trainer = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force,
-                    resume_from=args.resume_from)
-    run_dir = trainer.run_dir
+    run = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force,
+                resume_from=args.resume_from)
+    run_dir = run.run_dir
     if distributed.current().is_main:  # before the first step: a second terminal can follow it at once
         print(following_text(run_dir, config.speed.compile), flush=True)
     restore = _steer_by_signals(control, distributed.current().enabled)
     try:
-        run_live(trainer)  # a live toggle (engine/toggle.py) continues the run in a new segment
+        run.run()  # a live toggle (engine/run/toggle.py) continues the run in a new segment
     finally:
         restore()
         distributed.shutdown()
@@ -253,7 +255,7 @@ def following_text(run_dir: Path, compiled: bool) -> str:
 
 def _steer_by_signals(control: Any, distributed_run: bool) -> Callable[[], None]:
     """First Ctrl-C / SIGTERM: stop at the step boundary with a checkpoint; second: at once.
-    (Every other request reaches the run through its mailbox, engine/control.py.)"""
+    (Every other request reaches the run through its mailbox, engine/run/requests.py.)"""
 
     def on_stop(signum: int, _frame: Any) -> None:
         if not distributed_run:  # ranks stop together at a step boundary; torchrun escalates to SIGKILL
@@ -284,11 +286,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
     for note in config.notes:
         print(note)
-    from engine.start import with_pretrained_shape
+    from engine.run.configs import with_pretrained_shape
 
     config = with_pretrained_shape(config, {k[6:]: v for k, v in overrides.items() if k.startswith("model.")})
     if config.data.path is not None:
-        from engine.data import check_dir
+        from engine.train.data import check_dir
 
         check_dir(Path(config.data.path).expanduser())  # a path that is no dataset: one line, not a guess
     config = memory.with_dataset_vocab(config)
@@ -323,11 +325,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         raise UserError(f"{(hub_only or ['--split/--text-field'])[0]} reads a Hugging Face dataset; add --hf-dataset NAME")
     if not args.paths:
         raise UserError("name the text files or directories to tokenize, or pass --hf-dataset NAME")
-    from engine.prepare import prepare_report, skipped_text
+    from engine.prep.prepare import prepare_report, skipped_text
 
     tokenizer = None
     if args.tokenizer not in (None, "bpe"):
-        from engine.prepare_hub import resolve_tokenizer
+        from engine.prep.hub import resolve_tokenizer
 
         tokenizer = resolve_tokenizer(args.tokenizer)  # gpt2 (the Hub's cache), a tokenizer.json or a model directory
     report = prepare_report(
@@ -350,11 +352,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare_hub(args: argparse.Namespace) -> int:
-    """`prepare --hf-dataset NAME`: streamed through `datasets` (engine/prepare_hub.py)."""
+    """`prepare --hf-dataset NAME`: streamed through `datasets` (engine/prep/hub.py)."""
     import tempfile
 
     from engine import rundir
-    from engine.prepare_hub import HubSource, bpe_tokenizer, prepare_hub
+    from engine.prep.hub import HubSource, bpe_tokenizer, prepare_hub
 
     if args.paths:
         raise UserError(f"--hf-dataset reads its own files; pass local ones as --data-files {args.paths[0]} (not as PATHS)")
@@ -376,9 +378,9 @@ def cmd_prepare_hub(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """`export RUN --hf DIR`: the run's weights and tokenizer as a transformers GPT-2 directory."""
-    from engine import hf
+    from engine.inspect import export
 
-    out = hf.export_run(args.run, args.hf, args.which)
+    out = export.export_run(args.run, args.hf, args.which)
     print(f"wrote {out}: transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}) loads it")
     return 0
 
@@ -386,7 +388,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     import math
 
-    from engine.sample import find_tokenizer, generate_text, load_model, load_tokenizer, source_text
+    from engine.inspect.sample import find_tokenizer, generate_text, load_model, load_tokenizer, source_text
 
     if args.max_new_tokens < 1 or args.top_k < 1 or not (math.isfinite(args.temperature) and args.temperature > 0):
         raise UserError("--max-new-tokens and --top-k must be >= 1 and --temperature a number > 0")
@@ -406,11 +408,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_toggle(args: argparse.Namespace) -> int:
     """Ask a live run for new switches: checked here first (as a launch is), applied by the
-    run at its next step boundary, which checks again (engine/toggle.py)."""
-    from engine import rundir, toggle
+    run at its next step boundary, which checks again (engine/run/toggle.py)."""
+    from engine.run import toggle
+    from engine import rundir
     from engine.config import overlay
     from engine.text import change_text
-    from engine.segments import changed, switches
+    from engine.run.segments import changed, switches
 
     config = rundir.load_config(args.run_dir)
     overrides = overrides_from(args)
@@ -451,7 +454,7 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
     if args.command == "doctor":
         return cmd_doctor(args)
     if args.command == "compare":
-        from engine import compare
+        from engine.inspect import compare
 
         print(compare.run(args.run_dirs, as_json=args.json))
         return 0

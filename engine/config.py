@@ -46,13 +46,13 @@ SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's range)
 # The setup form's sections, in the form's order; a setting without one keeps the preset's value.
 WEIGHTS, BATCH, DEVICE, SWITCH = "Starting weights", "Batch and schedule", "Device", "Speed switches"
 FORM_SECTIONS = (WEIGHTS, BATCH, DEVICE, SWITCH)
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face Hub (engine/hf.py)
-LOGGERS = ("tensorboard", "wandb", "csv")  # engine/loggers.py
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face Hub (engine/prep/hf.py)
+LOGGERS = ("tensorboard", "wandb", "csv")  # engine/run/loggers.py
 
 
 def _meta(form: str | None = None, live: bool = False, **more: Any) -> dict[str, Any]:
     """A setting's description beyond its type (engine.settings reads it): its form section,
-    whether a live run may change it (a speed switch: engine.segments.SWITCHES), and
+    whether a live run may change it (a speed switch: engine.run.segments.SWITCHES), and
     optionally `flag` (a CLI flag other than `--field-name`; None = no flag), `label` (the
     form's name for it, other than the field's), `blank` (what a blank input means),
     `metavar` (its value in `--help`), and for a speed switch its place on the speed ladder

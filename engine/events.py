@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Iterable, Literal, Protocol, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from engine import runfiles, text
+from engine import files as runfiles, text
 from engine.errors import UserError
 from engine.gpu_monitor import GpuSample
 
@@ -128,7 +128,7 @@ class Gpu(_Event):
 
 
 class RequestAck(_AtStep):
-    """A request to the run (engine.control) was applied or dropped, and why (dropped ones)."""
+    """A request to the run (engine.run.requests) was applied or dropped, and why (dropped ones)."""
 
     event: Literal["request"] = "request"
     id: str
@@ -141,11 +141,11 @@ SegmentReason = Literal["start", "resume", "toggle", "oom"]
 
 
 class Segment(_AtStep):
-    """From `step` on, the run trains with these speed switches (engine.segments): emitted
+    """From `step` on, the run trains with these speed switches (engine.run.segments): emitted
     right after run_started, and on a live toggle or an OOM fallback."""
 
     event: Literal["segment"] = "segment"
-    switches: dict[str, Any]  # dotted name -> value, engine.segments.SWITCHES
+    switches: dict[str, Any]  # dotted name -> value, engine.run.segments.SWITCHES
     changed: dict[str, list[Any]]  # dotted name -> [old, new], against the previous segment
     reason: SegmentReason
     init_from: str | None = None  # the segment began from these pretrained weights (a new run's first)
@@ -153,7 +153,7 @@ class Segment(_AtStep):
 
 class Compiled(_AtStep):
     """A compiled segment's warm-up, read from torch's own counters after its first steps
-    (engine.compiling.Warmup): how long compiling took and where the code came from."""
+    (engine.train.compiling.Warmup): how long compiling took and where the code came from."""
 
     event: Literal["compiled"] = "compiled"
     scope: str  # speed.compile_scope: model | blocks
@@ -220,7 +220,7 @@ class Sink(Protocol):
 
 class JsonlSink:
     """Appends one line per event in one unbuffered write, so `attach` sees it at once: whole
-    lines or none (engine.runfiles.AppendLog), never through a link.
+    lines or none (engine.files.AppendLog), never through a link.
 
     A write that fails (disk full) drops that line and the run goes on: the run matters more
     than its log, and the checkpoint code warns about the full disk on the other sinks. A log

@@ -1,7 +1,7 @@
 """The memory-budget estimator: will this run fit, and what to change when it doesn't.
 
 Every figure is counted from the model's shapes, tensor by tensor, the way the eager
-engine (engine/model.py + engine/trainer.py) really allocates them:
+engine (engine/train/model.py + engine/train/trainer.py) really allocates them:
 
 - parameters, gradients and AdamW state: exact (fp32 weights; tied embedding once);
 - activations: what autograd saves for backward, per layer, as measured with
@@ -11,7 +11,7 @@ engine (engine/model.py + engine/trainer.py) really allocates them:
   while it runs backward, autocast's fp32 copy and the gradients of the cross-entropy
   (B*T*Vp*4 bytes each, over the padded vocab: often the largest single tensors for GPT-2),
   a block's backward working set;
-- `model.loss = "chunked"` (engine/losses.py): none of the B*T*Vp tensors; instead one
+- `model.loss = "chunked"` (engine/train/losses.py): none of the B*T*Vp tensors; instead one
   chunk's logits and temporaries (a few chunk_rows x Vp), the hidden rows' and the
   weight's gradients (N x C, Vp x C fp32) computed in forward and saved for backward, and
   under autocast the lm_head weight's low-precision copy while the loss runs;
@@ -121,7 +121,7 @@ def _shape(config: RunConfig) -> _Shape:
 
 
 def param_count(config: RunConfig) -> int:
-    """Unique parameters of engine.model.GPT (the tied embedding once): ModelConfig.n_params."""
+    """Unique parameters of engine.train.model.GPT (the tied embedding once): ModelConfig.n_params."""
     return config.model.n_params(config.data.vocab_size)
 
 
@@ -251,11 +251,11 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     shard_extra = 0
     grads_persist = False
     if world_size > 1 and sharding == "fsdp":
-        # FSDP2 as engine/distributed.py wraps it: one unit per block plus the root
+        # FSDP2 as engine/train/distributed.py wraps it: one unit per block plus the root
         # (embeddings, tied head, ln_f), params gathered in fp32. The root stays gathered
         # through forward and backward; a block is gathered while it runs, the next prefetched,
         # and its unsharded gradient exists until reduce-scattered.
-        # Mixed precision (engine.distributed.mixed_precision_policy): gathered in bf16/fp16, the
+        # Mixed precision (engine.train.distributed.mixed_precision_policy): gathered in bf16/fp16, the
         # unsharded gradient reduce-scattered in fp32.
         params, grads, optim = -(-params // world_size), -(-grads // world_size), -(-optim // world_size)
         root = 4 * config.model.model_copy(update={"n_layer": 0}).n_params(s.V)
@@ -274,7 +274,7 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     fsdp_low = shard_extra > 0 and low  # FSDP2 gathers the weights already in bf16/fp16: autocast copies none
     copies = 0 if fsdp_low else weight_copies(s, low)
     a = 2 if low else 4
-    if s.chunked:  # engine.losses.chunked_linear_cross_entropy: no B*T*Vp tensor at all
+    if s.chunked:  # engine.train.losses.chunked_linear_cross_entropy: no B*T*Vp tensor at all
         logits_held, ce_fwd, ce_bwd = 0, chunked_transient(s, low), 0
         notes.append(f"chunked loss: {chunk_rows_for_shape(s)} rows a chunk, no B x T x V logits")
     else:
@@ -329,7 +329,7 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         notes.append(f"NCCL: {human(NCCL_COMM_BYTES)} per rank for the communicator's buffers (modelled; docs/memory.md)")
     breakdown = by_phase[peak_phase] | outside
     components = parts(grads, True, breakdown["transient"]) | outside
-    if config.model.init_from:  # engine.start loads them into the model before training: host memory, once
+    if config.model.init_from:  # engine.run.owner loads them into the model before training: host memory, once
         notes.append(f"weights from {config.model.init_from} (pretrained): its shape; loading them takes "
                      f"{human(4 * N)} of host memory at set-up, freed before step 1")
     if target != "cuda":
@@ -343,9 +343,22 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     )  # fmt: skip
 
 
-def chunk_rows_for_shape(s: _Shape) -> int:
-    from engine.losses import chunk_rows_for
+CHUNK_BUDGET_BYTES = 128 * 2**20  # one chunk's fp32 logits; a few such live at once
 
+def chunk_rows_for(n_rows: int, vocab: int, budget_bytes: int = CHUNK_BUDGET_BYTES) -> int:
+    """Rows per chunk: one chunk's fp32 logits within `budget_bytes`, and at least 8 chunks.
+
+    At gpt2 shapes (V=50304) the budget decides (~640 rows of 16384 at B16 T1024); on small
+    inputs the 8-chunk floor keeps the loss actually chunked. Multiples of 64 when large,
+    so the chunk matmuls keep aligned shapes.
+    """
+    rows = min(budget_bytes // (4 * vocab), -(-n_rows // 8))
+    if rows >= 64:
+        rows -= rows % 64
+    return max(1, rows)
+
+
+def chunk_rows_for_shape(s: _Shape) -> int:
     return chunk_rows_for(s.B * s.T, s.Vp)
 
 
@@ -409,7 +422,7 @@ def check_fits(config: RunConfig, force: bool = False) -> None:
     if not force:
         check_eval_set(config, world)
     parallel = config.speed.parallel
-    # `auto` takes DDP when it fits and FSDP otherwise (engine.distributed): either may do
+    # `auto` takes DDP when it fits and FSDP otherwise (engine.train.distributed): either may do
     shardings: list[Sharding] = ["ddp", "fsdp"] if parallel == "auto" and world > 1 else ["fsdp" if parallel == "fsdp" else "ddp"]
     est = estimate(config, world, shardings[0])
     available, label = device.budget(est.target)
@@ -471,7 +484,7 @@ def check_eval_set(config: RunConfig, world_size: int = 1) -> None:
 def run_vocab(config: RunConfig) -> int:
     """The vocab a run of `config` gets, known without reading token files: the model's own;
     else our dataset's sidecar (dataset.json); with no dataset, the embedded corpus's BPE;
-    else data.vocab_size (nanoGPT/llm.c files carry none). engine.start.open_data binds the
+    else data.vocab_size (nanoGPT/llm.c files carry none). engine.run.configs.open_data binds the
     same vocab when the run opens its data, so every parameter count shown agrees with it."""
     import json
     from pathlib import Path
@@ -479,7 +492,7 @@ def run_vocab(config: RunConfig) -> int:
     if config.model.vocab_size is not None:
         return config.model.vocab_size
     if config.data.path is None:
-        from engine.prepare import DEFAULT_VOCAB
+        from engine.config import DEFAULT_VOCAB
 
         return DEFAULT_VOCAB
     try:

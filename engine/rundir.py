@@ -5,7 +5,7 @@ It has one writer at a time: an OS lock (flock on the run directory itself, whic
 delete from under it; writer.lock is flock'ed too, for older versions) held for the run's life,
 so a second `train --resume` or a second new run racing on one `--out` is refused. Whether a
 run is live, and who writes it, comes from that lock's holder, never from writer.pid alone.
-Every file here is opened through engine.runfiles (no links followed, bounded reads).
+Every file here is opened through engine.files (no links followed, bounded reads).
 Output paths of every command (runs, datasets, benchmark tables) are checked here too.
 """
 
@@ -19,7 +19,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from engine import runfiles, text
+from engine import files as runfiles, text
 from engine.config import RunConfig, build
 from engine.errors import UserError
 from engine.text import program
@@ -28,7 +28,7 @@ CONFIG, EVENTS, CHECKPOINTS, TOKENIZER = "config.toml", "events.jsonl", "checkpo
 WRITER = "writer.pid"  # "host pid since" of the process writing the run, while it runs
 WRITER_LOCK = "writer.lock"  # flock'ed too (older versions lock only this); the run dir's own flock is the lock
 LAUNCH_LOG = "console.log"  # the app's detached launch writes the run's console here before it starts
-MAILBOX = "requests.jsonl"  # engine.control's; named here for the link check
+MAILBOX = "requests.jsonl"  # engine.run.requests's; named here for the link check
 # where a run writes: a link at any of these names is refused before anything is written
 WRITTEN = (CONFIG, EVENTS, WRITER, WRITER_LOCK, TOKENIZER, MAILBOX, LAUNCH_LOG, CHECKPOINTS, f"{CHECKPOINTS}/latest",
            f"{CHECKPOINTS}/best.pt")  # fmt: skip
@@ -130,10 +130,6 @@ def make_dir(path: Path, flag: str = "--out") -> None:
         raise UserError(f"{flag} {path} could not be created ({err.strerror}); choose another path") from None
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    runfiles.atomic_write_bytes(path, data)
-
-
 def claim_new(path: Path) -> None:
     """A new run's directory: checked, made, locked, and checked again under the lock, so of
     two runs racing on one path exactly one gets it."""
@@ -157,7 +153,7 @@ def create(path: Path, config: RunConfig, tokenizer: str | None) -> bool:
         (path / CHECKPOINTS).mkdir(exist_ok=True)
         write_config(path, config)
         if tokenizer:
-            atomic_write_bytes(path / TOKENIZER, Path(tokenizer).read_bytes())  # never a torn copy
+            runfiles.atomic_write_bytes(path / TOKENIZER, Path(tokenizer).read_bytes())  # never a torn copy
     except BaseException:
         discard_new(path, made)
         raise
@@ -181,7 +177,7 @@ def discard_new(path: Path, made: bool) -> None:
 
 
 def write_config(path: Path, config: RunConfig) -> None:
-    atomic_write_bytes(path / CONFIG, config.to_toml().encode())
+    runfiles.atomic_write_bytes(path / CONFIG, config.to_toml().encode())
 
 
 def require_dir(path: Path) -> None:
@@ -331,7 +327,7 @@ def claim_writer(path: Path) -> None:
         return  # the launcher's record names the holder of the lock
     lock(path)
     since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    atomic_write_bytes(path / WRITER, f"{socket.gethostname()} {os.getpid()} {since}\n".encode())
+    runfiles.atomic_write_bytes(path / WRITER, f"{socket.gethostname()} {os.getpid()} {since}\n".encode())
     _recorded.add(_key(path))
 
 

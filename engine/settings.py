@@ -1,6 +1,6 @@
 """Every user-facing setting, read off the pydantic config models: its flag, kind, choices,
 bounds, help line, form section and whether a live run may change it. The CLI's flags, the
-TUI form, the live Switches screen and engine.segments.SWITCHES are all built from here, so
+TUI form, the live Switches screen and engine.run.segments.SWITCHES are all built from here, so
 each setting is described once (in engine/config.py) and shows the same words everywhere.
 """
 

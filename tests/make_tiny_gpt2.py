@@ -27,7 +27,7 @@ def make(out: Path, vocab_size: int = 384, n_layer: int = 2, n_head: int = 2, n_
     import torch
     import transformers
 
-    from engine.prepare import train_tokenizer
+    from engine.prep.prepare import train_tokenizer
 
     tok = train_tokenizer([t * 20 for t in TEXT], vocab_size)
     V = tok.get_vocab_size()

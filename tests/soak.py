@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine import checkpoint as ckpt  # noqa: E402
+from engine.train import checkpoint as ckpt  # noqa: E402
 from engine import rundir  # noqa: E402
 from engine.events import read_events  # noqa: E402
 
@@ -142,7 +142,7 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="gpt2-tui-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     if "--data" not in extra:  # prepare the default dataset once, so kills land in training
-        from engine.prepare import default_dataset
+        from engine.prep.prepare import default_dataset
 
         default_dataset()
     t0 = time.monotonic()

@@ -18,7 +18,7 @@ from bench.timeline import settle_point
 from gpt2_tui import main
 from engine.config import read_toml, resolve
 from engine.events import read_events
-from engine.start import start
+from engine.run.owner import start
 
 
 @pytest.fixture(scope="module")
@@ -152,11 +152,12 @@ def test_reference_loop_trains_our_shape_on_our_data(tmp_path, tiny_dataset):
 
     from bench import reference
 
-    trainer = start(resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu",
+    run = start(resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu",
                                             "speed.precision": "fp32", "train.max_steps": 2,
                                             "optim.warmup_steps": 0}), tmp_path / "ours")  # fmt: skip
-    config, ds = trainer.config, trainer.dataset
-    trainer.run()
+    config, ds = run.config, run.dataset
+    run.run()
+    trainer = run.segment
     ours = [e.loss for e in read_events(tmp_path / "ours" / rundir.EVENTS)[0] if e.event == "step"]
     shape = bench_plain.reference_shape(config)
     assert shape.vocab_size == config.model.padded_vocab_size and shape.block_size == config.seq_len

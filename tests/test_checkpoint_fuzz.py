@@ -3,9 +3,9 @@
 (a) In-process: >= 1,000 random and mutated byte strings, all derived from a real checkpoint
     of a 2-step `micro` run (truncations, byte flips anywhere / in data.pkl / in the zip's
     central directory, random bytes, zip members deleted or replaced), fed to the loader
-    `engine.checkpoint.load`. Each must raise `engine.errors.UserError` with a one-line
+    `engine.train.checkpoint.load`. Each must raise `engine.errors.UserError` with a one-line
     message, or load (a flip inside a tensor's bytes is not detectable without a checksum);
-    what loads is then given to `engine.sample.load_model`, which must build the model or
+    what loads is then given to `engine.inspect.sample.load_model`, which must build the model or
     raise UserError. Anything else (another exception, a hang) is a failure.
 (b) Through the real `gpt2-tui` command: `sample FILE` and `train --resume RUN` (with the run's
     latest checkpoint replaced) on a few corrupted files, and on checkpoints with a missing or
@@ -139,8 +139,8 @@ def mutants(blob: bytes, seed: int = 12) -> list[tuple[str, bytes]]:
 def test_a_thousand_malformed_checkpoints_each_raise_user_error(
     real_ckpt: bytes, tmp_path: Path
 ) -> None:
-    from engine import checkpoint as ckpt
-    from engine import sample
+    from engine.train import checkpoint as ckpt
+    from engine.inspect import sample
     from engine.errors import UserError
 
     cases = mutants(real_ckpt)

@@ -27,14 +27,14 @@ def trained(tmp_path, tiny_dataset, capsys):
 
 
 def test_train_resume_and_sample_end_to_end(tmp_path, make_dataset, capsys):
-    from engine.prepare import prepare
+    from engine.prep.prepare import prepare_report
 
     text = tmp_path / "text"
     text.mkdir()
     for i in range(6):
         (text / f"doc{i}.txt").write_text(f"def function_{i}(x):\n    return x * {i} + 1\n" * 40)
     data = tmp_path / "data"
-    prepare([text], data, vocab_size=300, progress=False)
+    prepare_report([text], data, vocab_size=300, progress=False).info
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(data), "--out", str(run), "--max-steps", "6"]) == 0
     out = capsys.readouterr().out

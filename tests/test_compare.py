@@ -12,7 +12,7 @@ from pilot_wait import until
 
 from engine import events as ev
 from engine import rundir
-from engine.compare import COLUMNS
+from engine.inspect.compare import COLUMNS
 
 TRAIN = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-interval", "3",
          "--ckpt-interval", "3", "--log-interval", "1"]  # fmt: skip
@@ -167,7 +167,7 @@ def test_compare_reads_a_long_log_without_holding_its_events(tmp_path: Path) -> 
     holding them took 1.83 GB for 1M lines). Measured with tracemalloc, not by time."""
     import tracemalloc
 
-    from engine.compare import compare
+    from engine.inspect.compare import compare
 
     run = tmp_path / "long"
     run.mkdir()

@@ -7,7 +7,7 @@ import pytest
 from engine import rundir
 from engine.config import resolve
 from engine.events import read_events
-from engine.start import start
+from engine.run.owner import start
 
 
 def _losses(tmp_path, data, name, **flags):

@@ -12,7 +12,7 @@ import pytest
 import torch._functorch.config as aot_config
 import torch._inductor.config as inductor_config
 
-from engine import compile_cache
+from engine.train import compile_cache
 from engine.config import resolve
 from bench import ladder, run as bench, timeline
 from bench.common import BenchOptions, FirstStep

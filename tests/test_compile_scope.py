@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import compiling, rundir
+from engine.train import compiling
+from engine import rundir
 from engine import events as ev
 from gpt2_tui import main
 from engine.config import resolve
 from engine.events import read_events
-from engine.start import start
+from engine.run.owner import start
 from conftest import micro_config, run_events
 
 
@@ -61,7 +62,7 @@ def _losses(config, run_dir: Path) -> tuple[list[float], list[ev.Compiled]]:
     from bench.common import BenchTrainer  # no evals: only the training graph is compiled
 
     seen: list = []
-    start(config, run_dir, sinks=[ev.CallbackSink(seen.append)], force=True, trainer_class=BenchTrainer).run()
+    start(config, run_dir, sinks=[ev.CallbackSink(seen.append)], force=True, segment_class=BenchTrainer).run()
     return [e.loss for e in seen if isinstance(e, ev.Step)], [e for e in seen if isinstance(e, ev.Compiled)]
 
 
@@ -103,7 +104,7 @@ def test_compile_artifacts_saved_by_one_process_spare_the_next_its_compile(tmp_p
     assert second.source == "run artifacts"
     assert second.cache_misses == 0 and second.cache_hits > 0  # torch's own counters: nothing compiled anew
     assert not [e for e in events if isinstance(e, ev.Warning_) and "artifacts" in e.message]
-    from engine.segments import segments_of
+    from engine.run.segments import segments_of
 
     segs = segments_of(events)
     assert [(s.compiled, s.compile_source) for s in segs] == [(True, "cold"), (True, "run artifacts")]

@@ -1,4 +1,4 @@
-"""engine.data: format detection, validation, samplers and the prefetching loader."""
+"""engine.train.data: format detection, validation, samplers and the prefetching loader."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.data import BatchLoader, BatchSampler, Dataset, DatasetInfo, Shard, open_dataset
+from engine.train.data import BatchLoader, BatchSampler, Dataset, DatasetInfo, Shard, open_dataset
 from engine.errors import UserError
 
 
@@ -181,7 +181,7 @@ def test_check_block(tiny_dataset: Path, make_dataset) -> None:
 
 _READER = """
 import sys, time
-from engine.data import BatchSampler, DataFailed, open_dataset
+from engine.train.data import BatchSampler, DataFailed, open_dataset
 ds = open_dataset(sys.argv[1], preload=False)
 print("open", flush=True)
 sys.stdin.readline()  # the cutter runs

@@ -8,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import cli, distributed, launch
-from engine.data import BatchSampler, open_dataset
+from engine import cli
+from engine.train import distributed
+from engine.run import launch
+from engine.train.data import BatchSampler, open_dataset
 
 
 def _split(path, T=16):

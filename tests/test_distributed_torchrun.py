@@ -1,7 +1,7 @@
 """Real multi-process runs: torchrun, gloo, 2 CPU processes, the micro preset.
 
 The reference is one process with grad_accum 2: it trains on exactly the batches that two
-ranks with grad_accum 1 share between them (engine/distributed.py explains the split),
+ranks with grad_accum 1 share between them (engine/train/distributed.py explains the split),
 so gradients, loss curves and resumes across world sizes must agree to float rounding.
 Run as a script (`python -m torch.distributed.run ... this_file.py grads OUT DATA`) it is
 the worker of the gradient test.
@@ -144,7 +144,8 @@ def test_a_live_toggle_under_torchrun_continues_the_same_curve(tmp_path, one_pro
     goes on as a new segment; then a stop request ends it with a checkpoint."""
     import time
 
-    from engine import control, toggle
+    from engine import rundir
+    from engine.run import requests as control, toggle
 
     run = Path(shutil.copytree(one_process_run, tmp_path / "one"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -177,12 +178,12 @@ def test_a_live_toggle_under_torchrun_continues_the_same_curve(tmp_path, one_pro
     assert segments[-1][1:] == ("toggle", {"data.prefetch": [True, False]}) and segments[-1][0] >= 4
     acks = [(e["id"], e["kind"], e["status"]) for e in events if e["event"] == "request"]
     assert acks[0] == (asked.id, "toggle", "applied") and acks[-1][1:] == ("stop", "applied")
-    assert not (run / toggle.REQUEST).exists()
+    assert not (run / rundir.MAILBOX).exists()
     assert events[-1]["event"] == "run_finished" and events[-1]["reason"] == "stopped"
 
 
 def test_fsdp2_trains_checkpoints_full_state_and_resumes_under_one(tmp_path, data, reference, reference_run):
-    from engine import checkpoint as ckpt
+    from engine.train import checkpoint as ckpt
 
     run = tmp_path / "fsdp"
     _ok(_cli(*COMMON, "--data", str(data), "--nproc", "2", "--parallel", "fsdp", "--max-steps", "4", "--out", str(run)))
@@ -203,7 +204,7 @@ def test_fsdp2_trains_checkpoints_full_state_and_resumes_under_one(tmp_path, dat
 def test_a_killed_rank_ends_the_run_cleanly(tmp_path, data):
     """SIGKILL to rank 1 mid-run: the launcher stops rank 0 and says which rank died of
     what, in one line; the last checkpoint still loads."""
-    from engine import checkpoint as ckpt
+    from engine.train import checkpoint as ckpt
 
     run = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -265,10 +266,10 @@ def _worker_pid(ancestor: int, rank: int) -> int:
 
 def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.Tensor]:
     """One optimizer step of the real Trainer (no clipping); the gradients it produced."""
-    from engine import distributed
+    from engine.train import distributed
     from engine.config import resolve
-    from engine.start import open_data
-    from engine.trainer import Trainer
+    from engine.run.configs import open_data
+    from engine.train.trainer import Trainer
 
     overrides = {
         "data.path": str(data), "optim.grad_clip": 0.0, "speed.parallel": parallel, "speed.device": "cpu",
@@ -285,7 +286,7 @@ def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.
 
 
 def _grad_worker(out: Path, data: Path) -> None:
-    from engine import distributed
+    from engine.train import distributed
 
     ctx = distributed.init("cpu")
     for kind in ("ddp", "fsdp"):

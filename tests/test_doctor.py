@@ -60,7 +60,7 @@ def test_doctor_says_when_this_cpu_emulates_bf16(monkeypatch):
     emulates bf16 at a few hundredths of fp32: doctor says so, with the measured matmul."""
     import torch
 
-    from engine import doctor
+    from engine.inspect import doctor
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)

@@ -73,7 +73,7 @@ def test_the_walkthrough_fine_tunes_the_pretrained_weights_and_transformers_load
     from safetensors.torch import load_file
 
     from engine.events import read_events
-    from engine.sample import load_model
+    from engine.inspect.sample import load_model
 
     w = walkthrough
     assert "the quick" in (w / "stdout.txt").read_text()  # transformers generated from the export

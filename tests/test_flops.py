@@ -1,7 +1,7 @@
 """MFU is true or unknown, never a guess."""
 
 from engine.config import ModelConfig
-from engine.flops import flops_per_token, mfu, peak_flops
+from engine.train.flops import flops_per_token, mfu, peak_flops
 
 
 def test_flops_per_token_formula():

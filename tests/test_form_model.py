@@ -13,15 +13,15 @@ import pytest
 
 from engine.config import resolve
 from engine.errors import UserError
-from engine.segments import SWITCHES
+from engine.run.segments import SWITCHES
 from engine.settings import setting
-from tui import form_model as F
+from tui.models import form as F
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_form_model_imports_no_textual() -> None:
-    code = "import sys, tui.form_model\nassert not [m for m in sys.modules if m.startswith('textual')]\n"
+    code = "import sys, tui.models.form\nassert not [m for m in sys.modules if m.startswith('textual')]\n"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 

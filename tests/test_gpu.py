@@ -9,15 +9,16 @@ import torch
 from engine import rundir
 from engine.config import resolve
 from engine.events import read_events
-from engine.start import start
+from engine.run.owner import start
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _run(tmp_path, data, **flags):
     config = resolve("micro", None, {"data.path": str(data), "speed.device": "cuda", "train.max_steps": 20} | flags)
-    trainer = start(config, tmp_path / "run")
-    trainer.run()
+    run = start(config, tmp_path / "run")
+    run.run()
+    trainer = run.segment
     events, _ = read_events(tmp_path / "run" / rundir.EVENTS)
     return trainer, [e for e in events if e.event == "step"]
 
@@ -40,7 +41,7 @@ def test_fp16_uses_a_grad_scaler_that_is_checkpointed(tmp_path, structured_datas
 
 
 def test_pinned_prefetching_loader_feeds_the_gpu(tmp_path, tiny_dataset):
-    from engine.data import BatchLoader, BatchSampler, open_dataset
+    from engine.train.data import BatchLoader, BatchSampler, open_dataset
 
     ds = open_dataset(tiny_dataset)
     loader = BatchLoader(BatchSampler(ds.train, 4, 16, seed=0), torch.device("cuda"), pin_memory=True, prefetch=True)

@@ -25,8 +25,8 @@ from engine.cli import main
 from engine.config import resolve
 from engine.errors import UserError
 from engine.events import read_events
-from engine.model import GPT
-from engine.start import start
+from engine.train.model import GPT
+from engine.run.owner import start
 from conftest import micro_config, run_events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,9 +103,10 @@ def test_3_fp16_skips_a_finite_spike_and_a_nan_step_like_bf16(tmp_path, tiny_dat
     run_dir = tmp_path / "fp16"
     config = _config(tiny_dataset, **{"speed.precision": "fp16", "train.max_steps": 6, "train.log_interval": 5,
                                       "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
-    trainer = start(config, run_dir)
+    run = start(config, run_dir)
+    trainer = run.segment
     assert trainer.config.optim.fused in (None, True)  # fused AdamW: the default on CPU
-    trainer.run()
+    run.run()
     assert trainer.scaler is not None and trainer.optimizer.defaults.get("fused")
     for before, after in ((3, 4), (4, 5)):
         unchanged = all(torch.equal(a, b) for a, b in zip(snapshots[before], snapshots[after]))

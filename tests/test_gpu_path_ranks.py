@@ -26,7 +26,7 @@ def _worker(argv: list[str]) -> int:
     import torch
 
     from engine.cli import main
-    from engine.model import GPT
+    from engine.train.model import GPT
 
     if os.environ.get("RANK") == "1":
         real, calls = GPT.forward, {"n": 0}

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from conftest import cli_fails
-from engine import checkpoint as ckpt
-from engine import guard, rundir
+from engine.train import checkpoint as ckpt
+from engine.train import guard
+from engine import rundir
 from engine.config import resolve
 from engine.events import CallbackSink, read_events
-from engine.model import GPT
-from engine.start import start
-from engine.trainer import Trainer
+from engine.train.model import GPT
+from engine.run.owner import start
+from engine.train.trainer import Trainer
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]

@@ -22,14 +22,14 @@ MAX_STEPS = 8
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A finished 8-step run that evals and samples every 4 steps, and its console output."""
-    from engine.prepare import prepare
+    from engine.prep.prepare import prepare_report
 
     root = tmp_path_factory.mktemp("headless")
     text = root / "text"
     text.mkdir()
     for i in range(6):
         (text / f"doc{i}.txt").write_text(f"def function_{i}(x):\n    return x * {i} + 1\n" * 40)
-    prepare([text], root / "data", vocab_size=300, progress=False)
+    prepare_report([text], root / "data", vocab_size=300, progress=False).info
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["train", *MICRO, "--data", str(root / "data"), "--out", str(root / "run"),

@@ -19,10 +19,11 @@ import torch
 pytest.importorskip("safetensors")
 transformers = pytest.importorskip("transformers")
 
-from engine import hf  # noqa: E402
+from engine.prep import hf  # noqa: E402
+from engine.inspect.export import export_run  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.errors import UserError  # noqa: E402
-from engine.model import GPT  # noqa: E402
+from engine.train.model import GPT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 100  # padded to 128 by pad_vocab: the padding path is exercised
@@ -164,8 +165,8 @@ def test_missing_network_is_one_line(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory):
     """A real tiny run: prepared text with our BPE, a few steps, checkpoints in its run dir."""
-    from engine.prepare import prepare
-    from engine.start import start
+    from engine.prep.prepare import prepare_report
+    from engine.run.owner import start
 
     from engine.config import build
 
@@ -174,7 +175,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
     docs.mkdir()
     for i in range(12):
         (docs / f"d{i}.txt").write_text(f"Document {i}: the quick brown fox jumps over the lazy dog. " * 20)
-    data = prepare([docs], tmp / "data", vocab_size=300, progress=False)
+    data = prepare_report([docs], tmp / "data", vocab_size=300, progress=False).info
     config = build({
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
         "data": {"path": str(data.path)},
@@ -189,9 +190,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_export_loads_in_transformers_with_our_logits(trained: Path, tmp_path: Path) -> None:
-    from engine.sample import load_model
+    from engine.inspect.sample import load_model
 
-    out = hf.export_run(trained, tmp_path / "hf-out")
+    out = export_run(trained, tmp_path / "hf-out")
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
         "tokenizer.json", "tokenizer_config.json",
@@ -223,25 +224,25 @@ def test_export_refusals_write_nothing(trained: Path, tmp_path: Path) -> None:
     full.mkdir()
     (full / "keep.txt").write_text("mine")
     with pytest.raises(UserError, match="is not empty; pass a new or empty directory"):
-        hf.export_run(trained, full)
+        export_run(trained, full)
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
     state = {"transformer.wte.weight": torch.zeros(4, 2)}
     with pytest.raises(UserError, match=r"bias = false \(--no-bias\)"):
         hf.export(state, ModelConfig(bias=False, vocab_size=4, n_embd=2, n_head=1), tmp_path / "nb")
     assert not (tmp_path / "nb").exists()
     with pytest.raises(UserError, match="--from 99: no such checkpoint"):
-        hf.export_run(trained, tmp_path / "x", which="99")
+        export_run(trained, tmp_path / "x", which="99")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
 
 
 def test_export_from_a_named_checkpoint(trained: Path, tmp_path: Path) -> None:
-    out = hf.export_run(trained, tmp_path / "empty-ok", which="3")
+    out = export_run(trained, tmp_path / "empty-ok", which="3")
     assert (out / "model.safetensors").is_file()
 
 
 def test_hf_module_imports_no_optional_package() -> None:
     code = (
-        "import sys, engine.hf, engine.model, engine.trainer\n"
+        "import sys, engine.prep.hf, engine.train.model, engine.train.trainer\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
         "('safetensors','huggingface_hub','transformers','datasets','tensorboard','wandb')]\n"
         "print(bad)\n"

@@ -313,7 +313,7 @@ def test_prepare_sweeps_its_own_dead_temp_folders(tmp_path, capsys) -> None:
 def test_resume_refuses_optimizer_state_that_would_not_load(tmp_path, tiny_dataset, capsys) -> None:
     """The optimizer's groups and shapes are checked against the run's optimizer (a state that
     torch would refuse with ValueError, or accept and crash with at the first step)."""
-    from engine import checkpoint as ckpt
+    from engine.train import checkpoint as ckpt
     from engine.errors import UserError
 
     run = tmp_path / "run"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine import events as ev
-from engine import loggers
+from engine.run import loggers
 from engine.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.conftest import write_gpt2tui, random_tokens
 
     from engine.config import build
-    from engine.start import start
+    from engine.run.owner import start
 
     tmp = tmp_path_factory.mktemp("log")
     data = write_gpt2tui(tmp / "data", random_tokens(4000, 64), random_tokens(800, 64, seed=1), vocab_size=64)

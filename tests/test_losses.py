@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from engine.losses import chunk_rows_for, chunked_linear_cross_entropy, cross_entropy
+from engine.train.losses import chunk_rows_for, chunked_linear_cross_entropy, cross_entropy
 
 N, C, V_REAL = 384, 32, 300
 V = 320  # V_REAL padded to a multiple of 64

@@ -22,7 +22,7 @@ from gpt2_tui import main
 from engine.config import resolve
 from engine.memory import MemoryEstimate, estimate, suggest_fit
 from bench.memory_measure import measure_saved, measure_state
-from engine.model import GPT
+from engine.train.model import GPT
 
 # three small shapes that differ in every dimension the formulas use (heads, width,
 # layers, vocab padding, bias, T vs B)
@@ -93,7 +93,7 @@ def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, mak
     gradients instead): the predicted allocated peak vs the profiler's memory timeline of one
     steady-state step of the real Trainer on CPU."""
     from bench.memory_measure import measure_peak
-    from engine.start import open_data
+    from engine.run.configs import open_data
 
     data = make_dataset("gpt2-tui", vocab_size=500)
     cfg = _config({"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 64, "model.block_size": 64,

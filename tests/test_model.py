@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
-from engine.model import GPT
+from engine.train.model import GPT
 
 
 def _cfg(**kw) -> ModelConfig:

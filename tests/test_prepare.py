@@ -1,4 +1,4 @@
-"""engine.prepare: text -> tokenizer -> token files, the CLI hooks, and the default dataset."""
+"""engine.prep.prepare: text -> tokenizer -> token files, the CLI hooks, and the default dataset."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-import engine.prepare as prep
-from engine.data import open_dataset
+import engine.prep.prepare as prep
+from engine.train.data import open_dataset
 from engine.errors import UserError
-from engine.prepare import default_dataset, prepare
+from engine.prep.prepare import default_dataset, prepare
 from gpt2_tui import main
 
 DOCS = {
@@ -297,7 +297,7 @@ def test_a_gzip_that_unpacks_past_the_bound_is_skipped_not_read_whole(tmp_path: 
     the file is read only up to the bound."""
     import gzip
 
-    from engine import prepare as prep
+    from engine.prep import prepare as prep
 
     monkeypatch.setattr(prep, "MAX_GUNZIP_BYTES", 4096)
     root = tmp_path / "in"

@@ -15,8 +15,8 @@ pytest.importorskip("datasets")
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
-from engine import prepare_hub as ph  # noqa: E402
-from engine.data import open_dataset  # noqa: E402
+from engine.prep import hub as ph  # noqa: E402
+from engine.train.data import open_dataset  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 
 EOT = "<|endoftext|>"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.config import ModelConfig, build, load_preset, preset_names
-from engine.model import GPT
+from engine.train.model import GPT
 
 PUBLISHED = {  # parameters with GPT-2's 50257-id vocab, tied embeddings counted once
     "gpt2": 124_439_808,

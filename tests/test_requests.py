@@ -9,11 +9,13 @@ import os
 import time
 from pathlib import Path
 
-from engine import control, rundir, toggle
+from engine.run import requests as control, toggle
+from engine import rundir
 from engine.config import resolve
-from engine.control import Request
+from engine.run.requests import Request
 from engine.events import CallbackSink, read_events
-from engine.start import resumed_config, start
+from engine.run.configs import resumed_config
+from engine.run.owner import start
 
 FLAGS = {"speed.device": "cpu", "speed.precision": "fp32", "train.eval_interval": 100,
          "train.ckpt_interval": 100, "train.sample_tokens": 0}  # fmt: skip

@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from conftest import cli_fails
-from engine import checkpoint as ckpt
-from engine import distributed, guard, rundir
+from engine.train import checkpoint as ckpt
+from engine.train import distributed, guard
+from engine import rundir
 from gpt2_tui import main
 from engine.config import resolve
 from engine.events import CallbackSink, read_events
-from engine.model import GPT
-from engine.start import start
-from engine.trainer import Trainer
+from engine.train.model import GPT
+from engine.run.owner import start
+from engine.train.trainer import Trainer
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 
@@ -364,7 +365,7 @@ def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fi
     the estimator's table, the estimator's own fit for a device that holds batch 2, no new checkpoint."""
     from engine import device, memory
     from engine.text import format_table
-    from engine.trainer import Trainer as T
+    from engine.train.trainer import Trainer as T
 
     original = T.train_step
 

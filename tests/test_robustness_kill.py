@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import checkpoint as ckpt
+from engine.train import checkpoint as ckpt
 from engine import rundir
 from gpt2_tui import main
 from engine.events import read_events

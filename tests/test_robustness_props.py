@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine import checkpoint as ckpt
+from engine.train import checkpoint as ckpt
 from gpt2_tui import main
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,

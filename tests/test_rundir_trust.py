@@ -32,7 +32,7 @@ MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-
 QUIET = ["--eval-interval", "100000", "--ckpt-interval", "100000", "--sample-tokens", "0"]
 LONG = 1_000_000  # steps: a run that trains until the test stops it
 CONTROL = ("\x1b", "\x07", "\x9b")  # ESC, BEL, CSI: none may reach a terminal raw
-MAILBOX = "requests.jsonl"  # a run's requests (engine/control.py; issue 19 made it toggle.json's successor)
+MAILBOX = "requests.jsonl"  # a run's requests (engine/run/requests.py; issue 19 made it toggle.json's successor)
 
 
 def _limit() -> None:
@@ -218,7 +218,7 @@ def deep_json(n: int = 100_000) -> str:
 
 def steer(run_dir: Path, kind: str) -> None:
     """Ask a live run to pause or resume through its mailbox (signals only stop a run)."""
-    from engine.control import Request, post
+    from engine.run.requests import Request, post
 
     post(run_dir, Request(kind))
 

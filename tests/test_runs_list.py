@@ -1,4 +1,4 @@
-"""`engine.runs`: run directories at a glance. One real run from the engine (micro preset,
+"""`engine.inspect.runs`: run directories at a glance. One real run from the engine (micro preset,
 tiny dataset, CPU), the other states from hand-written run directories in the same format."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from engine import events as ev
 from engine import rundir
-from engine.runs import RunSummary, format_table, list_runs, summarize
+from engine.inspect.runs import RunSummary, format_table, list_runs, summarize
 
 
 def write_run(root: Path, name: str, t0: float, *, steps: int = 4, max_steps: int = 10, end: str | None = None,
@@ -73,7 +73,7 @@ def by_name(runs: list[RunSummary]) -> dict[str, RunSummary]:
 
 def test_a_real_run_from_the_engine(tmp_path: Path, tiny_dataset: Path) -> None:
     from engine.config import resolve
-    from engine.start import start  # the one front door
+    from engine.run.owner import start  # the one front door
 
     root = tmp_path / "runs"
     run_dir = root / "micro-real"

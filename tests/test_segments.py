@@ -1,4 +1,4 @@
-"""engine.segments: a run as segments of one set of speed switches each. The trainer's
+"""engine.run.segments: a run as segments of one set of speed switches each. The trainer's
 `segment` events from real runs (micro preset, CPU), and the reading rules on logs written
 by hand (old runs without segment events, live toggles, the settled figures)."""
 
@@ -11,7 +11,7 @@ import pytest
 from engine import events as ev
 from engine import rundir
 from engine.config import RunConfig, resolve
-from engine.segments import SWITCHES, changed, opening, segments_of, switches
+from engine.run.segments import SWITCHES, changed, opening, segments_of, switches
 from engine.text import describe
 
 FLAGS = {"speed.device": "cpu", "speed.precision": "fp32", "train.eval_interval": 3, "train.ckpt_interval": 3,
@@ -95,7 +95,8 @@ def test_segment_events_replace_the_guess_and_a_live_toggle_splits_the_run() -> 
 @pytest.fixture
 def resumed_run(tmp_path: Path, tiny_dataset: Path) -> Path:
     """A real run: 3 steps, resumed to 6 with --no-pin-memory, then to 8 unchanged."""
-    from engine.start import resumed_config, start
+    from engine.run.configs import resumed_config
+    from engine.run.owner import start
 
     run_dir = tmp_path / "run"
     start(resolve("micro", None, {**FLAGS, "data.path": str(tiny_dataset), "train.max_steps": 3}), run_dir).run()

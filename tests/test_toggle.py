@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from engine import device, memory, rundir, toggle
+from engine import device, memory
+from engine.run import toggle
+from engine import rundir
 from engine.config import resolve
 from engine.events import CallbackSink, read_events
 from engine.errors import UserError
-from engine.start import open_data, run_live, start
+from engine.run.configs import open_data
+from engine.run.owner import start
 
 STEPS = 10
 
@@ -27,8 +30,8 @@ def _run(tmp_path: Path, data: Path, name: str, at: int | None = None, switch: d
         if switch is not None and e.event == "step" and e.step == at:
             toggle.request(run_dir, switch)
 
-    trainer = start(resolve("micro", None, flags), run_dir, sinks=[CallbackSink(ask)])
-    assert run_live(trainer) == "completed"
+    run = start(resolve("micro", None, flags), run_dir, sinks=[CallbackSink(ask)])
+    assert run.run() == "completed"
     events, problems = read_events(run_dir / rundir.EVENTS)
     assert problems == []
     return events
@@ -49,7 +52,7 @@ def test_a_toggle_that_keeps_the_math_keeps_the_curve(tmp_path, tiny_dataset, sw
     assert [(s.step, s.reason) for s in segments] == [(0, "start"), (4, "toggle")]
     assert set(segments[1].changed) == set(switch)
     assert [e.event for e in events].count("run_finished") == 1  # one run, two segments
-    assert not (tmp_path / "toggled" / toggle.REQUEST).exists()
+    assert not (tmp_path / "toggled" / rundir.MAILBOX).exists()
 
 
 def test_a_toggle_refused_for_memory_changes_nothing(tmp_path, tiny_dataset, monkeypatch):
@@ -75,7 +78,7 @@ def test_a_toggle_must_keep_the_tokens_per_step_and_name_a_switch(tmp_path, tiny
         toggle.check(config, {"train.batch_size": 8})
     with pytest.raises(UserError, match="cannot change on a live run"):
         toggle.request(tmp_path, {"optim.lr": 1.0})
-    assert not (tmp_path / toggle.REQUEST).exists()
+    assert not (tmp_path / rundir.MAILBOX).exists()
 
 
 def test_gpt2_tui_toggle_switches_a_detached_run(tmp_path, tiny_dataset):

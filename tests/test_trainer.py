@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from engine import rundir
-from engine.checkpoint import CheckpointDir
+from engine.train.checkpoint import CheckpointDir
 from engine.config import resolve
 from engine.events import CallbackSink, read_events
-from engine.control import Control
-from engine.start import start
-from engine.trainer import lr_at
+from engine.run.requests import Control
+from engine.run.owner import start
+from engine.train.trainer import lr_at
 
 
 def _run(tmp_path, data, name="run", control=None, sinks=(), resume=False, **overrides):
@@ -147,7 +147,7 @@ def test_checkpoint_holds_everything_a_resume_needs(tmp_path, tiny_dataset):
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path, tiny_dataset):
     """B=4 x accum 2 and B=8 x accum 1 see different batches, so compare the math directly."""
-    from engine.model import GPT
+    from engine.train.model import GPT
 
     cfg = resolve("micro", None, {"model.vocab_size": 64}).model
     torch.manual_seed(0)
@@ -198,7 +198,7 @@ def test_on_cpu_the_batch_is_built_inline_and_the_estimate_says_so(tmp_path, tin
 
     config = resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu"})
     assert config.data.prefetch and config.data.pin_memory
-    trainer = start(config, tmp_path / "inline")
+    trainer = start(config, tmp_path / "inline").segment
     trainer.setup()  # what run() does before step 1
     try:
         assert trainer.loader.prefetch is False and trainer.loader.pin is False

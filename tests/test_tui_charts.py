@@ -11,7 +11,7 @@ import math
 from textual.app import App, ComposeResult
 
 from engine import events as ev
-from tui.runstate import RunState
+from tui.models.runstate import RunState
 from tui.widgets.charts import Line, MetricChart, _log_ticks
 
 SIZE = (100, 60)

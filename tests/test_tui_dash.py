@@ -28,12 +28,12 @@ from engine import events as ev
 from engine import rundir
 from engine.config import resolve
 from tui.app import GPT2App
-from tui.runstate import RunState
+from tui.models.runstate import RunState
 from tui.screens.dashboard import DashboardScreen, status_text
 from tui.screens.run_end import ResumeScreen, RunEndScreen
 from tui.screens.runs import RunsScreen
 from tui.screens.setup import SetupScreen
-from tui.tail import EventTail
+from tui.models.tail import EventTail
 from tui.widgets.charts import MetricChart
 from pilot_wait import WAIT_S, until
 

@@ -23,7 +23,7 @@ from engine import memory
 from engine.cli import main as cli_main
 from engine.config import resolve
 from engine.errors import UserError
-from tui import form_model as F
+from tui.models import form as F
 from tui.app import GPT2App
 from tui.screens import setup as setup_mod
 from tui.screens.modals import HELP, AskPath, ConfirmScreen, HelpScreen, PickDirectory

@@ -15,7 +15,7 @@ from engine import rundir
 from engine.gpu_monitor import GpuEvent, GpuSample, available
 from engine.text import describe
 from tui.app import GPT2App
-from tui.runstate import RunState
+from tui.models.runstate import RunState
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.gpu_panel import GpuPanel
 from pilot_wait import WAIT_S, until  # noqa: F401

@@ -18,7 +18,7 @@ import pytest
 
 import tui.app
 from engine.config import resolve
-from engine.trainer import Trainer
+from engine.train.trainer import Trainer
 from tui.app import GPT2App
 from pilot_wait import WAIT_S, launch_in_app, until  # noqa: F401
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import gpt2_tui
-from engine.runs import DEFAULT_ROOT
+from engine.inspect.runs import DEFAULT_ROOT
 from tests.test_tui_gpu_runs import until, write_run
 from tests.test_tui_gpu_tab import write_run as write_full_run
 from tui.app import GPT2App

@@ -9,11 +9,11 @@ import torch
 
 from engine import events as ev
 from engine.config import preset_names, resolve
-from engine.model import GPT
+from engine.train.model import GPT
 from engine import device as capabilities
-from tui import form_model as fields
-from tui.runstate import RunState
-from tui.tail import EventTail
+from tui.models import form as fields
+from tui.models.runstate import RunState
+from tui.models.tail import EventTail
 from tui.widgets.charts import thin
 
 

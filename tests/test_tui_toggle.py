@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from textual.widgets import Select, Switch
 
-from engine import device, memory, rundir, toggle
+from engine import device, memory
+from engine import rundir
 from engine.config import resolve
-from engine.start import open_data
+from engine.run.configs import open_data
 from tui.app import GPT2App
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.toggle import ToggleScreen
@@ -122,7 +123,7 @@ def check_continued(run_dir: Path, at: int) -> None:
     segs = [(e["step"], e["reason"]) for e in evs if e["event"] == "segment"]
     assert segs == [(0, "start"), (at, "toggle")]
     assert rundir.load_config(run_dir).data.preload is False
-    assert not (run_dir / toggle.REQUEST).exists()
+    assert not (run_dir / rundir.MAILBOX).exists()
 
 
 def test_toggle_an_in_app_run(tiny_dataset: Path, tmp_path: Path) -> None:
@@ -215,7 +216,7 @@ def test_a_set_that_does_not_fit_or_changes_nothing_is_refused_and_nothing_writt
             await pilot.click("#apply")
             await pilot.pause()
             assert isinstance(app.screen, ToggleScreen) and notes[-1] == f"not applied: {said.removeprefix('cannot apply: ')}"
-            assert not (run_dir / toggle.REQUEST).exists()
+            assert not (run_dir / rundir.MAILBOX).exists()
 
             await pilot.press("escape")
             state = app.session.state
@@ -227,6 +228,6 @@ def test_a_set_that_does_not_fit_or_changes_nothing_is_refused_and_nothing_writt
         asyncio.run(go())
     finally:
         stop_in_app(app)
-    assert not (run_dir / toggle.REQUEST).exists()
+    assert not (run_dir / rundir.MAILBOX).exists()
     assert [e["reason"] for e in events(run_dir) if e["event"] == "segment"] == ["start"]
     assert rundir.load_config(run_dir).train.batch_size == 2

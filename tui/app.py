@@ -20,10 +20,10 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 
-from engine.config import RunConfig
-from engine.errors import UserError
-from engine.text import program
-from tui.form_model import form_words
+from engine.api import RunConfig
+from engine.api import UserError
+from engine.api import program
+from tui.models.form import form_words
 from tui.plain import PlainApp
 
 if TYPE_CHECKING:  # a run's session is imported when one opens: not before the form's first frame

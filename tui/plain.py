@@ -15,7 +15,7 @@ from textual.app import App
 from textual.content import Content
 from textual.widgets import DataTable
 
-from engine.text import printable, shown
+from engine.api import printable, shown
 
 
 def plain(cell: Any) -> Any:

@@ -11,7 +11,7 @@ the terminal going away.
 
 Steering (pause, save now, stop, toggle) is one call, `steer(request)`: this app's own
 trainer takes it from its Control, any other run from the mailbox in its run directory
-(engine/control.py), when that run's writer holds its lock, on this host, as this user.
+(engine/run/requests.py), when that run's writer holds its lock, on this host, as this user.
 A run acknowledges each request in its events. A process launched from here that does not
 read its mailbox yet (or any more) is stopped by SIGTERM. Others' runs are watched.
 """
@@ -29,18 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engine import events as ev
-from engine import rundir, runfiles
-from engine.config import RunConfig
-from engine.control import Control, Request, post
-from engine.errors import UserError
-from engine.text import path_text
-from tui.runstate import Building, RunState
-from tui.tail import EventTail
+from engine.api import events as ev
+from engine.api import rundir
+from engine.api import files as runfiles
+from engine.api import RunConfig
+from engine.api import Control, Request, post
+from engine.api import UserError
+from engine.api import path_text
+from tui.models.runstate import Building, RunState
+from tui.models.tail import EventTail
 
 CONSOLE_LOG = rundir.LAUNCH_LOG
 CONSOLE_CAP = 8 << 20  # what the dashboard shows of a launch's console, at most
-BUILD_LINE = "building the default dataset"  # what engine.prepare prints while it builds (a child's console)
+BUILD_LINE = "building the default dataset"  # what engine.prep.prepare prints while it builds (a child's console)
 
 
 def _proc_status(pid: int) -> dict[str, str]:
@@ -192,7 +193,7 @@ def start_in_process(
 ) -> RunSession:
     """`threads`: torch intra-op threads set on the trainer thread (a thread's OpenMP team
     is its own; the overhead benchmark pins it so both of its modes run alike)."""
-    from engine.start import start
+    from engine.api import start
 
     rundir.check_new(run_dir)
     session = RunSession(run_dir=run_dir, mode="in-process", control=Control())
@@ -204,7 +205,7 @@ def start_in_process(
 
                 torch.set_num_threads(threads)
             if config.data.path is None:  # the first run builds the default dataset (seconds): say so
-                from engine.prepare import default_dataset
+                from engine.api import default_dataset
 
                 on_event(session, Building(True))
                 try:

@@ -26,9 +26,9 @@ from textual_plotext import PlotextPlot
 
 from bench import ladder as bench
 from bench.common import default_out, load_average
-from engine.config import preset_names
-from engine.errors import UserError
-from engine.text import clock_text
+from engine.api import preset_names
+from engine.api import UserError
+from engine.api import clock_text
 from tui.screens import BACK
 from tui.plain import PlainTable
 
@@ -188,7 +188,7 @@ class BenchmarkScreen(Screen):
     def _planned(self, config: bench.BenchConfig) -> list[str]:
         """The rungs that will run on this device (skips are known up front)."""
         try:
-            from engine.device import pick
+            from engine.api import pick
 
             device = pick(config.device)
             return [p.spec.name for p in bench.plan(config, device, config.vocab_size or bench.GPT2_VOCAB) if p.overrides]

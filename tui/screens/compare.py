@@ -24,13 +24,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 from textual_plotext import PlotextPlot
 
-from engine import events as ev
-from engine.compare import best_val_loss, labels, read_run
-from engine.errors import UserError
-from engine.text import change_text, shown
-from engine.segments import SegmentSummary, segments_of
+from engine.api import events as ev
+from engine.api import best_val_loss, labels, read_run
+from engine.api import UserError
+from engine.api import change_text, shown
+from engine.api import SegmentSummary, segments_of
 from tui.screens import BACK
-from tui.runstate import EMA_BETA, X_AXES, Series, XAxis
+from tui.models.runstate import EMA_BETA, X_AXES, Series, XAxis
 from tui.widgets.charts import log_range, thin
 from tui.widgets.segments import SegmentTable
 from tui.plain import PlainApp
@@ -234,7 +234,7 @@ class CompareApp(PlainApp):
 
 
 def run_compare(run_dirs: list[Path]) -> int:
-    """The caller has checked the directories (engine.compare.read_run): one line if bad."""
+    """The caller has checked the directories (engine.inspect.compare.read_run): one line if bad."""
     CompareApp(run_dirs).run()
     return 0
 

@@ -23,11 +23,11 @@ from textual.containers import Grid, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
 
-from engine import rundir
-from engine.config import build
-from engine.errors import UserError
-from engine.text import change_text, clock_text, describe, human, printable, shown
-from tui.runstate import X_AXES, RunState, XAxis
+from engine.api import rundir
+from engine.api import build
+from engine.api import UserError
+from engine.api import change_text, clock_text, describe, human, printable, shown
+from tui.models.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
 from tui.widgets.gpu_panel import GpuPanel
@@ -181,7 +181,7 @@ class DashboardScreen(Screen):
         else the one line the GPU tab shows instead."""
         if self.state.gpu_count:
             return None
-        from engine.gpu_monitor import available
+        from engine.api import available
 
         ok, why = available()
         return None if ok else why
@@ -414,7 +414,7 @@ class DashboardScreen(Screen):
         self.app.push_screen(RunEndScreen(summary, can_resume=(run_dir / rundir.CONFIG).is_file()), answer)
 
     def action_switches(self) -> None:
-        """The live run's switches: change them at the next step boundary (engine/toggle.py)."""
+        """The live run's switches: change them at the next step boundary (engine/run/toggle.py)."""
         from tui.screens.toggle import ToggleScreen
 
         if not self._steerable("toggle"):

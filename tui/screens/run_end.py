@@ -14,8 +14,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
-from engine import rundir
-from engine.errors import UserError
+from engine.api import rundir
+from engine.api import UserError
 from tui.screens.modals import ARROWS
 
 CSS = """
@@ -104,7 +104,7 @@ def ask_and_resume(screen, run_dir: Path, step: int | None = None, max_steps: in
     """Ask how far, then continue the run in its own process and open its dashboard
     (`pop`: close `screen` first, e.g. the runs list). Step and max steps are read from the
     run when not given."""
-    from engine.runs import summarize
+    from engine.api import summarize
     from tui.session import start_resume
 
     if step is None:

@@ -1,6 +1,6 @@
 """The Runs screen: every run under a root at a glance, and where attach/resume/compare start.
 
-The list comes from engine.runs (the same summaries `gpt2-tui runs` prints), read on a
+The list comes from engine.inspect.runs (the same summaries `gpt2-tui runs` prints), read on a
 worker thread so a root full of long logs never freezes the UI, and re-read every few
 seconds so states move on (running -> finished, or writer gone). The screen only says what
 the user chose, by posting `RunsScreen.Open`; the app decides what attach, resume and
@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from engine.runs import COLUMNS, DEFAULT_ROOT, RunSummary, list_runs, row
+from engine.api import RUN_COLUMNS as COLUMNS, DEFAULT_ROOT, RunSummary, list_runs, row
 from tui.screens import BACK
 from tui.plain import PlainTable
 

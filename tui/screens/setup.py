@@ -1,6 +1,6 @@
 """The setup form: preset, dataset, batch and schedule, every speed switch, memory budget.
 
-The model (fields, values, verdicts, presets, final config, TOML) is tui.form_model, with
+The model (fields, values, verdicts, presets, final config, TOML) is tui.models.form, with
 no Textual; this screen draws it (each field by tui.widgets.setting_input) and shows each
 error at its field; Launch stays disabled while anything is refused or the memory estimate
 says it will not fit. The form paints before torch is imported (seconds): a worker imports
@@ -24,16 +24,16 @@ from textual.screen import Screen
 from textual.widget import MountError
 from textual.widgets import Button, Header, Input, Label, Select, Static, Switch
 
-from engine import rundir
-from engine.config import RunConfig, preset_names, resolve
-from engine.errors import UserError
-from tui import form_model as F
+from engine.api import rundir
+from engine.api import RunConfig, preset_names, resolve
+from engine.api import UserError
+from tui.models import form as F
 from tui.widgets import setting_input
 from tui.widgets.first_paint import CHROME_ROWS, FirstPaint, Row, KeysFooter, SelectStandIn, breakpoint_classes, lines, paint_first
 from tui.widgets.memory import MemoryPanel
 
 if TYPE_CHECKING:
-    from engine.device import Capabilities
+    from engine.api import Capabilities
 
 PRESET_HELP = "model shape; train/schedule values reset to the preset's"
 __all__ = ["SelectStandIn", "SetupScreen", "paint_first", "wid"]
@@ -46,8 +46,8 @@ def wid(dotted: str) -> str:
 def probe_device() -> Capabilities:
     """The slow part of opening the form: imports torch and reads what this machine can run.
     Also loads the dataset reader, which imports torch too, so the UI thread never waits."""
-    import engine.data  # noqa: F401
-    from engine import device
+    from engine.api import open_dataset  # noqa: F401  (the dataset reader imports torch too)
+    from engine.api import device
 
     return device.capabilities()
 
@@ -182,7 +182,7 @@ class SetupScreen(Screen):
         rule `estimate` and the ladder use): the dataset's, once the probe has loaded torch."""
         if self.caps is None:
             return [(name, name) for name in preset_names()]
-        from engine import memory
+        from engine.api import memory
 
         path = self.query_one("#dataset", Input).value.strip() or None
         data = {"data.path": path, "data.vocab_size": self.model.base["data"].get("vocab_size", 50257)}
@@ -282,7 +282,7 @@ class SetupScreen(Screen):
     def device_known(self, caps: Capabilities) -> None:
         """The machine is known: disable what it cannot run (saying why), offer its GPUs,
         check the dataset, size the presets and estimate the memory."""
-        from engine import device
+        from engine.api import device
 
         self.model.caps = caps
         for dotted, why in device.disabled(caps).items():
@@ -408,10 +408,10 @@ class SetupScreen(Screen):
         self.model.dataset_info = None
         if self.caps is None:  # the probe imports the dataset reader (torch); checked when it is done
             return
-        from engine.data import open_dataset
+        from engine.api import open_dataset
 
         if not path:
-            from engine.prepare import DEFAULT_VOCAB
+            from engine.api import DEFAULT_VOCAB
 
             info_w.update(f"the embedded stdlib corpus (BPE {DEFAULT_VOCAB}), built once on first launch (~5 s)")
             self._show_error("err-dataset", None, "#dataset")
@@ -602,7 +602,7 @@ class SetupScreen(Screen):
                 if not yes:
                     self.notify(f"not saved: {path} left as it was")
                     return
-                from engine.checkpoint import atomic_write_bytes
+                from engine.api import atomic_write_bytes
 
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)  # the runs' root, before the first run

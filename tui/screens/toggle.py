@@ -1,11 +1,11 @@
 """The live run's switches (issue 14): change speed switches of a running run from its dashboard.
 
-Each switch of engine.segments.SWITCHES gets the widget its setting's kind calls for
+Each switch of engine.run.segments.SWITCHES gets the widget its setting's kind calls for
 (tui.widgets.setting_input, as in the setup form), with the run's current value; micro-batch x grad-accum is one choice of
 the pairs that keep the tokens per optimizer step. What this machine cannot use is disabled
 with engine.device's reason. As the user edits, the memory estimate of the new set is shown
 against the budget the trainer will check it against; Apply runs the engine's own toggle
-check (engine.toggle.check) and writes the request (engine.toggle.request) only when it
+check (engine.run.toggle.check) and writes the request (engine.run.toggle.request) only when it
 passes, so the screen refuses exactly what the trainer would, and nothing is written then.
 """
 
@@ -21,14 +21,15 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Select, Static, Switch
 
-from engine import device, memory, toggle
-from engine.config import RunConfig, overlay
-from engine.errors import UserError
-from engine.text import change_text, format_table, human, verdict
-from engine.segments import SWITCHES, changed, switches
-from engine.settings import setting
+from engine.api import device, memory
+from engine.api import toggle
+from engine.api import RunConfig, overlay
+from engine.api import UserError
+from engine.api import change_text, format_table, human, verdict
+from engine.api import SWITCHES, changed, switches
+from engine.api import setting
 from tui.screens.modals import ARROWS
-from tui.form_model import form_words
+from tui.models.form import form_words
 from tui.widgets import setting_input
 from tui.widgets.memory import MemoryPanel
 

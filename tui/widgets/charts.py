@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from textual_plotext import PlotextPlot
 
-from tui.runstate import RunState, Series, XAxis
+from tui.models.runstate import RunState, Series, XAxis
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from textual.containers import Grid, Vertical
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from engine.gpu_monitor import GpuSample
+from engine.api import GpuSample
 from tui.widgets.charts import MetricChart, thin
 
 HISTORY = 3600  # samples kept per GPU: an hour at 1 Hz

@@ -15,12 +15,12 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, Static
 
-from engine.config import RunConfig
-from engine.errors import UserError
-from engine.text import format_table, parse_bytes
+from engine.api import RunConfig
+from engine.api import UserError
+from engine.api import format_table, parse_bytes
 
 if TYPE_CHECKING:  # the estimator loads when there is something to estimate (after the form's first frame)
-    from engine import memory
+    from engine.api import memory
 
 
 class MemoryTable(Static, can_focus=True):
@@ -55,7 +55,7 @@ class MemoryPanel(Vertical):
         text = self.query_one("#mem-budget", Input).value.strip()
         if text:
             return parse_bytes(text), "budget given"
-        from engine import device
+        from engine.api import device
 
         return device.budget(device.kind(device_name))
 
@@ -74,7 +74,7 @@ class MemoryPanel(Vertical):
     def _find_fix(self, config: RunConfig, total: int) -> RunConfig | None:
         """A smaller micro-batch; failing that, grad checkpointing (with the largest micro-batch
         that then fits)."""
-        from engine import memory
+        from engine.api import memory
 
         fix = memory.suggest_fit(config, total)
         if fix is not None or config.model.grad_checkpointing:
@@ -83,7 +83,7 @@ class MemoryPanel(Vertical):
         return ckpt if memory.estimate(ckpt).fits(total) else memory.suggest_fit(ckpt, total)
 
     def show(self, config: RunConfig | None, device: str = "auto") -> None:
-        from engine import memory
+        from engine.api import memory
 
         table = self.query_one("#mem-table", Static)
         self.fix, self.estimate, self.advice = None, None, ""

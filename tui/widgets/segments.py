@@ -3,7 +3,7 @@
 Fed with a run's events one at a time (`feed`, cheap: no drawing), it redraws on its own
 slow timer, only when something changed and it is on screen, so a dashboard can mount it
 and forget it. The Compare screen fills it with several runs at once (`show`). Rows,
-cells and speed-ups come from engine.compare, the same as `gpt2-tui compare` prints;
+cells and speed-ups come from engine.inspect.compare, the same as `gpt2-tui compare` prints;
 the speed columns come first and the switches last, only those that differ between rows,
 highlighted where they differ from the first row, the ones a segment changed first.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 from rich.text import Text
 
-from engine import events as ev
-from engine.compare import COLUMNS, LEFT, SWITCHES_COLUMN, Row, cells, rows, shown_switches, switch_items
-from engine.segments import SegmentReader, SegmentSummary
+from engine.api import events as ev
+from engine.api import COMPARE_COLUMNS as COLUMNS, LEFT, SWITCHES_COLUMN, Row, cells, rows, shown_switches, switch_items
+from engine.api import SegmentReader, SegmentSummary
 from tui.plain import PlainTable
 
 HOT = "bold yellow"  # a switch that differs from the first row

@@ -11,8 +11,8 @@ from typing import Any
 from textual.widget import Widget
 from textual.widgets import Input, Select, Static, Switch
 
-from engine.settings import Setting
-from tui.form_model import to_text
+from engine.api import Setting
+from tui.models.form import to_text
 
 TRISTATE = [("auto", "auto"), ("on", "on"), ("off", "off")]
 _TRI_TO = {"auto": None, "on": True, "off": False}

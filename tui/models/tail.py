@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engine import runfiles
-from engine.events import EventLines
+from engine.api import files as runfiles
+from engine.api import EventLines
 
 
 class EventTail:

@@ -40,7 +40,7 @@ import numpy as np
 
 from engine import rundir
 from engine.config import SEED_LIMIT
-from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, Sidecar, dtype_for_vocab, open_dataset
+from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, Sidecar, dtype_for_vocab, open_dataset
 from engine.errors import UserError
 
 EOT = "<|endoftext|>"
@@ -82,7 +82,7 @@ def _need_datasets() -> Any:
 def resolve_tokenizer(spec: str | Path, cache_dir: Path | None = None) -> Path:
     """`gpt2` (and gpt2-medium...: the same BPE) -> the Hub's tokenizer.json through its
     cache; anything else is a path to a tokenizer.json."""
-    from engine import hf
+    from engine.prep import hf
 
     if str(spec) in hf.HUB_NAMES:
         return hf.hub_tokenizer(str(spec), cache_dir)
@@ -347,7 +347,7 @@ def bpe_tokenizer(source: HubSource, vocab_size: int, into: Path, sample_chars: 
     """`--tokenizer bpe`: a byte-level BPE trained, as `prepare` trains one, on the first
     `sample_chars` of the stream's text, saved as `into`/tokenizer.json. Deterministic for the
     same stream, so an interrupted prepare finds the same tokenizer and resumes."""
-    from engine.prepare import train_tokenizer
+    from engine.prep.prepare import train_tokenizer
 
     ds = _stream(source)
     _first_row(ds, source)

@@ -1,6 +1,6 @@
 """`gpt2-tui compare RUN...`: runs and their segments side by side, as a table or JSON.
 
-Everything is read from the run directories' events (engine.segments), so a finished run,
+Everything is read from the run directories' events (engine.run.segments), so a finished run,
 a live one and one from another machine compare alike. The rows and their cells are built
 here once; the text table, the Compare screen and the dashboard's segment table show them.
 Speed-ups are ratios of settled tokens/s (a step-time ratio would mislead when the
@@ -19,11 +19,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine import events as ev
-from engine import rundir, runfiles
+from engine import rundir
+from engine import files as runfiles
 from engine.errors import UserError
 from engine.text import human, path_text, ratio_text, short, value_text
 from engine.text import shown as cell
-from engine.segments import SWITCHES, SegmentReader, SegmentSummary, speedup
+from engine.run.segments import SWITCHES, SegmentReader, SegmentSummary, speedup
 
 
 class RunComparison(BaseModel):

@@ -1,13 +1,13 @@
 """Live toggles: change a running run's speed switches at a step boundary, in the same run.
 
 Any UI asks the same way, whether the run is the app's own thread, a detached process or a
-torchrun job: a "toggle" request (engine/control.py) with the new switches. At the next
+torchrun job: a "toggle" request (engine/run/requests.py) with the new switches. At the next
 step boundary rank 0 takes it and every rank learns it (`distributed.agree`); the
 trainer checks the new set with the launch's own rules (config, device, memory budget, the
 same tokens per optimizer step) and either trains on with a warning saying why it refused,
-or saves and ends the segment for a toggle. The run's owner (engine/run_owner.py) continues it from that
+or saves and ends the segment for a toggle. The run's owner (engine/run/owner.py) continues it from that
 checkpoint with the new switches, as a resume would: same weights, optimizer, data position
-and RNG, a new segment in events.jsonl (engine/segments.py).
+and RNG, a new segment in events.jsonl (engine/run/segments.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import RunConfig, overlay
-from engine.control import MAILBOX, Request, post
+from engine.run.requests import Request, post
 from engine.errors import UserError
-from engine.segments import SWITCHES
-
-REQUEST = MAILBOX  # every request to a run, toggles included, goes through its mailbox
+from engine.run.segments import SWITCHES
 
 
 def ask(overrides: dict[str, Any]) -> Request:
@@ -33,7 +31,7 @@ def ask(overrides: dict[str, Any]) -> Request:
 
 
 def request(run_dir: Path, overrides: dict[str, Any]) -> Request:
-    """Ask the run writing `run_dir` for these switches through its mailbox (engine/control.py);
+    """Ask the run writing `run_dir` for these switches through its mailbox (engine/run/requests.py);
     the request, whose id its acknowledgement will carry."""
     asked = ask(overrides)
     post(run_dir, asked)
@@ -74,7 +72,7 @@ def _shape_change(old: RunConfig, new: RunConfig) -> str | None:
     meta device: no memory), or None: the one rule for what a hand-over can carry."""
     import torch
 
-    from engine.model import GPT
+    from engine.train.model import GPT
 
     if old.model == new.model:
         return None

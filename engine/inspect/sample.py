@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from tokenizers import Tokenizer
 
-from engine import checkpoint as ckpt
+from engine.train import checkpoint as ckpt
 from engine import rundir
 from engine.config import RunConfig, build
 from engine.errors import UserError
-from engine.model import GPT
+from engine.prep.tokenizer import load_tokenizer  # noqa: F401  (the CLI and the app load through here)
+from engine.train.generate import generate_text  # noqa: F401
+from engine.train.model import GPT
 
 
 class Loaded(NamedTuple):
@@ -61,12 +62,6 @@ def load_model(run_or_file: Path, device: str = "cpu") -> Loaded:
     return Loaded(model.to(device).eval(), config, path, state["step"], val_loss)
 
 
-def load_tokenizer(path: Path) -> Tokenizer:
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as err:  # tokenizers raises a bare Exception for broken JSON
-        raise UserError(f"tokenizer {path} cannot be read ({str(err).splitlines()[0][:120]}); give a tokenizer.json") from None
-
 
 def find_tokenizer(run_or_file: Path, checkpoint_path: Path) -> Path:
     """The run's own tokenizer.json: beside the run dir's config, or two levels above a checkpoint."""
@@ -78,24 +73,3 @@ def find_tokenizer(run_or_file: Path, checkpoint_path: Path) -> Path:
         f"no tokenizer.json found for {run_or_file} (its data carried none, e.g. nanoGPT or llm.c "
         "files); pass --tokenizer PATH"
     )
-
-
-def generate_text(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str,
-    max_new_tokens: int = 200,
-    temperature: float = 0.8,
-    top_k: int | None = 50,
-    seed: int | None = None,
-) -> str:
-    device = next(model.parameters()).device
-    ids = tokenizer.encode(prompt).ids
-    if not ids:  # an empty prompt starts after a document boundary
-        eot = tokenizer.token_to_id("<|endoftext|>")
-        ids = [eot if eot is not None else 0]
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed) if seed is not None else gen.seed()
-    x = torch.tensor([ids], dtype=torch.long, device=device)
-    out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
-    return tokenizer.decode(out[0].tolist(), skip_special_tokens=False)

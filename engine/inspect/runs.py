@@ -4,7 +4,7 @@ A run directory describes itself (config.toml, events.jsonl, writer.pid), so a s
 read from it alone. The log is read as every reader reads it (events.EventLines) and only
 what a summary needs is kept: a long run's log holds a line per step. Torn or garbage
 lines are skipped, as `attach` does; a directory that holds no run is left out. Files are
-opened through engine.runfiles (regular files only, bounded, depth-capped), so one hostile run
+opened through engine.files (regular files only, bounded, depth-capped), so one hostile run
 never hangs or breaks the listing. Summaries are kept per log and read on only where the log
 grew; step lines are kept raw and parsed only for the last segment's speed (a 1M-line log:
 see docs/reliability.md). The writer's liveness (the lock's holder) is checked fresh each time.
@@ -24,7 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from engine import events as ev
-from engine import rundir, runfiles
+from engine import rundir
+from engine import files as runfiles
 from engine.text import fmt_params, shown
 
 RunStateName = Literal["running", "finished", "stopped", "failed", "writer gone"]

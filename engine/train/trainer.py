@@ -1,16 +1,18 @@
-"""The training loop: one segment of a run, from set-up to its end, steered by requests.
+"""One segment of a run: set-up (model, optimizer, scaler, autocast, compiled forward,
+loaders, the resumed state), then the loop, to an `Ending`.
 
-Its owner (engine/run_owner.py) holds the run directory, the sinks and the requests; a
-segment ends with an `Ending` the owner acts on (the run is over, or a live toggle goes on).
+A segment never sees the run that owns it (engine/run/owner.py): it reports events through
+`emit` and calls `boundary(self)` between steps, which returns how the segment ends (a stop,
+a live toggle with the next config) or None to train on; the owner acts on the ending.
 
 Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss/accum ->
 (fp16) unscale -> clip, recording the pre-clip norm -> the guard's verdict, one for all
 ranks -> optimizer step (skipped on the device when bad) -> scaler update,
 with the LR from `lr_at(step)`. Everything (model build, torch.compile, the loop) happens
-on the thread that calls `Trainer.run()`, because torch.compile is not thread-safe.
+on the thread that calls `train()`, because torch.compile is not thread-safe.
 The host syncs with the device only at log, eval and checkpoint steps: whether a step's
 update is skipped (NaN/Inf, a loss spike) is decided on the device and honoured by the
-fused AdamW step as `found_inf` (engine/guard.py), so a bad step never reaches the weights
+fused AdamW step as `found_inf` (engine/train/guard.py), so a bad step never reaches the weights
 and a `--log-interval N` step makes no host read at all.
 """
 
@@ -23,24 +25,35 @@ import math
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from engine import checkpoint as ckpt
+from engine.train import checkpoint as ckpt
 from engine import events as ev
 from engine import device as devices
-from engine import compile_cache, compiling, distributed, guard, rundir, toggle
-from engine.control import Control, Request
-from engine.run_owner import Ending, RunWriter
+from engine.train import compile_cache, compiling, distributed, guard
+from engine import rundir
 from engine.config import OptimConfig, RunConfig
-from engine.data import BatchLoader, BatchSampler, DataFailed, Dataset
+from engine.train.data import BatchLoader, BatchSampler, DataFailed, Dataset
 from engine.errors import UserError
-from engine.flops import flops_per_token, mfu, peak_flops
-from engine.model import GPT
+from engine.train.flops import flops_per_token, mfu, peak_flops
+from engine.train.generate import generate_text
+from engine.train.model import GPT
+
+
+@dataclass
+class Ending:
+    """How a segment ended: "completed", "stopped", or "toggle" with the next segment's config
+    and the toggle requests it applies (acknowledged once that segment opens)."""
+
+    reason: str
+    next_config: RunConfig | None = None
+    applied: list[Any] = field(default_factory=list)
 
 
 def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
@@ -124,11 +137,12 @@ class _StepClock:
 
 
 class Trainer:
-    """Trains one segment of a run into `run_dir`; its owner (given by engine.start, or made
-    here from `sinks` and `control`) carries the events and the requests.
+    """Trains one segment of a run into `run_dir`.
 
     `config` must come from `open_data` (vocab and block size bound). With `resume`, the
-    latest checkpoint in run_dir/checkpoints is loaded first.
+    latest checkpoint in run_dir/checkpoints is loaded first. `emit` takes its events,
+    `boundary` is asked between steps (both the owner's; none: a bare segment, as the
+    measuring tools build), `tokenizer` loads the tokenizer its samples decode with.
     """
 
     def __init__(
@@ -136,18 +150,21 @@ class Trainer:
         config: RunConfig,
         run_dir: Path,
         dataset: Dataset,
-        sinks: Sequence[ev.Sink] = (),
-        control: Control | None = None,
+        *,
+        emit: Callable[[Any], None] | None = None,
+        boundary: Callable[[Trainer], Ending | None] | None = None,
         resume: bool = False,
         resume_from: str | None = None,
-        owner: RunWriter | None = None,
         init_state: Mapping[str, torch.Tensor] | None = None,
+        tokenizer: Callable[[], Any] | None = None,
     ):
-        """`init_state`: pretrained weights to start from (engine.hf, `--init-from`), loaded at set-up."""
+        """`init_state`: pretrained weights to start from (engine.prep.hf, `--init-from`), loaded at set-up."""
         self.config, self.run_dir, self.dataset = config, Path(run_dir), dataset
         self._init_state = init_state
         self.init_from = config.model.init_from if init_state is not None else None  # the events say so
-        self.owner = owner or RunWriter(run_dir, sinks, control)
+        self._emit_to = emit or (lambda event: None)
+        self.boundary = boundary or (lambda segment: None)
+        self._load_tokenizer = tokenizer
         self.resume, self.resume_from = resume, resume_from
         self.ckpts = ckpt.CheckpointDir(self.run_dir / rundir.CHECKPOINTS, config.train.keep_last)
         self.step = 0
@@ -159,16 +176,15 @@ class Trainer:
         self.dist = distributed.current()  # rank 0 alone writes events, config and checkpoints
         self._emit_lock = threading.Lock()  # the GPU sampler's thread emits too
         self._bad_reported = 0
-        self._resumed_from_config: dict[str, Any] | None = None  # the switches it trained with: a segment's "before"
+        self.resumed_from_config: dict[str, Any] | None = None  # the switches it trained with: a segment's "before"
         self._tokenizer: Any = None
         self._gpu_sampler: Any = None
         self.loader: BatchLoader | None = None
-        self._paused = False
         self._warmup: compiling.Warmup | None = None  # a compiled segment's counters, read after its first steps
         self._artifacts_note: str | None = None  # why the run's compile artifacts were ignored
         self._rng_warning: str | None = None  # a resume's CUDA RNG state that could not apply
-        self._pending_toggles: list[dict[str, Any]] = []  # toggles the resumed checkpoint was saved for
-        self._save_error = "unknown error"  # the last failed save's OS error, for a request's ack
+        self.pending_toggles: list[dict[str, Any]] = []  # toggles the resumed checkpoint was saved for
+        self.save_error = "unknown error"  # the last failed save's OS error, for a request's ack
 
     # ------------------------------------------------------------------ plumbing
 
@@ -176,7 +192,7 @@ class Trainer:
         if not self.dist.is_main:
             return
         with self._emit_lock:
-            self.owner.emit(event)
+            self._emit_to(event)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -222,9 +238,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = GPT(cfg.model).to(self.device)
         if self._init_state is not None:  # --init-from: a new run starts from pretrained weights
-            from engine.hf import load_into
-
-            load_into(self.model, self._init_state)
+            self.model.load_state_dict(dict(self._init_state), strict=True)  # keeps the tie: lm_head is wte
             self._init_state = None  # its host copy goes now
         self.parallel = distributed.choose(cfg.speed.parallel, cfg, self.dist, self.device)
         if self.parallel == "fsdp":
@@ -297,14 +311,14 @@ class Trainer:
         state = ckpt.load(path)
         _check_shapes(self.model, state["model"], path)  # first: "another model shape" says the most
         ckpt.check_resumable(state, path, self.optimizer)
-        self._resumed_from_config = state.get("config")
+        self.resumed_from_config = state.get("config")
         distributed.load_full_state(self.model, self.optimizer, state)
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.tokens = state["step"], state.get("tokens", 0)
         self.best_val_loss = state.get("best_val_loss")
         pending = state.get("pending_toggles")
-        self._pending_toggles = [p for p in pending if isinstance(p, dict)] if isinstance(pending, list) else []
+        self.pending_toggles = [p for p in pending if isinstance(p, dict)] if isinstance(pending, list) else []
         guard_state = state.get("guard")
         self.guard.load_state_dict(guard_state if isinstance(guard_state, dict) else None)
         if state.get("val_loss") is not None:
@@ -339,14 +353,12 @@ class Trainer:
     def _emit_sample(self) -> None:
         """A short generation for the dashboard, seeded by the step so global RNG (and a
         bit-exact resume) is untouched; only when the dataset carries a tokenizer."""
-        n, tok_path = self.config.train.sample_tokens, self.dataset.info.tokenizer
-        if not n or not tok_path:
+        n = self.config.train.sample_tokens
+        if not n or self._load_tokenizer is None:
             return
-        from engine.sample import generate_text, load_tokenizer
-
         try:
             if self._tokenizer is None:
-                self._tokenizer = load_tokenizer(Path(tok_path))
+                self._tokenizer = self._load_tokenizer()
             self.model.eval()
             # eager: a compiled block would compile again for each new sequence length
             with self.autocast(), torch.compiler.set_stance("force_eager"):
@@ -363,7 +375,15 @@ class Trainer:
         follows --on-save-error. False when the write failed and the run goes on."""
         return self._save("stop" if final else self.config.train.on_save_error)
 
-    def _save(self, on_error: str, pending: Sequence[Request] = ()) -> bool:
+    def save_for_toggle(self, pending: list[dict[str, Any]]) -> str | None:
+        """Save for a live toggle's hand-over, the same on every rank: None when saved, else
+        why not (the toggle is then refused and the run trains on)."""
+        failed = None if self._save("toggle", pending=pending) else self.save_error
+        if self.dist.enabled:  # rank 0 alone writes: every rank goes on, or hands over, alike
+            failed = distributed.broadcast_object(failed if self.dist.is_main else None)
+        return failed
+
+    def _save(self, on_error: str, pending: Sequence[dict[str, Any]] = ()) -> bool:
         """The save itself; `on_error` is guard.save_failed's policy (stop, continue, toggle).
         `pending`: the toggles this save hands over; the checkpoint names them, so a resume
         after a kill -9 before their segment opened reports them (`_report_lost_toggles`)."""
@@ -380,14 +400,14 @@ class Trainer:
             self.best_val_loss = val_loss
         try:
             state = self._state()  # on every rank: FSDP2 gathers the shards here
-            state["pending_toggles"] = [{"id": r.id, "switches": dict(r.switches)} for r in pending]
+            state["pending_toggles"] = list(pending)
             if not self.dist.is_main:
                 return True
             path = self.ckpts.save(state, self.step, is_best)
         except OSError as err:  # disk full, permission denied: warn and go on, or stop (on_save_error)
             self.best_val_loss = previous_best
             kept = self.ckpts.latest() if self.dist.is_main else None
-            self._save_error = err.strerror or type(err).__name__
+            self.save_error = err.strerror or type(err).__name__
             self._act(guard.save_failed(err, self.step, self.ckpts.path, on_error, self.run_dir, kept))
             return False
         self.emit(
@@ -444,7 +464,7 @@ class Trainer:
         clock = self.clock
         clock.restart()
         while self.step < max_steps:
-            ending = self._at_boundary()  # every UI's requests (in-app, attach, torchrun alike)
+            ending = self.boundary(self)  # every UI's requests (in-app, attach, torchrun alike)
             if ending is not None:
                 return ending
 
@@ -497,110 +517,6 @@ class Trainer:
         except OSError as err:  # a nicety: the run goes on without it
             self.emit(ev.Warning_(message=f"compile artifacts not saved in {self.run_dir} ({err.strerror or err})"))
 
-    # ------------------------------------------------------------------ requests
-
-    def _at_boundary(self) -> Ending | None:
-        """Act on the requests asked since the last step boundary, each acknowledged in the
-        events; a pause waits here (taking requests) until a resume or a stop."""
-        toggles: list[Request] = []
-        ending = self._act_on(self.owner.take(), toggles)
-        if self._paused and ending is None:
-            self.emit(ev.Paused(step=self.step))
-            while self._paused and ending is None:
-                time.sleep(0.1)
-                # a toggle asked meanwhile waits in the mailbox (a kill -9 cannot lose it),
-                # and is taken at the first boundary after the resume
-                ending = self._act_on(self.owner.take(defer=("toggle",)), toggles)
-            self.emit(ev.Resumed(step=self.step))
-            self.clock.restart()
-        if ending is not None:
-            self._drop(toggles, "the run stopped")
-            return ending
-        return self._toggle(toggles)
-
-    def _act_on(self, requests: list[Request], toggles: list[Request]) -> Ending | None:
-        """Pause, resume and save act at once; toggles are gathered (checked after a pause)."""
-        stopping = None
-        for r in requests:
-            if r.kind == "mailbox":  # the mailbox itself was refused: one warning, training goes on
-                self.emit(ev.Warning_(message=r.problem or "the request mailbox was refused"))
-            elif r.problem is not None:
-                if r.problem.startswith("stale"):
-                    self.emit(ev.Warning_(message=f"discarded a {r.kind} request ({r.id}) left by a run that is gone"))
-                self._drop([r], r.problem)
-            elif stopping is not None:
-                self._drop([r], "the run stopped")
-            elif r.kind == "toggle":
-                toggles.append(r)
-            elif r.kind == "stop":
-                stopping = r
-            else:
-                if r.kind == "save":
-                    saved = self.save_checkpoint()
-                    self.clock.restart()
-                    if saved is False:
-                        self._drop([r], f"the checkpoint could not be written ({self._save_error})")
-                        continue
-                else:
-                    self._paused = r.kind == "pause"
-                self._ack(r, "applied")
-        if stopping is None:
-            return None
-        self._ack(stopping, "applied")
-        self.save_checkpoint(final=True)
-        return Ending("stopped")
-
-    def _toggle(self, toggles: list[Request]) -> Ending | None:
-        """Check each toggle as a launch would, in order, on top of the ones accepted before it;
-        a refusal is a warning and the run trains on; any accepted: save and hand over."""
-        accepted, config = [], self.config
-        for r in toggles:
-            try:
-                config = toggle.check(config, r.switches)
-            except UserError as err:
-                self.emit(ev.Warning_(message=f"toggle refused at step {self.step}: {err}; the run goes on with its switches"))
-                self._drop([r], str(err))
-                continue
-            accepted.append(r)
-        if not accepted:
-            return None
-        # the next segment resumes from exactly here; a save that fails refuses the toggle
-        # (guard.save_failed words it) and the run trains on with its switches
-        failed = None if self._save("toggle", pending=accepted) else self._save_error
-        if self.dist.enabled:  # rank 0 alone writes: every rank goes on, or hands over, alike
-            failed = distributed.broadcast_object(failed if self.dist.is_main else None)
-        if failed is not None:
-            self._drop(accepted, f"its checkpoint could not be written ({failed}); the run goes on with its switches")
-            self.clock.restart()
-            return None
-        return Ending("toggle", config, accepted)
-
-    def _report_lost_toggles(self, applied: Sequence[Request]) -> None:
-        """A toggle whose checkpoint was saved but whose segment never opened (a kill -9 in
-        the hand-over) is not lost without a word: this resume says it was dropped, unless
-        the switches it asked for are the ones this segment runs with."""
-        from engine.segments import switches
-
-        now, opened = switches(self.config), {r.id for r in applied}
-        for p in self._pending_toggles:
-            rid, asked = str(p.get("id", "?"))[:64], p.get("switches")
-            rid = rid if rid.isprintable() else "?"
-            if rid in opened or not isinstance(asked, dict):
-                continue
-            if asked and all(now.get(name) == value for name, value in asked.items()):
-                continue  # its segment opened before the kill: config.toml carries its switches
-            self.emit(ev.Warning_(message=f"a toggle ({rid}) was saved for at step {self.step} but the run was "
-                                          "killed before it applied; resumed with the switches it had"))  # fmt: skip
-            self.emit(ev.RequestAck(id=rid, kind="toggle", status="dropped", step=self.step,
-                                    reason="the run was killed between the toggle's save and its new segment"))  # fmt: skip
-
-    def _ack(self, r: Request, status: str, reason: str = "") -> None:
-        self.emit(ev.RequestAck(id=r.id, kind=r.kind, status=status, step=self.step, reason=reason))
-
-    def _drop(self, requests: list[Request], reason: str) -> None:
-        for r in requests:
-            self._ack(r, "dropped", reason)
-
     def _act(self, verdict: guard.Verdict) -> None:
         """Carry out a guard verdict: always a warning event; a stop raises its one-line error."""
         self.emit(ev.Warning_(message=verdict.message))
@@ -619,9 +535,8 @@ class Trainer:
                                  self.config.optim.lr, self.run_dir))  # fmt: skip
 
     def _check_run_dir(self) -> None:
-        """A run whose directory vanished (deleted, unmounted) stops instead of training blind;
-        an events file moved or deleted alone (log rotation, cleanup) is re-created and the
-        run trains on: its checkpoints still land."""
+        """A run whose directory vanished (deleted, unmounted) stops instead of training blind
+        (an events file moved alone is the owner's: it starts a new one at the boundary)."""
         if not self.dist.is_main:
             return
         if not (self.run_dir / rundir.CHECKPOINTS).is_dir():
@@ -629,9 +544,6 @@ class Trainer:
                 f"the run directory {self.run_dir} (or its {rundir.CHECKPOINTS}) vanished at step {self.step}; "
                 "the run stopped, as nothing could be saved; restore the directory or start a new run"
             )
-        if self.owner.reopen_log_if_moved():
-            self.emit(ev.Warning_(message=f"{rundir.EVENTS} was moved or deleted before step {self.step}; a new one "
-                                          "was started and the run trains on (the earlier events are where it was moved)"))  # fmt: skip
 
     def _loop_or_oom(self) -> Ending:
         """The loop, with a CUDA out-of-memory turned into a clean stop that says what fits."""
@@ -674,37 +586,24 @@ class Trainer:
             "peak_mem_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
         }
 
-    def run(self) -> str:
-        """Set up and train to max_steps or a stop, live toggles included (its owner goes on
-        in new segments); returns "completed" or "stopped"."""
-        return self.owner.run(self)
+    def started(self) -> ev.RunStarted:
+        """After setup(): what this segment runs (the owner emits it as the segment opens)."""
+        return ev.RunStarted(
+            config=self.config.model_dump(mode="json"), n_params=self.n_params, device=str(self.device),
+            device_name=self.device_label, precision=self.precision, start_step=self.step,
+            flops_per_token=self.flops_token, peak_flops=self.peak, dataset=self.dataset.info.model_dump(mode="json"),
+            world_size=self.dist.world_size, parallel=self.parallel, init_from=self.init_from,
+        )
 
-    def train(self, why: str, applied: Sequence[Request] = ()) -> Ending:
-        """After setup(): open a segment (`why`: start, resume or toggle; `applied`: the
-        toggles that made it, acknowledged now that it runs) and train it to its end."""
+    def train(self) -> Ending:
+        """After setup() and the owner's opening events: train the segment to its end."""
         try:
-            self.emit(
-                ev.RunStarted(
-                    config=self.config.model_dump(mode="json"), n_params=self.n_params,
-                    device=str(self.device), device_name=self.device_label, precision=self.precision,
-                    start_step=self.step,
-                    flops_per_token=self.flops_token, peak_flops=self.peak,
-                    dataset=self.dataset.info.model_dump(mode="json"),
-                    world_size=self.dist.world_size, parallel=self.parallel, init_from=self.init_from,
-                )
-            )
-            from engine.segments import opening  # every start, resume or toggle opens a segment
-
-            self.emit(opening(self.config, self.step, self._resumed_from_config, why, self.init_from))
-            for r in applied:
-                self._ack(r, "applied")
-            for note in self.config.notes:  # what the front door noticed (start.open_data): said in the run's log
+            for note in self.config.notes:  # what the front door noticed (engine.run.configs.open_data): said in the run's log
                 self.emit(ev.Warning_(message=note))
             if self._artifacts_note:
                 self.emit(ev.Warning_(message=self._artifacts_note))
             if self._rng_warning:
                 self.emit(ev.Warning_(message=self._rng_warning))
-            self._report_lost_toggles(applied)
             if self.resume and self.ckpts.latest() is None:
                 self.emit(ev.Warning_(message="no checkpoint was written before the run stopped; starting it again from step 0"))
             aside = self.ckpts.set_aside_after(self.step) if self.resume_from and self.dist.is_main else None

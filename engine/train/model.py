@@ -3,7 +3,7 @@
 Switches from ModelConfig: attention kernel (`flash` = SDPA, `manual` = explicit masked
 softmax), vocab padding to a multiple of 64, bias, dropout, per-block gradient
 checkpointing, and the loss (`plain` = cross-entropy on the full logits, `chunked` = lm_head
-and loss fused over row chunks; engine/losses.py).
+and loss fused over row chunks; engine/train/losses.py).
 
 Padded ids: the training loss runs on the padded logits as they come (no slice, no copy).
 Padded ids are never targets, so they only sit in the softmax normalizer, where training
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from engine.config import ModelConfig
-from engine.losses import chunked_linear_cross_entropy, cross_entropy
+from engine.train.losses import chunked_linear_cross_entropy, cross_entropy
 
 
 class CausalSelfAttention(nn.Module):

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from engine import device, distributed, rundir
+from engine import device
+from engine.train import distributed
+from engine import rundir
 from engine.config import RunConfig
 from engine.errors import UserError
 
@@ -44,8 +46,8 @@ def _strip_nproc(argv: list[str]) -> list[str]:
 
 def _check(n: int, config: RunConfig, force: bool) -> None:
     """Everything a worker would refuse, refused here (the config and run directory are
-    already checked by engine.start's new_config / resumed_config)."""
-    from engine.start import open_data
+    already checked by engine.run.configs' new_config / resumed_config)."""
+    from engine.run.configs import open_data
 
     if distributed.under_torchrun():
         raise UserError("--nproc starts torchrun itself; under torchrun leave it out")
@@ -116,7 +118,7 @@ def run(n: int, config: RunConfig, run_dir: Path, resume: bool, force: bool, arg
 
 
 def _latest(run_dir: Path) -> str:
-    from engine.checkpoint import CheckpointDir
+    from engine.train.checkpoint import CheckpointDir
 
     latest = CheckpointDir(run_dir / rundir.CHECKPOINTS).latest()
     return f"last checkpoint: {latest}" if latest else "no checkpoint was written"

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine import runfiles
+from engine import files as runfiles
+from engine.rundir import MAILBOX
 
-MAILBOX = "requests.jsonl"
 MAX_BYTES = 64 * 1024  # a mailbox larger than this is not ours: refused, not read
 MAX_DEPTH = 4  # {"switches": {...}} needs 2
 KINDS = ("pause", "resume", "save", "stop", "toggle")

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 import tomli_w
 from pydantic import ValidationError
 
-from engine.config import BATCH, RunConfig, fit_warmup, merge, preset_names, read_toml, resolve, set_dotted
-from engine.errors import Refusal
-from engine.settings import Setting, form_sections, setting
+from engine.api import BATCH, RunConfig, fit_warmup, merge, preset_names, read_toml, resolve, set_dotted
+from engine.api import Refusal
+from engine.api import Setting, form_sections, setting
 
 if TYPE_CHECKING:
-    from engine.device import Capabilities
+    from engine.api import Capabilities
 
 # What the form shows, by section (each setting's `form` in engine/config.py); the rest keeps
 # the preset's / file's value.
@@ -146,12 +146,12 @@ class FormModel:
         config, errors, general = validate(merge(self.base, {"data": {"path": values.get("data.path")}}), fields,
                                            self.notes)  # fmt: skip
         if self.caps is not None:
-            from engine import device
+            from engine.api import device
 
             for dotted, why in device.refuse(fields, self.caps).items():
                 errors.setdefault(dotted, why)
         if config is not None and self.caps is not None and config.speed.precision in ("bf16", "fp16"):
-            from engine import device
+            from engine.api import device
 
             if config.speed.device == "cpu" or (config.speed.device == "auto" and self.caps.device == "cpu"):
                 slow = device.cpu_half_reason(config.speed.precision, measure=False)  # the ladder's and estimate's rule
@@ -166,7 +166,7 @@ class FormModel:
         self.errors, self.general, self.validated = errors, general, config
         self.config = config if not errors else None
         if self.config is not None and self.caps is not None:  # the vocab the run gets, for the estimate
-            from engine import memory
+            from engine.api import memory
 
             self.config = memory.with_dataset_vocab(self.config)  # (F2 and launch leave it to the data)
 
@@ -175,8 +175,8 @@ class FormModel:
         """The shape the `start from` weights decide, so the estimate is theirs: read from a
         directory or the Hub's cache, never the network (a Hub model not yet downloaded keeps
         the preset's shape here; the launch fetches it). Torch has loaded by now (caps)."""
-        from engine.errors import UserError
-        from engine.start import with_pretrained_shape
+        from engine.api import UserError
+        from engine.api import with_pretrained_shape
 
         try:
             return with_pretrained_shape(config, local_only=True)

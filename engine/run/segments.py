@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from engine import events as ev
 from engine.config import RunConfig
-from engine.flops import mfu
+from engine.train.flops import mfu
 from engine import settings
 
 # The settings that change how fast a run goes, not what it computes (batch geometry aside:

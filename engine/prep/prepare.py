@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
+from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
 from engine import rundir
 from engine.config import DEFAULT_VOCAB, SEED_LIMIT
+from engine.paths import cache_root
 from engine.errors import UserError
 from engine.text import path_text
 
@@ -360,11 +360,6 @@ def _encode_to_file(
 # --------------------------------------------------------------------------- prepare
 
 
-def prepare(*args: Any, **kwargs: Any) -> DatasetInfo:
-    """`prepare_report` (same arguments), for callers that need only the dataset's DatasetInfo."""
-    return prepare_report(*args, **kwargs).info
-
-
 def prepare_report(
     paths: list[Path],
     out: Path,
@@ -508,14 +503,6 @@ def stdlib_files() -> list[Path]:
     return files
 
 
-def cache_root(cache_dir: Path | None = None) -> Path:
-    """cache_dir, else $GPT2_TUI_CACHE, else ~/.cache/gpt2-tui."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("GPT2_TUI_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt2-tui"
-
-
 @contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
     """An exclusive lock shared by processes and threads, on every OS (filelock, which torch brings)."""
@@ -557,7 +544,7 @@ def _cached_build(target: Path, files: Callable[[], list[Path]], progress: bool)
                     f"{sysconfig.get_paths()['stdlib']}; pass --data DIR with a prepared dataset"
                 )
             _say(f"building the default dataset in {target} (once)...", progress)
-            prepare(sources, target, vocab_size=DEFAULT_VOCAB, seed=0, progress=progress)
+            prepare_report(sources, target, vocab_size=DEFAULT_VOCAB, seed=0, progress=progress)
     return target
 
 

@@ -263,7 +263,7 @@ def load_state(directory: Path, model: ModelConfig) -> dict[str, torch.Tensor]:
     head = hf.pop("lm_head.weight", None)
     if head is not None and not torch.equal(head, hf.get("wte.weight", head)):
         raise UserError(f"{file}: its lm_head is not tied to wte, unlike GPT-2; our model ties them")
-    from engine.model import GPT
+    from engine.train.model import GPT
 
     with torch.device("meta"):
         wanted = GPT(model).state_dict()
@@ -449,28 +449,3 @@ def export(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def export_run(run_or_file: Path, out: Path, which: str | None = None) -> Path:
-    """`gpt2-tui export RUN [--from best|STEP] --hf DIR`: the checkpoint's weights and the
-    run's tokenizer (when its data carried one) as a transformers directory."""
-    from engine import checkpoint as ckpt
-    from engine import rundir
-    from engine.sample import load_model
-
-    run_or_file = Path(run_or_file).expanduser()
-    target = run_or_file
-    if which is not None:
-        if not run_or_file.is_dir():
-            raise UserError(f"--from {which} needs a run directory, not the file {run_or_file}")
-        target = ckpt.CheckpointDir(run_or_file / "checkpoints").resolve(which)
-    loaded = load_model(target)
-    problem = export_problem(loaded.config.model)
-    if problem:
-        raise UserError(f"{loaded.path} has no transformers GPT-2 equivalent: {problem}")
-    tokenizer = None
-    for run in (run_or_file, loaded.path.parent.parent):
-        tokenizer = rundir.tokenizer_of(run)
-        if tokenizer:
-            break
-    return export(loaded.model.state_dict(), loaded.config.model, out, tokenizer)

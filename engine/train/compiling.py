@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 
 from engine import events as ev
-from engine import runfiles
+from engine import files as runfiles
 
 ARTIFACTS = "compile-artifacts.bin"
 MAX_ARTIFACTS_BYTES = 2 << 30  # read bounded: a run directory is a trust boundary

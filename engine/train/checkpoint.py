@@ -12,13 +12,12 @@ import os
 import pickle
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-from engine import runfiles
+from engine import files as runfiles
 from engine.errors import UserError
 
 REQUIRED = ("model", "optimizer", "step", "config")
@@ -31,15 +30,6 @@ def _is_bytes_tensor(value: object) -> bool:
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 TMP_SUFFIX = runfiles.TMP_SUFFIX
 POINTER_CAP = 4096  # `latest` holds one file name
-
-
-def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """engine.runfiles.atomic_write: a new temp file (O_EXCL, never through a link), fsync, rename."""
-    runfiles.atomic_write(path, write)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    runfiles.atomic_write_bytes(path, data)
 
 
 def atomic_save(obj: dict[str, Any], path: Path) -> None:
@@ -56,7 +46,7 @@ def atomic_save(obj: dict[str, Any], path: Path) -> None:
                 raise
             raise cause from None
 
-    _atomic_write(path, write)
+    runfiles.atomic_write(path, write)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -82,7 +72,7 @@ class CheckpointDir:
         atomic_save(state, target)
         if is_best:
             _link_or_copy(target, self.path / "best.pt")
-        atomic_write_bytes(self.path / "latest", target.name.encode() + b"\n")
+        runfiles.atomic_write_bytes(self.path / "latest", target.name.encode() + b"\n")
         for _, old in self.step_files()[: -self.keep_last]:
             old.unlink(missing_ok=True)
         for stale in self.path.glob(f".*{TMP_SUFFIX}"):  # left by a kill -9 mid-write
@@ -116,7 +106,7 @@ class CheckpointDir:
         for p in later:
             os.replace(p, aside / p.name)
         if (self.path / f"step_{step:06d}.pt").is_file():
-            atomic_write_bytes(self.path / "latest", f"step_{step:06d}.pt\n".encode())
+            runfiles.atomic_write_bytes(self.path / "latest", f"step_{step:06d}.pt\n".encode())
         return aside
 
     def latest(self) -> Path | None:

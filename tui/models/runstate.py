@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from engine import events as ev
-from engine.segments import SegmentReader
-from engine.text import describe
+from engine.api import events as ev
+from engine.api import SegmentReader
+from engine.api import describe
 
 XAxis = Literal["step", "tokens", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
@@ -177,7 +177,7 @@ class RunState:
 
     def settled_step_time(self) -> float | None:
         """The current segment's settled step time: the figure the Segments tab, the summary
-        and `compare` give for it (one rule, engine.segments), not one across every segment."""
+        and `compare` give for it (one rule, engine.run.segments), not one across every segment."""
         return ev.settled_step_time(self.segments.current_step_times())
 
     def elapsed(self, now: float | None = None) -> float:

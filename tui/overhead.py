@@ -1,6 +1,6 @@
 """What the dashboard costs the run it shows: the same config headless and under the TUI.
 
-    python -m bench.overhead --preset micro --max-steps 300 --rounds 2
+    python -m tui.overhead --preset micro --max-steps 300 --rounds 2
 
 Each round trains the config once headless (the Trainer alone on a worker thread with
 the same torch thread count: a thread's OpenMP team is its own, and on a loaded 2-core
@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import events as ev
-from engine.config import RunConfig, resolve
-from engine.start import start
+from engine.api import RunConfig, resolve, start
+from engine.api import events as ev
 
 
 def _summary(run_dir: Path) -> dict[str, Any]:
@@ -99,7 +98,7 @@ async def _run_tui(config: RunConfig, run_dir: Path, size: tuple[int, int], deta
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tui.overhead", description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="micro")
     p.add_argument("--data", default=None, help="dataset dir (default: the embedded corpus)")
     p.add_argument("--max-steps", type=int, default=300)

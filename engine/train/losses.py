@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from engine.memory import chunk_rows_for
 from torch import Tensor
 
-CHUNK_BUDGET_BYTES = 128 * 2**20  # one chunk's fp32 logits; a few such live at once
 
 
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -42,17 +43,6 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def chunk_rows_for(n_rows: int, vocab: int, budget_bytes: int = CHUNK_BUDGET_BYTES) -> int:
-    """Rows per chunk: one chunk's fp32 logits within `budget_bytes`, and at least 8 chunks.
-
-    At gpt2 shapes (V=50304) the budget decides (~640 rows of 16384 at B16 T1024); on small
-    inputs the 8-chunk floor keeps the loss actually chunked. Multiples of 64 when large,
-    so the chunk matmuls keep aligned shapes.
-    """
-    rows = min(budget_bytes // (4 * vocab), -(-n_rows // 8))
-    if rows >= 64:
-        rows -= rows % 64
-    return max(1, rows)
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from engine.data import BatchSampler, TokenSplit
+from engine.train.data import BatchSampler, TokenSplit
 from engine.errors import UserError
 
 Parallel = Literal["ddp", "fsdp"]
@@ -305,10 +305,10 @@ def gather_floats(value: float, ctx: Context) -> list[float] | None:
     return [t.item() for t in out]
 
 
-def agree(requests: list[Any], ctx: Context) -> list[Any]:
-    """Rank 0's requests (engine.control: it alone reads the mailbox) on every rank, plus a stop
-    asked of any rank (a signal reaches them one by one), so all act at the same step boundary;
-    ranks that disagree would deadlock in the next collective."""
+def agree(requests: list[Any], ctx: Context, stop: Callable[[], Any]) -> list[Any]:
+    """Rank 0's requests (engine.run.requests: it alone reads the mailbox) on every rank, plus a stop
+    (made by `stop()`) asked of any rank (a signal reaches them one by one), so all act at the
+    same step boundary; ranks that disagree would deadlock in the next collective."""
     if not ctx.enabled:
         return requests
     stop = any(r.kind == "stop" for r in requests)
@@ -317,9 +317,7 @@ def agree(requests: list[Any], ctx: Context) -> list[Any]:
     any_stop, rank0_has = flags.tolist()
     shared = broadcast_object(requests if ctx.is_main else None) if rank0_has else []
     if any_stop and not any(r.kind == "stop" for r in shared):
-        from engine.control import Request
-
-        shared = [*shared, Request("stop")]
+        shared = [*shared, stop()]
     return shared
 
 

@@ -66,7 +66,8 @@ def _version(dist: str) -> str | None:
 def machine_rows() -> list[Row]:
     import torch
 
-    from engine import compile_cache, device
+    from engine.train import compile_cache
+    from engine import device
 
     rows = [Row("machine", "python", OK, f"{platform.python_version()} ({sys.executable})"),
             Row("machine", "torch", OK, f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})")]  # fmt: skip
@@ -180,12 +181,12 @@ def _switches(cuda: bool, include_compile: bool) -> list[tuple[str, dict[str, An
 
 
 def run_rows(include_compile: bool = False, say: Callable[[str], None] | None = None) -> list[Row]:
-    """A short real training run per switch on this device, each through engine.start."""
+    """A short real training run per switch on this device, each through engine.run.owner.start."""
     import numpy as np
     import torch
 
     from engine.config import resolve
-    from engine.start import start
+    from engine.run.owner import start
 
     cuda = torch.cuda.is_available()
     rows = []
@@ -214,7 +215,7 @@ def run_rows(include_compile: bool = False, say: Callable[[str], None] | None = 
 
 def _tiny_dataset(root: Path, np: Any) -> Path:
     """A gpt2-tui dataset of random ids, vocab 64: the runs time switches, not learning."""
-    from engine.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR
+    from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR
 
     root.mkdir(parents=True)
     rng = np.random.default_rng(0)

@@ -1,0 +1,100 @@
+"""The engine as the app sees it: every name the TUI uses, and nothing else.
+
+The TUI imports only this module (an import contract in pyproject.toml holds it), so what
+the engine offers a UI is this one list. Names load on first use (PEP 562): the app paints
+its first screen before torch is imported, and a screen pays only for what it reads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> (module, name in it); None: the module itself
+_SURFACE: dict[str, tuple[str, str | None]] = {
+    "BATCH": ("engine.config", "BATCH"),
+    "DEFAULT_VOCAB": ("engine.config", "DEFAULT_VOCAB"),
+    "RunConfig": ("engine.config", "RunConfig"),
+    "build": ("engine.config", "build"),
+    "fit_warmup": ("engine.config", "fit_warmup"),
+    "merge": ("engine.config", "merge"),
+    "overlay": ("engine.config", "overlay"),
+    "preset_names": ("engine.config", "preset_names"),
+    "read_toml": ("engine.config", "read_toml"),
+    "resolve": ("engine.config", "resolve"),
+    "set_dotted": ("engine.config", "set_dotted"),
+    "Capabilities": ("engine.device", "Capabilities"),
+    "device": ("engine.device", None),
+    "pick": ("engine.device", "pick"),
+    "Refusal": ("engine.errors", "Refusal"),
+    "UserError": ("engine.errors", "UserError"),
+    "EventLines": ("engine.events", "EventLines"),
+    "events": ("engine.events", None),
+    "atomic_write_bytes": ("engine.files", "atomic_write_bytes"),
+    "files": ("engine.files", None),
+    "GpuSample": ("engine.gpu_monitor", "GpuSample"),
+    "available": ("engine.gpu_monitor", "available"),
+    "COMPARE_COLUMNS": ("engine.inspect.compare", "COLUMNS"),
+    "LEFT": ("engine.inspect.compare", "LEFT"),
+    "Row": ("engine.inspect.compare", "Row"),
+    "SWITCHES_COLUMN": ("engine.inspect.compare", "SWITCHES_COLUMN"),
+    "best_val_loss": ("engine.inspect.compare", "best_val_loss"),
+    "cells": ("engine.inspect.compare", "cells"),
+    "labels": ("engine.inspect.compare", "labels"),
+    "read_run": ("engine.inspect.compare", "read_run"),
+    "rows": ("engine.inspect.compare", "rows"),
+    "shown_switches": ("engine.inspect.compare", "shown_switches"),
+    "switch_items": ("engine.inspect.compare", "switch_items"),
+    "DEFAULT_ROOT": ("engine.inspect.runs", "DEFAULT_ROOT"),
+    "RUN_COLUMNS": ("engine.inspect.runs", "COLUMNS"),
+    "RunSummary": ("engine.inspect.runs", "RunSummary"),
+    "list_runs": ("engine.inspect.runs", "list_runs"),
+    "row": ("engine.inspect.runs", "row"),
+    "summarize": ("engine.inspect.runs", "summarize"),
+    "memory": ("engine.memory", None),
+    "default_dataset": ("engine.prep.prepare", "default_dataset"),
+    "with_pretrained_shape": ("engine.run.configs", "with_pretrained_shape"),
+    "start": ("engine.run.owner", "start"),
+    "Control": ("engine.run.requests", "Control"),
+    "Request": ("engine.run.requests", "Request"),
+    "post": ("engine.run.requests", "post"),
+    "SWITCHES": ("engine.run.segments", "SWITCHES"),
+    "SegmentReader": ("engine.run.segments", "SegmentReader"),
+    "SegmentSummary": ("engine.run.segments", "SegmentSummary"),
+    "changed": ("engine.run.segments", "changed"),
+    "segments_of": ("engine.run.segments", "segments_of"),
+    "switches": ("engine.run.segments", "switches"),
+    "toggle": ("engine.run.toggle", None),
+    "rundir": ("engine.rundir", None),
+    "Setting": ("engine.settings", "Setting"),
+    "form_sections": ("engine.settings", "form_sections"),
+    "setting": ("engine.settings", "setting"),
+    "change_text": ("engine.text", "change_text"),
+    "clock_text": ("engine.text", "clock_text"),
+    "describe": ("engine.text", "describe"),
+    "format_table": ("engine.text", "format_table"),
+    "human": ("engine.text", "human"),
+    "parse_bytes": ("engine.text", "parse_bytes"),
+    "path_text": ("engine.text", "path_text"),
+    "printable": ("engine.text", "printable"),
+    "program": ("engine.text", "program"),
+    "shown": ("engine.text", "shown"),
+    "verdict": ("engine.text", "verdict"),
+    "open_dataset": ("engine.train.data", "open_dataset"),
+}
+
+__all__ = sorted(_SURFACE)
+
+if TYPE_CHECKING:  # the same names, for type checkers and the import graph
+    pass
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _SURFACE[name]
+    except KeyError:
+        raise AttributeError(f"engine.api has no {name!r}; add it to _SURFACE if the app needs it") from None
+    loaded = importlib.import_module(module)
+    value = loaded if attr is None else getattr(loaded, attr)
+    globals()[name] = value  # later lookups skip this function
+    return value

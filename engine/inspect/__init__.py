@@ -1,0 +1,1 @@
+"""Reading runs and machines: the runs list, compare, sample, doctor."""

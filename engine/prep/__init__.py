@@ -1,0 +1,1 @@
+"""Datasets and models in and out: text to token files, Hub streams, Hugging Face weights."""

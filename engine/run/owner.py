@@ -1,0 +1,391 @@
+"""A run's one owner: it opens the run, trains its segments, acts on how each ended, and
+lets go.
+
+    run = start(config, run_dir)   # checked (device, memory), data opened, directory locked
+    run.run()                      # segment after segment; "completed" or "stopped"
+
+The owner holds what lives as long as the run: the writer lock, the event sinks, the
+requests (this process's Control and the run directory's mailbox) and the open dataset. A
+segment (engine.train.trainer.Trainer) trains with one set of switches; it never sees its
+owner: it reports events through `emit` and calls `at_boundary` between steps, where the
+owner takes the requests (pause, resume, save, stop, toggle) and tells the segment to save
+or to end. A segment ended for a live toggle is followed by the next one, built here from
+the checkpoint just saved, under the same lock, into the same sinks, on the same data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine import device, memory, rundir
+from engine import events as ev
+from engine.config import RunConfig
+from engine.errors import UserError
+from engine.run import toggle
+from engine.run.configs import open_data, pretrained, with_pretrained_shape
+from engine.run.requests import Control, Mailbox, Request
+from engine.run.segments import opening, switches
+from engine.train import distributed
+from engine.train.data import Dataset
+from engine.train.trainer import Ending, Trainer
+
+
+def start(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    resume_from: str | None = None,
+    sinks: Sequence[ev.Sink] = (),
+    control: Control | None = None,
+    force: bool = False,
+    dataset: Dataset | None = None,
+    segment_class: type[Trainer] = Trainer,
+) -> Run:
+    """The one front door (CLI, TUI, launchers, measuring tools, tests): the run checked and
+    opened, ready for `run()`. A `dataset` already opened by open_data (with `config` bound by
+    it) is reused; the measuring tools pass a `segment_class` that skips evals and checkpoints."""
+    run = Run(run_dir, sinks, control, segment_class)
+    run.open(config, resume=resume, resume_from=resume_from, force=force, dataset=dataset)
+    return run
+
+
+class Run:
+    """Holds the run directory for one process (rank 0 writes; other ranks only take requests)."""
+
+    def __init__(
+        self, run_dir: Path, sinks: Sequence[ev.Sink] = (), control: Control | None = None,
+        segment_class: type[Trainer] = Trainer,
+    ) -> None:  # fmt: skip
+        self.run_dir = Path(run_dir)
+        self.sinks: list[ev.Sink] = list(sinks)  # the run's JSONL joins once the first set-up succeeds
+        self.control = control or Control()
+        self.segment_class = segment_class
+        self.dist = distributed.current()
+        self.mailbox: Mailbox | None = None
+        self.since = time.time()  # mailbox requests older than this were asked of a previous writer
+        self.config: RunConfig | None = None
+        self.dataset: Dataset | None = None
+        self.segment: Trainer | None = None  # the segment training now (the last one, once the run ended)
+        self.resume = False
+        self._paused = False
+        self._logging = False
+        self._log: ev.JsonlSink | None = None
+        self._log_id: tuple[int, int] | None = None  # the events file this run appends to
+        self._made: bool | None = None  # a new run: whether create() made its directory
+
+    # ------------------------------------------------------------------ open and release
+
+    def open(
+        self, config: RunConfig, *, resume: bool = False, resume_from: str | None = None, force: bool = False,
+        dataset: Dataset | None = None,
+    ) -> None:  # fmt: skip
+        """Check everything before a byte is written (device, loggers, data, memory), then lock
+        (a resume: one writer) or create (a new run) the directory. Under torchrun every rank
+        opens: rank 0 names the directory and builds what is shared before the others read it."""
+        device.check(config.speed.device, config.speed.precision, config.speed.compile)
+        if config.train.log:  # --log: a missing package is refused before a byte is written
+            from engine.run import loggers
+
+            loggers.check(config.train.log)
+        ctx = distributed.init(config.speed.device)  # under torchrun: join the process group
+        self.dist = distributed.current()
+        if ctx.enabled and not resume:  # rank 0's clock names the run directory
+            self.run_dir = Path(distributed.broadcast_object(str(self.run_dir)))
+            config = config.model_copy(update={"out_dir": str(self.run_dir)})
+        self.mailbox = Mailbox(self.run_dir) if self.dist.is_main else None
+        self.resume = resume
+        if resume:
+            self._lock()  # one writer: a second resume is refused before anything is read or written
+        try:
+            with distributed.main_first():  # rank 0 downloads --init-from weights into the Hub's cache first
+                if not resume:
+                    config = with_pretrained_shape(config)  # the form's and the TUI's configs too
+                if dataset is None:
+                    config, dataset = open_data(config)
+                memory.check_fits(config, force)  # refuse what will not fit, before allocating
+                weights = pretrained(config, self.run_dir, resume)
+                if not resume:
+                    self._create(config, dataset.info.tokenizer)  # locked: held until the run ends
+            if config.train.log and ctx.is_main:
+                from engine.run import loggers
+
+                self.sinks += loggers.make_sinks(config.train.log, self.run_dir)  # beside the console/TUI and the JSONL
+            self.config, self.dataset = config, dataset
+            self.segment = self._segment(config, resume, resume_from, weights.state if weights else None)
+        except BaseException:
+            self.discard_new()  # a new run refused after its directory was made: it goes
+            self.release()
+            raise
+
+    def _lock(self) -> None:
+        if self.dist.is_main:
+            rundir.lock(self.run_dir)
+
+    def _create(self, config: RunConfig, tokenizer: str | None) -> None:
+        if self.dist.is_main:
+            self._made = rundir.create(self.run_dir, config, tokenizer)
+
+    def discard_new(self) -> None:
+        """A new run refused before its first step: what create() wrote goes (rundir.discard_new),
+        so the refusal leaves the file system as it was. A run with a log, or resumed, keeps all."""
+        if self.dist.is_main and self._made is not None and not self._logging:
+            rundir.discard_new(self.run_dir, self._made)
+            self._made = None
+
+    def release(self) -> None:
+        if self.dist.is_main:
+            rundir.release_writer(self.run_dir)
+
+    # ------------------------------------------------------------------ the segments
+
+    def _segment(
+        self, config: RunConfig, resume: bool, resume_from: str | None = None, init_state: Any = None
+    ) -> Trainer:
+        tokenizer = self.dataset.info.tokenizer if self.dataset else None
+        return self.segment_class(
+            config, self.run_dir, self.dataset, emit=self.emit, boundary=self.at_boundary, resume=resume,
+            resume_from=resume_from, init_state=init_state, tokenizer=_tokenizer_loader(tokenizer),
+        )  # fmt: skip
+
+    def run(self) -> str:
+        """Train segment after segment; returns how the run ended ("completed" or "stopped")."""
+        why, applied = ("resume" if self.resume else "start"), []
+        try:
+            while True:
+                segment = self.segment
+                try:
+                    segment.setup()
+                except BaseException as err:
+                    segment.close()  # bad input found in set-up: nothing is written to the run
+                    self.discard_new()  # a new run's first set-up: its directory goes too
+                    self._drop(applied, segment.step, f"the new segment could not start: {err}")
+                    if self._logging:  # a later segment's set-up: the run's log says how it ended
+                        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                        self.emit(ev.RunFailed(step=segment.step, error=f"{type(err).__name__}: {first}"))
+                    raise
+                self._open_log(segment)
+                self._open_segment(segment, why, applied)
+                ending = segment.train()
+                if ending.reason != "toggle":
+                    return ending.reason
+                applied = ending.applied
+                try:
+                    self._hand_over(ending.next_config)
+                except BaseException as err:
+                    self._drop(applied, segment.step, f"the new segment could not start: {err}")
+                    raise
+                why = "toggle"
+        finally:
+            self.release()
+            for sink in self.sinks:
+                sink.close()
+
+    def _open_segment(self, segment: Trainer, why: str, applied: Sequence[Request]) -> None:
+        """The segment's first events: what runs (run_started), which switches and why (segment),
+        the toggles that made it (acknowledged now that it runs), and any toggle lost before it."""
+        self.emit(segment.started())
+        self.emit(opening(segment.config, segment.step, segment.resumed_from_config, why, segment.init_from))
+        for r in applied:
+            self._ack(r, "applied", segment.step)
+        self._report_lost_toggles(segment, applied)
+
+    def _hand_over(self, config: RunConfig) -> None:
+        """A live toggle: the old segment goes (its model, optimizer and compiled graphs) before
+        the next is built on the same data (reopened only when a toggle changes how it is held)."""
+        step = self.segment.step
+        self.segment = None
+        gc.collect()
+        from engine.train import compiling
+
+        compiling.reset()  # repeated toggles never reach Dynamo's recompile limit and run eager unnoticed
+        gc.collect()  # what the reset let go, before the device's cache is emptied
+        _empty_device_cache()
+        if config.data.preload != self.config.data.preload:
+            config, self.dataset = open_data(config)
+        self.config = config
+        self.segment = self._segment(config, resume=True)
+        self.segment.step = step  # until its set-up loads the checkpoint: a failed set-up names this step
+
+    # ------------------------------------------------------------------ events and the log
+
+    def emit(self, event: Any) -> None:
+        if self.dist.is_main:
+            for sink in self.sinks:
+                sink.emit(event)
+
+    def _open_log(self, segment: Trainer) -> None:
+        """After a set-up succeeded: the run's own record (writer.pid, events.jsonl, config.toml)."""
+        if not self.dist.is_main:
+            return
+        if not self._logging:
+            self._log = ev.JsonlSink(self.run_dir / rundir.EVENTS)
+            self._log_id = _file_id(self.run_dir / rundir.EVENTS)
+            self.sinks.insert(0, self._log)
+            rundir.claim_writer(self.run_dir)  # a kill -9 leaves it behind: attach sees a dead pid
+            self._logging = True
+        if segment.resume:
+            rundir.write_config(self.run_dir, segment.config)  # flags given at resume (or a toggle) are kept
+
+    def _reopen_log_if_moved(self) -> bool:
+        """events.jsonl is no longer the file this run appends to (moved, deleted, replaced):
+        start a new one at the same name, so the log goes on where readers look. True if so."""
+        if not (self.dist.is_main and self._logging):
+            return False
+        path = self.run_dir / rundir.EVENTS
+        if _file_id(path) == self._log_id:
+            return False
+        try:
+            log = ev.JsonlSink(path)
+        except OSError:
+            return False  # the directory itself is going: the segment's own check words it
+        self.sinks[self.sinks.index(self._log)] = log
+        self._log.close()
+        self._log, self._log_id = log, _file_id(path)
+        return True
+
+    # ------------------------------------------------------------------ requests, at a step boundary
+
+    def take(self, defer: tuple[str, ...] = ()) -> list[Request]:
+        """The requests asked since the last step boundary, the same on every rank; mailbox
+        requests of a kind in `defer` wait in the mailbox (Mailbox.take)."""
+        local = self.control.take()
+        if self.mailbox is not None:
+            for r in self.mailbox.take(defer):
+                if r.problem is None and r.time < self.since:
+                    asked = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time))
+                    r = dataclasses.replace(r, problem=f"stale: asked at {asked}, before this run's writer started")
+                local.append(r)
+        return distributed.agree(local, self.dist, lambda: Request("stop"))
+
+    def at_boundary(self, segment: Trainer) -> Ending | None:
+        """Between two steps: act on the requests asked since the last boundary, each
+        acknowledged in the events; a pause waits here (taking requests) until a resume or a
+        stop. Returns how the segment ends, or None to train on."""
+        if self._reopen_log_if_moved():
+            self.emit(ev.Warning_(message=f"{rundir.EVENTS} was moved or deleted before step {segment.step}; a new one "
+                                          "was started and the run trains on (the earlier events are where it was moved)"))  # fmt: skip
+        toggles: list[Request] = []
+        ending = self._act_on(segment, self.take(), toggles)
+        if self._paused and ending is None:
+            self.emit(ev.Paused(step=segment.step))
+            while self._paused and ending is None:
+                time.sleep(0.1)
+                # a toggle asked meanwhile waits in the mailbox (a kill -9 cannot lose it),
+                # and is taken at the first boundary after the resume
+                ending = self._act_on(segment, self.take(defer=("toggle",)), toggles)
+            self.emit(ev.Resumed(step=segment.step))
+            segment.clock.restart()
+        if ending is not None:
+            self._drop(toggles, segment.step, "the run stopped")
+            return ending
+        return self._toggle(segment, toggles)
+
+    def _act_on(self, segment: Trainer, requests: list[Request], toggles: list[Request]) -> Ending | None:
+        """Pause, resume and save act at once; toggles are gathered (checked after a pause)."""
+        stopping = None
+        for r in requests:
+            if r.kind == "mailbox":  # the mailbox itself was refused: one warning, training goes on
+                self.emit(ev.Warning_(message=r.problem or "the request mailbox was refused"))
+            elif r.problem is not None:
+                if r.problem.startswith("stale"):
+                    self.emit(ev.Warning_(message=f"discarded a {r.kind} request ({r.id}) left by a run that is gone"))
+                self._drop([r], segment.step, r.problem)
+            elif stopping is not None:
+                self._drop([r], segment.step, "the run stopped")
+            elif r.kind == "toggle":
+                toggles.append(r)
+            elif r.kind == "stop":
+                stopping = r
+            else:
+                if r.kind == "save":
+                    saved = segment.save_checkpoint()
+                    segment.clock.restart()
+                    if saved is False:
+                        self._drop([r], segment.step, f"the checkpoint could not be written ({segment.save_error})")
+                        continue
+                else:
+                    self._paused = r.kind == "pause"
+                self._ack(r, "applied", segment.step)
+        if stopping is None:
+            return None
+        self._ack(stopping, "applied", segment.step)
+        segment.save_checkpoint(final=True)
+        return Ending("stopped")
+
+    def _toggle(self, segment: Trainer, toggles: list[Request]) -> Ending | None:
+        """Check each toggle as a launch would, in order, on top of the ones accepted before it;
+        a refusal is a warning and the run trains on; any accepted: save and hand over."""
+        accepted, config = [], segment.config
+        for r in toggles:
+            try:
+                config = toggle.check(config, r.switches)
+            except UserError as err:
+                self.emit(ev.Warning_(message=f"toggle refused at step {segment.step}: {err}; the run goes on with its switches"))
+                self._drop([r], segment.step, str(err))
+                continue
+            accepted.append(r)
+        if not accepted:
+            return None
+        # the next segment resumes from exactly here; a save that fails refuses the toggle
+        # (guard.save_failed words it) and the run trains on with its switches
+        failed = segment.save_for_toggle([{"id": r.id, "switches": dict(r.switches)} for r in accepted])
+        if failed is not None:
+            self._drop(accepted, segment.step, f"its checkpoint could not be written ({failed}); the run goes on with its switches")
+            segment.clock.restart()
+            return None
+        return Ending("toggle", config, accepted)
+
+    def _report_lost_toggles(self, segment: Trainer, applied: Sequence[Request]) -> None:
+        """A toggle whose checkpoint was saved but whose segment never opened (a kill -9 in
+        the hand-over) is not lost without a word: this resume says it was dropped, unless
+        the switches it asked for are the ones this segment runs with."""
+        now, opened = switches(segment.config), {r.id for r in applied}
+        for p in segment.pending_toggles:
+            rid, asked = str(p.get("id", "?"))[:64], p.get("switches")
+            rid = rid if rid.isprintable() else "?"
+            if rid in opened or not isinstance(asked, dict):
+                continue
+            if asked and all(now.get(name) == value for name, value in asked.items()):
+                continue  # its segment opened before the kill: config.toml carries its switches
+            self.emit(ev.Warning_(message=f"a toggle ({rid}) was saved for at step {segment.step} but the run was "
+                                          "killed before it applied; resumed with the switches it had"))  # fmt: skip
+            self.emit(ev.RequestAck(id=rid, kind="toggle", status="dropped", step=segment.step,
+                                    reason="the run was killed between the toggle's save and its new segment"))  # fmt: skip
+
+    def _ack(self, r: Request, status: str, step: int, reason: str = "") -> None:
+        self.emit(ev.RequestAck(id=r.id, kind=r.kind, status=status, step=step, reason=reason))
+
+    def _drop(self, requests: Sequence[Request], step: int, reason: str) -> None:
+        for r in requests:
+            self._ack(r, "dropped", step, reason)
+
+
+def _tokenizer_loader(path: str | None) -> Any:
+    """How a segment loads the dataset's tokenizer for its samples (only when one is due)."""
+    if not path:
+        return None
+    from engine.prep.tokenizer import load_tokenizer
+
+    return lambda: load_tokenizer(Path(path))
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path` itself (a link is not followed), None if absent."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
