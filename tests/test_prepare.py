@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 import engine.prep.prepare as prep
 from engine.train.data import open_dataset
 from engine.errors import UserError
-from engine.prep.prepare import default_dataset, prepare
+from engine.prep.prepare import default_dataset, prepare_report
 from gpt2_tui import main
 
 DOCS = {
@@ -38,6 +38,11 @@ def corpus(tmp_path: Path) -> Path:
     (root / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))  # not UTF-8
     (root / "image.bin").write_bytes(b"\x89PNG" * 10)  # not a text suffix: never read
     return root
+
+
+def prepare(*args, **kwargs):
+    """The dataset's DatasetInfo, as most tests here need only that."""
+    return prepare_report(*args, **kwargs).info
 
 
 def split_docs(ids: np.ndarray, eot: int) -> list[np.ndarray]:
