@@ -35,6 +35,7 @@ from engine.config import resolve
 from engine.train.data import Dataset
 from engine.errors import UserError
 from engine.run.requests import Control
+from engine import device as devices
 from engine.device import cpu_half_reason, describe as describe_device, idle_data_switches, pick as pick_device
 from bench.fresh import time_compile_cache
 from bench.common import (OUT_OF_MEMORY, BenchOptions, FirstStep, default_out, load_average, out_of_memory)
@@ -150,18 +151,12 @@ def _fused_adamw_reason(device: torch.device) -> str | None:
     return None
 
 
-def _amp_precision(device: torch.device) -> str:
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return "fp16"
-    return "bf16"
-
-
 def applicable(name: str, value: Any, device: torch.device, vocab: int) -> tuple[Any, str | None]:
     """(the value to set, or why this switch cannot work here)."""
     if name == "speed.precision" and value == "tf32":
         return value, _tf32_reason(device)
     if name == "speed.precision" and value == "amp":
-        amp = _amp_precision(device)  # a CPU without native bf16 emulates it at ~1/400 of fp32: skipped, measured
+        amp = devices.half_precision(device.type)  # the engine's own decision: emulated bf16 counts as none
         return amp, cpu_half_reason(amp) if device.type == "cpu" else None
     if name == "optim.fused" and value:
         return value, _fused_adamw_reason(device)

@@ -129,13 +129,20 @@ def precision(name: str, device_kind: str) -> str:
     """The precision a `speed.precision` value means on this device kind."""
     bf16 = has_bf16(device_kind)
     if name == "auto":
-        return ("bf16" if bf16 else "fp16") if device_kind == "cuda" else "fp32"
+        return half_precision(device_kind) if device_kind == "cuda" else "fp32"
     if name == "bf16" and not bf16:
         raise UserError("this GPU has no bf16 support", {"speed.precision": "fp16 (with its GradScaler) or tf32"})
     return name
 
 
+def half_precision(device_kind: str) -> str:
+    """The 16-bit autocast this device kind runs: bf16 where it is native (CPUs autocast to
+    bf16), else fp16 with its GradScaler (a V100 or T4 only emulates bf16)."""
+    return "bf16" if has_bf16(device_kind) else "fp16"
+
+
 def autocast_dtype(precision_name: str) -> torch.dtype | None:
+    """The autocast dtype of a resolved precision; None: no autocast (fp32, tf32)."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision_name)
 
 

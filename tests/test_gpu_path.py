@@ -270,3 +270,24 @@ def test_13_ladder_records_out_of_memory_with_the_estimate(tmp_path, tiny_datase
     assert ran and all(r.status == "failed" for r in ran)
     for r in ran:
         _says_out_of_memory_with_the_estimate(r.reason or "")
+
+
+def test_the_ladder_takes_fp16_where_bf16_is_only_emulated(monkeypatch):
+    """The AMP rung's precision is the engine's decision (device.half_precision): a GPU that
+    only emulates bf16 (V100, T4) gets fp16, which the engine also runs, never an emulated bf16
+    that `train` would refuse. Shown on CPU by a CUDA stand-in that answers like a T4."""
+    import torch
+
+    from bench import ladder
+    from engine import device as devices
+
+    def t4_bf16(including_emulation: bool = True) -> bool:
+        return including_emulation  # emulated: yes; native: no
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", t4_bf16)
+    value, why = ladder.applicable("speed.precision", "amp", torch.device("cuda"), 50304)
+    assert value == "fp16" and why is None
+    assert devices.precision("auto", "cuda") == value
+    with pytest.raises(UserError, match="no bf16"):
+        devices.precision("bf16", "cuda")

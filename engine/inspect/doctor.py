@@ -121,7 +121,7 @@ def _cache_rows(cache: Path) -> list[Row]:
 def gpu_rows() -> list[Row]:
     import torch
 
-    from engine import gpu_monitor
+    from engine import device, gpu_monitor
     from engine.text import human
 
     if not torch.cuda.is_available():
@@ -133,7 +133,7 @@ def gpu_rows() -> list[Row]:
         name, cap = torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i)
         free, total = torch.cuda.mem_get_info(i)
         rows.append(Row("gpu", f"GPU {i}", OK, f"{name}, capability {cap[0]}.{cap[1]}, {human(free)} free of {human(total)}"))
-    bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    bf16 = device.has_bf16("cuda")  # the engine's own decision: emulated bf16 is none
     rows.append(Row("gpu", "bf16", OK if bf16 else INFO, "native" if bf16 else "emulated only: auto precision takes fp16"))
     tf32 = torch.cuda.get_device_capability(0) >= (8, 0)
     rows.append(Row("gpu", "TF32", OK if tf32 else INFO, "tensor cores (Ampere+)" if tf32 else "needs Ampere or newer"))

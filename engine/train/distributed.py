@@ -193,7 +193,9 @@ def mixed_precision_policy(precision: str) -> Any:
     gradients reduced in fp32; None for fp32/tf32 (FSDP2's default: everything fp32)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    from engine.device import autocast_dtype
+
+    dtype = autocast_dtype(precision)
     return None if dtype is None else MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
