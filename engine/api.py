@@ -59,6 +59,10 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "Request": ("engine.run.requests", "Request"),
     "post": ("engine.run.requests", "post"),
     "SWITCHES": ("engine.run.segments", "SWITCHES"),
+    "headless_command": ("engine.run.launchers", "headless_command"),
+    "spawn_new": ("engine.run.launchers", "spawn_new"),
+    "spawn_resume": ("engine.run.launchers", "spawn_resume"),
+    "train_in_thread": ("engine.run.launchers", "train_in_thread"),
     "SegmentReader": ("engine.run.segments", "SegmentReader"),
     "SegmentSummary": ("engine.run.segments", "SegmentSummary"),
     "changed": ("engine.run.segments", "changed"),
@@ -86,7 +90,29 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
 __all__ = sorted(_SURFACE)
 
 if TYPE_CHECKING:  # the same names, for type checkers and the import graph
-    pass
+    from engine import device  # noqa: F401
+    from engine import events  # noqa: F401
+    from engine import files  # noqa: F401
+    from engine import memory  # noqa: F401
+    from engine import rundir  # noqa: F401
+    from engine.run import toggle  # noqa: F401
+    from engine.config import BATCH, DEFAULT_VOCAB, RunConfig, build, fit_warmup, merge, overlay, preset_names, read_toml, resolve, set_dotted  # noqa: F401
+    from engine.device import Capabilities, pick  # noqa: F401
+    from engine.errors import Refusal, UserError  # noqa: F401
+    from engine.events import EventLines  # noqa: F401
+    from engine.files import atomic_write_bytes  # noqa: F401
+    from engine.gpu_monitor import GpuSample, available  # noqa: F401
+    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SWITCHES_COLUMN, best_val_loss, cells, labels, read_run, rows, shown_switches, switch_items  # noqa: F401
+    from engine.inspect.runs import DEFAULT_ROOT, COLUMNS as RUN_COLUMNS, RunSummary, list_runs, row, summarize  # noqa: F401
+    from engine.prep.prepare import default_dataset  # noqa: F401
+    from engine.run.configs import with_pretrained_shape  # noqa: F401
+    from engine.run.launchers import headless_command, spawn_new, spawn_resume, train_in_thread  # noqa: F401
+    from engine.run.owner import start  # noqa: F401
+    from engine.run.requests import Control, Request, post  # noqa: F401
+    from engine.run.segments import SWITCHES, SegmentReader, SegmentSummary, changed, segments_of, switches  # noqa: F401
+    from engine.settings import Setting, form_sections, setting  # noqa: F401
+    from engine.text import change_text, clock_text, describe, format_table, human, parse_bytes, path_text, printable, program, shown, verdict  # noqa: F401
+    from engine.train.data import open_dataset  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

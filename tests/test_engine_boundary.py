@@ -56,3 +56,16 @@ def test_cli_help_and_the_form_read_the_same_description_for_every_setting():
     from engine.settings import SECTIONS
 
     assert not [sec for sec in SECTIONS if f"{sec.upper()}." in text or f"{sec.upper()}__" in text]
+
+
+def test_every_name_of_the_apps_surface_resolves():
+    """engine.api is the app's whole view of the engine: each name it lists loads, and a name
+    it does not list is an AttributeError that says where to add it."""
+    import pytest
+
+    import engine.api as api
+
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    with pytest.raises(AttributeError, match="_SURFACE"):
+        api.Trainer  # noqa: B018  (the segment class is not the app's business)

@@ -59,7 +59,7 @@ def run_headless_cli(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """The baseline for --detached: exactly the command F6 spawns, with no dashboard."""
     import subprocess
 
-    from tui.session import headless_command
+    from engine.api import headless_command
 
     cfg_file = run_dir.with_suffix(".toml")
     cfg_file.write_text(config.model_copy(update={"out_dir": str(run_dir)}).to_toml())

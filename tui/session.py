@@ -22,8 +22,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +34,7 @@ from engine.api import RunConfig
 from engine.api import Control, Request, post
 from engine.api import UserError
 from engine.api import path_text
+from engine.api import spawn_new, spawn_resume, train_in_thread
 from tui.models.runstate import Building, RunState
 from tui.models.tail import EventTail
 
@@ -191,65 +190,21 @@ class RunSession:
 def start_in_process(
     config: RunConfig, run_dir: Path, on_event: Callable[[RunSession, Any], None], threads: int | None = None
 ) -> RunSession:
-    """`threads`: torch intra-op threads set on the trainer thread (a thread's OpenMP team
-    is its own; the overhead benchmark pins it so both of its modes run alike)."""
-    from engine.api import start
-
-    rundir.check_new(run_dir)
+    """The run on a thread of this process (engine's train_in_thread); `threads`: torch
+    intra-op threads on it (the overhead benchmark pins it so both of its modes run alike)."""
     session = RunSession(run_dir=run_dir, mode="in-process", control=Control())
-
-    def work() -> None:
-        try:
-            if threads:
-                import torch
-
-                torch.set_num_threads(threads)
-            if config.data.path is None:  # the first run builds the default dataset (seconds): say so
-                from engine.api import default_dataset
-
-                on_event(session, Building(True))
-                try:
-                    default_dataset(progress=False)
-                finally:
-                    on_event(session, Building(False))
-            sink = ev.CallbackSink(lambda e: on_event(session, e))
-            cfg = config.model_copy(update={"out_dir": str(run_dir)})
-            start(cfg, run_dir, sinks=[sink], control=session.control).run()  # live toggles continue it
-        except UserError as err:  # bad input found at set-up: one line, nothing written
-            on_event(session, ev.RunFailed(step=None, error=str(err)))
-        except BaseException:  # the trainer has already emitted run_failed
-            pass
-
-    session.thread = threading.Thread(target=work, name="gpt2-tui-trainer", daemon=True)
-    session.thread.start()
+    session.thread = train_in_thread(
+        config, run_dir, session.control, lambda e: on_event(session, e), threads,
+        building=lambda on: on_event(session, Building(on)),
+    )  # fmt: skip
     return session
 
 
-def headless_command(config_file: Path, run_dir: Path, nproc: int = 1) -> list[str]:
-    """The headless CLI; with nproc > 1 it relaunches itself under torchrun (one rank per GPU)."""
-    cmd = [sys.executable, "-m", "engine.cli", "train", "--headless", "--config", str(config_file), "--out", str(run_dir)]
-    return cmd + (["--nproc", str(nproc)] if nproc > 1 else [])
-
-
 def start_detached(config: RunConfig, run_dir: Path, nproc: int = 1) -> RunSession:
-    """Spawn the headless CLI on this config in its own session; tail what it writes."""
-    rundir.check_new(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix="gpt2-tui-launch-", suffix=".toml")
-    with os.fdopen(fd, "w") as f:
-        f.write(config.model_copy(update={"out_dir": str(run_dir)}).to_toml())
-    log = runfiles.open_append(run_dir / CONSOLE_LOG)
-    start = log.tell()
-    try:
-        proc = subprocess.Popen(
-            headless_command(Path(name), run_dir, nproc),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=os.getcwd(),
-        )  # fmt: skip
-    finally:
-        log.close()
+    """The headless CLI on this config in its own process (engine's spawn_new); tail what it writes."""
+    proc, config_file, pos = spawn_new(config, run_dir, nproc)
     session = RunSession(run_dir=run_dir, mode="detached", process=proc, tail=EventTail(run_dir / rundir.EVENTS))
-    session._config_file, session._console_pos = Path(name), start
+    session._config_file, session._console_pos = config_file, pos
     return session
 
 
@@ -267,12 +222,7 @@ def start_resume(run_dir: Path, max_steps: int) -> RunSession:
     if max_steps <= session.state.step:
         raise UserError(f"{run_dir} is at step {session.state.step}; resume it to more steps than that")
     session.state.resuming()
-    cmd = [sys.executable, "-m", "engine.cli", "train", "--headless", "--resume", str(run_dir), "--max-steps", str(max_steps)]
-    with runfiles.open_append(run_dir / CONSOLE_LOG) as log:
-        session._console_pos = log.tell()
-        session.process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()
-        )  # fmt: skip
+    session.process, session._console_pos = spawn_resume(run_dir, max_steps)
     return session
 
 
