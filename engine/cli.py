@@ -388,7 +388,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     import math
 
-    from engine.inspect.sample import find_tokenizer, generate_text, load_model, load_tokenizer, source_text
+    from engine.inspect.sample import find_tokenizer, load_model, source_text
+    from engine.prep.tokenizer import load_tokenizer
+    from engine.train.generate import generate_text
 
     if args.max_new_tokens < 1 or args.top_k < 1 or not (math.isfinite(args.temperature) and args.temperature > 0):
         raise UserError("--max-new-tokens and --top-k must be >= 1 and --temperature a number > 0")

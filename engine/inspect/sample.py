@@ -11,8 +11,6 @@ from engine.train import checkpoint as ckpt
 from engine import rundir
 from engine.config import RunConfig, build
 from engine.errors import UserError
-from engine.prep.tokenizer import load_tokenizer  # noqa: F401  (the CLI and the app load through here)
-from engine.train.generate import generate_text  # noqa: F401
 from engine.train.model import GPT
 
 

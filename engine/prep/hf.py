@@ -383,12 +383,9 @@ def hf_state(state: Mapping[str, torch.Tensor], model: ModelConfig) -> dict[str,
 
 def _tokenizer_config(tokenizer_json: Path, block_size: int) -> tuple[dict[str, Any], int | None]:
     """tokenizer_config.json for a tokenizers BPE file, and its EOT id (None if it has none)."""
-    from tokenizers import Tokenizer
+    from engine.prep.tokenizer import load_tokenizer
 
-    try:
-        tok = Tokenizer.from_file(str(tokenizer_json))
-    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception
-        raise UserError(f"tokenizer {tokenizer_json} cannot be read ({str(err).splitlines()[0][:120]}); pass a tokenizer.json") from None
+    tok = load_tokenizer(tokenizer_json)
     eot = tok.token_to_id(EOT)
     cfg: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",

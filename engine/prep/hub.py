@@ -42,6 +42,7 @@ from engine import rundir
 from engine.config import SEED_LIMIT
 from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, Sidecar, dtype_for_vocab, open_dataset
 from engine.errors import UserError
+from engine.prep.tokenizer import load_tokenizer
 
 EOT = "<|endoftext|>"
 LOCAL_BUILDERS = ("json", "parquet", "text", "csv")
@@ -94,15 +95,6 @@ def resolve_tokenizer(spec: str | Path, cache_dir: Path | None = None) -> Path:
     return path
 
 
-def _load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer
-
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception
-        raise UserError(f"tokenizer {path} cannot be loaded ({str(err).splitlines()[0][:120]}); pass a tokenizer.json") from None
-    tok.encode_special_tokens = True  # a literal "<|endoftext|>" in a document stays text
-    return tok
 
 
 def _stream(source: HubSource) -> Any:
@@ -223,7 +215,7 @@ def prepare_hub(
     if not 0 <= seed < SEED_LIMIT:
         raise UserError(f"--seed {seed} is out of range; pass 0 to {SEED_LIMIT - 1}")
     tok_path = resolve_tokenizer(tokenizer, cache_dir)
-    tok = _load_tokenizer(tok_path)
+    tok = load_tokenizer(tok_path, keep_special_text=True)  # a literal "<|endoftext|>" in a document stays text
     ds = _stream(source)
     _first_row(ds, source)
     vocab = tok.get_vocab_size()

@@ -35,6 +35,7 @@ from engine import rundir
 from engine.config import DEFAULT_VOCAB, SEED_LIMIT
 from engine.paths import cache_root
 from engine.errors import UserError
+from engine.prep.tokenizer import load_tokenizer
 from engine.text import path_text
 
 EOT = "<|endoftext|>"
@@ -253,20 +254,6 @@ def report_warnings(info: DatasetInfo, asked_vocab: int | None) -> list[str]:
     return out
 
 
-def _load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise UserError(f"tokenizer {path} does not exist; pass a tokenizer.json file to --tokenizer")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as exc:  # the Rust side raises a bare Exception for bad JSON
-        reason = " ".join(str(exc).split())[:200]
-        raise UserError(
-            f"tokenizer {path} cannot be loaded ({reason}); pass a tokenizer.json saved by "
-            f"the `tokenizers` library"
-        ) from exc
 
 
 MAX_WORD = 256  # characters: a longer pre-tokenized word is cut in pieces this long
@@ -394,7 +381,7 @@ def prepare_report(
             )
         tok = None
     else:
-        tok = _load_tokenizer(tokenizer)
+        tok = load_tokenizer(tokenizer)
     files, passed_over = _collect_files(paths)
     corpus = _read_corpus(files)
     corpus.skipped = passed_over + corpus.skipped

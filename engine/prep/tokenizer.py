@@ -1,16 +1,30 @@
-"""The one way a tokenizer.json is loaded: a file that is not one is a one-line error."""
+"""The one way a tokenizer.json is loaded: a file that is missing or not one is one line."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING
 
 from engine.errors import UserError
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
-def load_tokenizer(path: Path) -> Tokenizer:
+
+def load_tokenizer(path: Path, keep_special_text: bool = False) -> Tokenizer:
+    """`keep_special_text`: a literal "<|endoftext|>" in a document stays text when encoded
+    (preparing a dataset), instead of becoming the separator id."""
+    from tokenizers import Tokenizer  # imported here: the app's first paint never waits for it
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"tokenizer {path} does not exist (or is not a file); pass a tokenizer.json")
     try:
-        return Tokenizer.from_file(str(path))
-    except Exception as err:  # tokenizers raises a bare Exception for broken JSON
-        raise UserError(f"tokenizer {path} cannot be read ({str(err).splitlines()[0][:120]}); give a tokenizer.json") from None
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - the Rust side raises a bare Exception for bad JSON
+        reason = " ".join(str(err).split())[:160]
+        raise UserError(f"tokenizer {path} cannot be loaded: it cannot be read as one ({reason}); pass a "
+                        "tokenizer.json saved by the `tokenizers` library") from None  # fmt: skip
+    if keep_special_text:
+        tok.encode_special_tokens = True
+    return tok
