@@ -143,7 +143,7 @@ def test_5_each_rank_restores_its_own_gpus_state_from_either_format(monkeypatch)
     """The resume on a CUDA rank (cuda:1 here), with torch.cuda's one RNG call faked: an older
     checkpoint's list gives this rank its own entry; one without that entry is a warning,
     not an IndexError; the new format holds one tensor, set on the run's device."""
-    from engine.train.trainer import _rng_state, _set_rng_state
+    from engine.train.state import rng_state as _rng_state, set_rng_state as _set_rng_state
 
     set_calls: list[tuple[int, int]] = []
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: set_calls.append((int(s[0]), torch.device(d).index)))

@@ -18,7 +18,6 @@ and a `--log-interval N` step makes no host read at all.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import math
@@ -36,14 +35,14 @@ import torch
 from engine.train import checkpoint as ckpt
 from engine import events as ev
 from engine import device as devices
-from engine.train import compile_cache, compiling, distributed, guard
+from engine.train import build, compile_cache, compiling, distributed, guard
 from engine import rundir
 from engine.config import OptimConfig, RunConfig
-from engine.train.data import BatchLoader, BatchSampler, DataFailed, Dataset
+from engine.train.data import BatchLoader, DataFailed, Dataset
 from engine.errors import UserError
 from engine.train.flops import flops_per_token, mfu, peak_flops
 from engine.train.generate import generate_text
-from engine.train.model import GPT
+from engine.train import state as train_state
 
 
 @dataclass
@@ -65,61 +64,6 @@ def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
         return optim.min_lr
     ratio = (step - optim.warmup_steps) / max(1, end - optim.warmup_steps)
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
-
-
-def _rng_state(device: torch.device) -> dict[str, Any]:
-    """Host RNGs, and the run device's CUDA generator only: each rank saves its own GPU's,
-    never every visible GPU's (a resume may see fewer)."""
-    np_state = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": json.dumps([np_state[0], np_state[1].tolist(), *np_state[2:]]),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else [],  # a list: older readers' type
-    }
-
-
-def _set_rng_state(state: dict[str, Any], device: torch.device) -> str | None:
-    """Restore what `_rng_state` saved; the CUDA state only when this run trains on CUDA.
-    An older checkpoint holds a list (one state per GPU visible then): this rank's device's
-    entry is taken where it exists. Returns a warning when a CUDA state could not apply."""
-    random.setstate(state["python"])
-    kind, keys, *rest = json.loads(state["numpy"])
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda")
-    if device.type != "cuda" or (isinstance(cuda, list) and not cuda):
-        return None
-    if isinstance(cuda, list):  # get_rng_state_all() of an older checkpoint
-        index = device.index or 0
-        if index >= len(cuda):
-            return (f"the checkpoint holds no CUDA RNG state for GPU {index} (it was saved with {len(cuda)}); "
-                    "that generator starts from the seed")  # fmt: skip
-        cuda = cuda[index]
-    torch.cuda.set_rng_state(cuda, device)
-    return None
-
-
-def _check_shapes(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: Path) -> None:
-    """One clear line instead of load_state_dict's page when the model shape differs."""
-    own = model.state_dict()
-    for name, tensor in saved.items():
-        if name not in own:
-            raise UserError(
-                f"checkpoint {path} has another model shape (unexpected {name}); "
-                "resume with the run's own config"
-            )
-        if own[name].shape != tensor.shape:
-            raise UserError(
-                f"checkpoint {path} has another model shape ({name}: {tuple(tensor.shape)} saved, "
-                f"{tuple(own[name].shape)} configured); resume with the run's own config"
-            )
-    missing = [n for n in own if n not in saved]
-    if missing:
-        raise UserError(
-            f"checkpoint {path} has another model shape (missing {missing[0]}); "
-            "resume with the run's own config"
-        )
 
 
 class _StepClock:
@@ -219,41 +163,19 @@ class Trainer:
         cfg = self.config
         self.device = distributed.place(devices.pick(cfg.speed.device), self.dist)
         self.precision = devices.precision(cfg.speed.precision, self.device.type)
-        if self.device.type == "cuda":
-            tf32 = self.precision != "fp32"
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            torch.backends.cudnn.allow_tf32 = tf32
-            torch.cuda.reset_peak_memory_stats(self.device)
-        dtype = devices.autocast_dtype(self.precision)
-        self.autocast = (
-            (lambda: torch.autocast(self.device.type, dtype=dtype))
-            if dtype is not None
-            else contextlib.nullcontext
-        )
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+        self.autocast, self.scaler = build.precision_context(self.precision, self.device)
         self.guard = guard.StepGuard(cfg.train.max_bad_steps, self.device)
 
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
-        self.model = GPT(cfg.model).to(self.device)
-        if self._init_state is not None:  # --init-from: a new run starts from pretrained weights
-            self.model.load_state_dict(dict(self._init_state), strict=True)  # keeps the tie: lm_head is wte
-            self._init_state = None  # its host copy goes now
+        self.model = build.model(cfg, self.device, self._init_state)
+        self._init_state = None  # its host copy goes now
         self.parallel = distributed.choose(cfg.speed.parallel, cfg, self.dist, self.device)
         if self.parallel == "fsdp":
             self.model = distributed.shard(self.model, self.device, self.dist, self.precision)  # before the optimizer
-        self.optimizer = self._make_optimizer()
-
-        T, B = cfg.seq_len, cfg.train.batch_size
-        sampler = distributed.train_sampler(self.dataset.train, B, T, cfg.train.seed, cfg.data.vectorized, self.dist)
-        idle = devices.idle_data_switches(self.device.type)  # switches that do nothing on this device
-        self.loader = BatchLoader(
-            sampler, self.device, pin_memory=cfg.data.pin_memory and "data.pin_memory" not in idle,
-            prefetch=cfg.data.prefetch and "data.prefetch" not in idle,
-        )  # fmt: skip
-        val = BatchSampler(self.dataset.val, B, T, seed=cfg.train.seed + 1, vectorized=True)
-        self.val_batches = distributed.val_share(val, cfg.train.eval_batches, self.dist)  # same set every eval
+        self.optimizer = build.optimizer(self.model, cfg.optim, self.device)
+        self.loader, self.val_batches = build.loaders(cfg, self.dataset, self.device, self.dist)
 
         if self.resume:
             self._load_resumed()
@@ -270,23 +192,8 @@ class Trainer:
             self.forward = distributed.replicate(self.forward, self.device)
 
         self.n_params = self.model.num_params()
-        self.flops_token = flops_per_token(cfg.model, self.n_params, T)
+        self.flops_token = flops_per_token(cfg.model, self.n_params, cfg.seq_len)
         self.peak = peak_flops(self.device_label, self.precision) if self.device.type == "cuda" else None
-
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        o = self.config.optim
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        # fused by default where PyTorch has the kernel: faster, and it honours the guard's
-        # device-side skip flag (found_inf), which keeps the loop free of host syncs
-        fused = o.fused if o.fused is not None else self.device.type in ("cuda", "cpu")
-        try:
-            return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
-        except RuntimeError as err:
-            raise UserError(f"fused AdamW is not available here ({err})", {"optim.fused": False}) from None
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -298,7 +205,7 @@ class Trainer:
             "best_val_loss": self.best_val_loss,
             "val_loss": self.last_eval[1] if self.last_eval and self.last_eval[0] == self.step else None,
             "config": self.config.model_dump(mode="json"),
-            "rng": _rng_state(self.device),
+            "rng": train_state.rng_state(self.device),
             "data": json.dumps(self.loader.state()),
             "guard": self.guard.state_dict(),
         }
@@ -309,7 +216,7 @@ class Trainer:
         if path is None:  # stopped before its first checkpoint: the config is all there is; start over
             return
         state = ckpt.load(path)
-        _check_shapes(self.model, state["model"], path)  # first: "another model shape" says the most
+        train_state.check_shapes(self.model, state["model"], path)  # first: "another model shape" says the most
         ckpt.check_resumable(state, path, self.optimizer)
         self.resumed_from_config = state.get("config")
         distributed.load_full_state(self.model, self.optimizer, state)
@@ -324,7 +231,7 @@ class Trainer:
         if state.get("val_loss") is not None:
             self.last_eval = (self.step, state["val_loss"])
         try:
-            self._rng_warning = _set_rng_state(state["rng"], self.device)
+            self._rng_warning = train_state.set_rng_state(state["rng"], self.device)
             self.loader.set_state(json.loads(state["data"]))
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
             raise UserError(
