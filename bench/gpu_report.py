@@ -8,7 +8,7 @@ Each part is a command of its own, run as a child process from the checkout unde
 budget; what it writes or prints becomes the part's figures, recorded with the command
 that gives them (its --out left out: the tool then picks a fresh directory):
 
-    tests     pytest tests/test_gpu.py: the CUDA code paths
+    tests     pytest tests/gpu/test_gpu.py: the CUDA code paths
     ladder    the speed ladder, gpt2 at B16 T1024 (ladder.py)
     best      every optimization on; micro-batch 16, 32 x compile default, reduce-overhead (best.py)
     memory    the estimator vs torch.cuda.max_memory_allocated, gpt2 and gpt2-medium (memory_check.py)
@@ -86,7 +86,7 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
     python = [sys.executable, "-m"]
     data = ["--data", str(Path(opts.data).resolve())] if opts.data else []  # the parts run from the checkout
     bench = [*python, "gpt2_tui", "bench", *data, *(["--vocab-size", str(opts.vocab_size)] if opts.vocab_size else [])]
-    tests: list[str] | str = [*python, "pytest", "tests/test_gpu.py", "-q", "-rfE", "-p", "no:cacheprovider"]
+    tests: list[str] | str = [*python, "pytest", "tests/gpu/test_gpu.py", "-q", "-rfE", "-p", "no:cacheprovider"]
     if opts.dry_run:
         tiny = ["--preset", "micro", "--device", "cpu", "--steps", "1", "--warmup", "1"]
         ladder = [*bench, *tiny, "--skip", "compile"]
@@ -103,7 +103,7 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
                   "--compile", "off"]  # fmt: skip
         overhead = ["--preset", "nano", "--max-steps", "200", "--rounds", "2"]
     if importlib.util.find_spec("pytest") is None:
-        tests = ("skipped: pytest not installed here, and the part runs tests/test_gpu.py with it "
+        tests = ("skipped: pytest not installed here, and the part runs tests/gpu/test_gpu.py with it "
                  "(docs/gpu/README.md says how to bring it)")  # fmt: skip
     missing = [m for m in ("textual", "textual_plotext", "plotext", "rich") if importlib.util.find_spec(m) is None]
     dashboard: list[str] | str = [*python, "tui.overhead", *overhead, *data]

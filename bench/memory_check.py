@@ -7,7 +7,7 @@ GPU: trains gpt2 and gpt2-medium for a few steps at several micro-batches (bf16,
 torch.compile off and on) with the real Trainer and compares torch.cuda.max_memory_allocated
 with the predicted allocated peak; then takes the largest micro-batch the estimator says
 fits this GPU, runs it and the next size up, and reports whether each ran or ran out of memory.
-CPU: the saved-activation grid of tests/test_memory.py plus the presets' widths, measured
+CPU: the saved-activation grid of tests/config/test_memory.py plus the presets' widths, measured
 with saved_tensors_hooks against the formula; and the predicted allocated peak against the
 live-tensor peak of a real Trainer step (the profiler's memory timeline).
 """

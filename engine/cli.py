@@ -41,7 +41,7 @@ class Parser(argparse.ArgumentParser):
 class Bounded:
     """An argparse type: a whole number in [lo, hi], else argparse's one-line error. Every integer
     flag uses one, except config settings (bounded in engine.config) and bench's numbers (bounded
-    in bench.common.BenchOptions): tests/test_input_checks.py holds every flag to that."""
+    in bench.common.BenchOptions): tests/config/test_input_checks.py holds every flag to that."""
 
     def __init__(self, lo: int, hi: int) -> None:
         self.lo, self.hi = lo, hi

@@ -5,7 +5,7 @@ engine (engine/train/model.py + engine/train/trainer.py) really allocates them:
 
 - parameters, gradients and AdamW state: exact (fp32 weights; tied embedding once);
 - activations: what autograd saves for backward, per layer, as measured with
-  `torch.autograd.graph.saved_tensors_hooks` (tests/test_memory.py holds the formula to
+  `torch.autograd.graph.saved_tensors_hooks` (tests/config/test_memory.py holds the formula to
   within 10% over a grid of shapes; `engine.memory_measure` does the measuring);
 - the tensors that are not saved but are alive at the peak: the logits the trainer holds
   while it runs backward, autocast's fp32 copy and the gradients of the cross-entropy

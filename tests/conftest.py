@@ -7,7 +7,6 @@ that trainer tests can use without tokenizing anything.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -18,27 +17,25 @@ import pytest
 
 
 LLMC_MAGIC = 20240520
-# Each test file's area, for `pytest -m AREA` (registered in pyproject.toml): the first pattern
-# that matches its file name, else engine. A test skipped for want of CUDA is also gpu.
-AREAS = (
-    ("test_tui*.py", "tui"),
-    ("test_gpu.py", "gpu"),
-    ("test_bench.py", "bench"), ("test_reference.py", "bench"), ("test_gpu_report.py", "bench"),
-    ("test_robustness*.py", "robustness"), ("test_hostile_inputs.py", "robustness"),
-    ("test_checkpoint_fuzz.py", "robustness"), ("test_input_checks.py", "robustness"),
-    ("test_refusals.py", "robustness"), ("test_divergence.py", "robustness"), ("test_writer_lock.py", "robustness"),
-)  # fmt: skip
+# Each test's area, for `pytest -m AREA` (registered in pyproject.toml): the folder under tests/
+# that holds its file. A test skipped for want of CUDA is also gpu.
+TESTS = Path(__file__).resolve().parent
+AREAS = ("train", "run", "prep", "inspect", "config", "tui", "robustness", "gpu", "bench")
 NEEDS_CUDA = "needs a CUDA GPU"
 
 
-def area(file_name: str) -> str:
-    return next((marker for pattern, marker in AREAS if fnmatch.fnmatch(file_name, pattern)), "engine")
+def area(path: Path) -> str:
+    """The area of the test file at `path`: its first folder under tests/."""
+    parts = Path(path).resolve().relative_to(TESTS).parts
+    if len(parts) < 2 or parts[0] not in AREAS:
+        raise pytest.UsageError(f"{path}: a test file belongs in one of tests/{{{','.join(AREAS)}}}/")
+    return parts[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(area(item.path.name))
+        item.add_marker(area(item.path))
         if any(m.kwargs.get("reason") == NEEDS_CUDA for m in item.iter_markers("skipif")):
             item.add_marker("gpu")
 

@@ -3,7 +3,7 @@
 Textual reads a str given to a DataTable cell or a notification as markup: a `[/]` in a
 run's preset crashed the Runs screen, a run named `[red]r` showed styled, and the title took
 escapes raw. Every table in the app is a PlainTable and every app a PlainApp, so what a run directory
-holds is shown as written (tests/test_tui_hostile_text.py checks the screens and that no
+holds is shown as written (tests/tui/test_tui_hostile_text.py checks the screens and that no
 other table or app class is used)."""
 
 from __future__ import annotations

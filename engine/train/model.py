@@ -8,7 +8,7 @@ and loss fused over row chunks; engine/train/losses.py).
 Padded ids: the training loss runs on the padded logits as they come (no slice, no copy).
 Padded ids are never targets, so they only sit in the softmax normalizer, where training
 drives their logits down. The logits returned for inference (no targets) are sliced to the
-real vocab, so padded ids are never sampled nor predicted (tests/test_model.py).
+real vocab, so padded ids are never sampled nor predicted (tests/train/test_model.py).
 """
 
 from __future__ import annotations

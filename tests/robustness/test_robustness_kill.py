@@ -16,7 +16,7 @@ from engine import rundir
 from gpt2_tui import main
 from engine.events import read_events
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start(argv: list[str]) -> subprocess.Popen:

@@ -282,7 +282,7 @@ def test_attach_tells_a_dead_writer_from_a_live_one(tmp_path: Path) -> None:
     from engine import rundir
 
     run_dir = tmp_path / "orphan"
-    shutil.copytree(Path(__file__).parent / "data" / "tui-run", run_dir)
+    shutil.copytree(Path(__file__).parents[1] / "data" / "tui-run", run_dir)
     lines = (run_dir / "events.jsonl").read_text().splitlines(keepends=True)
     (run_dir / "events.jsonl").write_text("".join(l for l in lines if '"run_finished"' not in l))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -18,7 +18,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("datasets")
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TRAIN = ["--device", "cpu", "--batch-size", "4", "--block-size", "32", "--max-steps", "2", "--warmup-steps", "1"]
 

@@ -1,6 +1,6 @@
 """Issue 22, the first hour (round two), through the real CLI: nothing a new user does first is
 refused, silently wrong, or hidden. One test (or a few) per item; each failed on the code the
-issue was filed against. The TUI items are in test_first_hour_tui.py."""
+issue was filed against. The TUI items are in tests/tui/test_tui_new_user.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from conftest import cli_fails
 from gpt2_tui import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 VENV_BIN = Path(sys.executable).parent
 

@@ -32,8 +32,8 @@ from tui.widgets.memory import MemoryPanel
 from pilot_wait import until
 
 SIZE = (120, 40)
-ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parents[1] / "data"
 
 
 def micro(dataset: Path, **over: Any) -> Any:

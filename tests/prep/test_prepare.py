@@ -18,6 +18,12 @@ from engine.errors import UserError
 from engine.prep.prepare import default_dataset, prepare_report
 from gpt2_tui import main
 
+
+def prepare(*args, **kwargs):
+    """prepare_report (same arguments), for the tests that need only the dataset's DatasetInfo."""
+    return prepare_report(*args, **kwargs).info
+
+
 DOCS = {
     "a.txt": "The quick brown fox jumps over the lazy dog.\n" * 20,
     "b.md": "# Title\n\nSome *markdown* with unicode: héllo wörld ✓ 日本語 🙂\n" * 10,

@@ -10,8 +10,8 @@ import pytest
 
 import gpt2_tui
 from engine.inspect.runs import DEFAULT_ROOT
-from tests.test_tui_gpu_runs import until, write_run
-from tests.test_tui_gpu_tab import write_run as write_full_run
+from tests.tui.test_tui_gpu_runs import until, write_run
+from tests.tui.test_tui_gpu_tab import write_run as write_full_run
 from tui.app import GPT2App
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.runs import RunsScreen

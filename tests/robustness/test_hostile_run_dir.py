@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPT2_TUI = str(Path(sys.executable).parent / "gpt2-tui")
 IS_ROOT = os.geteuid() == 0
 MEM_LIMIT = 6 * 2**30  # address space of each child: torch fits, a read of /dev/zero does not

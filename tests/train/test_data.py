@@ -209,7 +209,7 @@ def test_a_token_file_cut_while_batches_are_read_is_an_error_not_a_crash(make_da
     whole = train.read_bytes()
     reader = subprocess.Popen([sys.executable, "-c", _READER, str(root)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+                              cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert reader.stdout is not None and reader.stdout.readline() == "open\n"
     cutter = subprocess.Popen([sys.executable, "-c", (
         "import os, sys, time\n"

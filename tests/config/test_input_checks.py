@@ -20,7 +20,7 @@ import torch
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-batches", "1"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HUGE = str(2**63)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # what a bare GPU box has: torch with its own requirements, and the engine's hard dependencies
 BARE = ["torch", "numpy", "tokenizers", "pydantic", "tomli-w"]

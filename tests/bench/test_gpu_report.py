@@ -63,7 +63,7 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsy
 
 
 def test_parts_merge_into_one_report_per_device_and_day(tmp_path, monkeypatch, capsys):
-    tests_fail = ("print('FAILED tests/test_gpu.py::test_x - boom'); print('1 failed, 2 passed, 1 skipped in 3.00s');"
+    tests_fail = ("print('FAILED tests/gpu/test_gpu.py::test_x - boom'); print('1 failed, 2 passed, 1 skipped in 3.00s');"
                   "import sys; sys.exit(1)")  # fmt: skip
     overhead = ("print('round 0 headless: 1.0 ms/step'); print('config: preset micro'); print('| mode | ms |');"
                 "print('|---|---:|'); print('| headless | 1.0 |'); print('| tui | 1.1 |')")  # fmt: skip
@@ -75,7 +75,7 @@ def test_parts_merge_into_one_report_per_device_and_day(tmp_path, monkeypatch, c
     assert code == 1 and list(first.parts) == ["tests"]  # a failed part: exit 1, still reported
     t = first.parts["tests"]
     assert t.status == "failed (exit 1)" and t.figures == {"failed": 1, "passed": 2, "skipped": 1}
-    assert "- FAILED tests/test_gpu.py::test_x" in t.markdown and "The end of its output" in t.markdown
+    assert "- FAILED tests/gpu/test_gpu.py::test_x" in t.markdown and "The end of its output" in t.markdown
     assert t.command.startswith("python -c") and t.budget_s == gpu_report.BUDGET_S["tests"]
 
     code, merged = _report(opts.model_copy(update={"part": ["overhead", "memory"]}))

@@ -1,6 +1,6 @@
 """CUDA paths: bf16/fp16, compile, flash, fused AdamW, pinned memory, peak memory.
 
-Skipped without a CUDA GPU (our CI has none); run on a GPU box with `pytest tests/test_gpu.py`.
+Skipped without a CUDA GPU (our CI has none); run on a GPU box with `pytest tests/gpu/test_gpu.py`.
 """
 
 import pytest

@@ -38,7 +38,7 @@ from tui.widgets.charts import MetricChart
 from pilot_wait import WAIT_S, until
 
 SIZE = (120, 40)
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 NANO = DATA / "nano-150"  # default nano settings (warmup 50, clip 1.0, lr 2e-3), 150 steps
 
 

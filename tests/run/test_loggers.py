@@ -16,7 +16,7 @@ from engine import events as ev
 from engine.run import loggers
 from engine.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

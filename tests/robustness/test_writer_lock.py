@@ -19,7 +19,7 @@ from conftest import tree_snapshot
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-batches", "1"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 HOLD = """
 import sys, time

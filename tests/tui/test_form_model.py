@@ -17,7 +17,7 @@ from engine.run.segments import SWITCHES
 from engine.settings import setting
 from tui.models import form as F
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_form_model_imports_no_textual() -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from engine import events as ev
 from engine import rundir
-from tests.test_tui_gpu_runs import RunsApp
+from tests.tui.test_tui_gpu_runs import RunsApp
 from tui.app import GPT2App
 from tui.screens.compare import CompareApp, CompareScreen
 from tui.screens.dashboard import DashboardScreen
@@ -85,7 +85,7 @@ def test_every_table_and_app_in_the_tui_is_a_plain_one() -> None:
     str cells and notifications as markup again. tui/plain.py is the only place they are used."""
     import ast
 
-    tui = Path(__file__).resolve().parents[1] / "tui"
+    tui = Path(__file__).resolve().parents[2] / "tui"
     found = []
     for path in sorted(tui.rglob("*.py")):
         if path.name == "plain.py":

@@ -29,7 +29,7 @@ from engine.train.model import GPT
 from engine.run.owner import start
 from conftest import micro_config, run_events
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 _config, _events = micro_config, run_events
@@ -191,21 +191,21 @@ def test_6_auto_precision_does_not_count_emulated_bf16(monkeypatch):
     assert seen and all(s == {"including_emulation": False} for s in seen)
 
 
-# 11 (a cold compile is cold): tests/test_compile_scope.py
+# 11 (a cold compile is cold): tests/train/test_compile_scope.py
 
 
 # ---------------------------------------------------------------- 12: test_gpu's loss assertion
 
 
 def _test_gpu_module():
-    spec = importlib.util.spec_from_file_location("_test_gpu_for_issue20", ROOT / "tests" / "test_gpu.py")
+    spec = importlib.util.spec_from_file_location("_test_gpu_for_issue20", ROOT / "tests" / "gpu" / "test_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_12_test_gpu_trains_on_data_whose_loss_can_fall(request, tmp_path):
-    """tests/test_gpu.py asserts the loss falls. On uniform random tokens the best loss is
+    """tests/gpu/test_gpu.py asserts the loss falls. On uniform random tokens the best loss is
     ln(vocab), about where training starts: a coin flip. Its data must have structure: a
     bigram model of its train tokens beats ln(vocab) by a wide margin, and the same 20
     micro steps on CPU lower the loss by much more than step-to-step noise."""

@@ -1,8 +1,8 @@
 """Snapshot tests (pytest-textual-snapshot): the setup screen, and the dashboard fed a
 recorded run directory (tests/data/tui-run: a 30-step nano run on the default dataset).
 
-Update after an intended UI change with `pytest tests/test_tui_snapshots.py --snapshot-update`
-and look at the SVGs in tests/__snapshots__/.
+Update after an intended UI change with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`
+and look at the SVGs in tests/tui/__snapshots__/.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from engine.config import resolve
 from tui.app import GPT2App
 from tui.widgets.charts import MetricChart
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="snapshots are of the CPU machine's form (GPU switches differ)"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # same schedule whatever max_steps a run has, so a resumed run can equal a straight one
 COMMON = ["--preset", "micro", "--device", "cpu", "--decay-steps", "8", "--eval-interval", "4",
           "--ckpt-interval", "4", "--eval-batches", "2", "--dropout", "0"]  # fmt: skip
@@ -60,7 +60,7 @@ def _assert_same(run: Path, reference: tuple[dict, dict], steps: range) -> None:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from conftest import random_tokens, write_gpt2tui
 
     root = tmp_path_factory.mktemp("dist-data") / "tiny"

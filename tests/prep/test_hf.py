@@ -25,7 +25,7 @@ from engine.config import ModelConfig  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 from engine.train.model import GPT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 100  # padded to 128 by pad_vocab: the padding path is exercised
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=48, vocab_size=VOCAB, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
 
