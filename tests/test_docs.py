@@ -73,3 +73,18 @@ def test_headings_name_topics_not_issue_numbers(path):
             in_code = not in_code
         if not in_code and line.startswith("#"):
             assert not ISSUE.search(line), f"{path.relative_to(ROOT)}:{n}: heading names an issue: {line!r}"
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run is the README's test command, word for word."""
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert ci[-1] in readme, f"README.md lacks the command .ci/run runs: {ci[-1]!r}"
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))], ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_between_the_docs_resolve(path):
+    text = path.read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if "://" not in target:
+            assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links to a missing {target}"
