@@ -34,16 +34,18 @@ class _AtStep(_Event):
 
 
 class RunStarted(_Event):
+    """A run (or a resume of it) began: its resolved config, model size, device and data."""
+
     event: Literal["run_started"] = "run_started"
-    config: dict[str, Any]
-    n_params: int
-    device: str
-    device_name: str
+    config: dict[str, Any]  # the fully resolved config, as in the run's config.toml
+    n_params: int  # the model's parameter count
+    device: str  # the torch device: cpu, cuda, cuda:0, mps
+    device_name: str  # the device as people name it (GPU model, CPU architecture)
     precision: str  # what "auto" resolved to on this device
-    start_step: int = 0
-    flops_per_token: int
-    peak_flops: float | None = None
-    dataset: dict[str, Any] = {}
+    start_step: int = 0  # the step it starts from (0, or the resumed checkpoint's)
+    flops_per_token: int  # model FLOPs per trained token (forward and backward), for MFU
+    peak_flops: float | None = None  # the device's peak FLOP/s at this precision; None: unknown
+    dataset: dict[str, Any] = {}  # the dataset's description (dataset.json: dtype, vocab, token counts)
     world_size: int = 1  # processes training together (torchrun); 1 alone
     parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
     init_from: str | None = None  # this start loaded pretrained weights (--init-from: gpt2, or a directory)
@@ -61,12 +63,14 @@ class RunStarted(_Event):
 
 
 class Step(_AtStep):
+    """Training progress, every --log-interval steps."""
+
     event: Literal["step"] = "step"
     loss: float  # mean train loss over the step's micro-batches
-    lr: float
+    lr: float  # the learning rate of this step
     grad_norm: float  # global norm before clipping
     step_time_s: float  # device-synchronized, averaged over the steps since the last event
-    tokens_per_s: float
+    tokens_per_s: float  # training tokens per second, all ranks together
     mfu: float | None  # None: the device's peak is unknown
     mem_bytes: int | None  # peak allocated device memory; None on CPU
     tokens: int  # tokens seen so far
@@ -75,48 +79,62 @@ class Step(_AtStep):
 
 
 class Eval(_AtStep):
+    """A validation-loss measurement, every --eval-interval steps."""
+
     event: Literal["eval"] = "eval"
-    val_loss: float
+    val_loss: float  # mean loss over --eval-batches val batches
 
 
 class Checkpoint(_AtStep):
+    """A checkpoint was written (atomically) to the run's checkpoints/."""
+
     event: Literal["checkpoint"] = "checkpoint"
-    path: str
-    val_loss: float | None
-    best: bool = False
-    size_bytes: int = 0
+    path: str  # the checkpoint file
+    val_loss: float | None  # the val loss it was saved at; None: no eval yet
+    best: bool = False  # the best val loss so far: also saved as best.pt
+    size_bytes: int = 0  # the file's size
 
 
 class Warning_(_Event):
+    """Something the user should know; the run goes on."""
+
     event: Literal["warning"] = "warning"
-    message: str
+    message: str  # the text, possibly several lines
 
 
 class RunFinished(_AtStep):
+    """The run ended on purpose: it reached max_steps, or was stopped with a checkpoint."""
+
     event: Literal["run_finished"] = "run_finished"
-    reason: Literal["completed", "stopped"] = "completed"
-    best_val_loss: float | None = None
-    summary: dict[str, Any] = {}
+    reason: Literal["completed", "stopped"] = "completed"  # completed: max_steps reached; stopped: asked to stop
+    best_val_loss: float | None = None  # the lowest val loss of the run; None: no eval
+    summary: dict[str, Any] = {}  # settled speed: first and median step time, tokens/s, MFU, peak memory
 
 
 class RunFailed(_Event):
+    """The run ended on an error (the last checkpoint stays loadable)."""
+
     event: Literal["run_failed"] = "run_failed"
-    step: int | None = None
-    error: str
+    step: int | None = None  # the step it failed at, when known
+    error: str  # what went wrong, in one line with its fix where there is one
 
 
 class Sample(_AtStep):
     """A short generation from the model at an eval, for the dashboard's sample panel."""
 
     event: Literal["sample"] = "sample"
-    text: str
+    text: str  # the generated text (from an empty prompt)
 
 
 class Paused(_AtStep):
+    """The run paused at a step boundary, on a pause request."""
+
     event: Literal["paused"] = "paused"
 
 
 class Resumed(_AtStep):
+    """A paused run went on."""
+
     event: Literal["resumed"] = "resumed"
 
 
@@ -131,10 +149,10 @@ class RequestAck(_AtStep):
     """A request to the run (engine.run.requests) was applied or dropped, and why (dropped ones)."""
 
     event: Literal["request"] = "request"
-    id: str
+    id: str  # the request's id, as the requester wrote it
     kind: str  # pause, resume, save, stop, toggle; "?" for a line that was no request
     status: Literal["applied", "dropped"]
-    reason: str = ""
+    reason: str = ""  # why it was dropped; empty when applied
 
 
 SegmentReason = Literal["start", "resume", "toggle", "oom"]
@@ -147,7 +165,7 @@ class Segment(_AtStep):
     event: Literal["segment"] = "segment"
     switches: dict[str, Any]  # dotted name -> value, engine.run.segments.SWITCHES
     changed: dict[str, list[Any]]  # dotted name -> [old, new], against the previous segment
-    reason: SegmentReason
+    reason: SegmentReason  # start, resume, toggle (a live change) or oom (the fallback after out of memory)
     init_from: str | None = None  # the segment began from these pretrained weights (a new run's first)
 
 
@@ -162,7 +180,7 @@ class Compiled(_AtStep):
     compile_s: float  # seconds torch spent compiling (forward and backward, eval's graph included)
     source: Literal["cold", "warm disk", "run artifacts"]  # any cache miss: cold
     cache_hits: int  # inductor FX graph + AOTAutograd cache hits this segment
-    cache_misses: int
+    cache_misses: int  # inductor FX graph + AOTAutograd cache misses this segment
 
 
 Event = Annotated[

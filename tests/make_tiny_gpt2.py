@@ -1,7 +1,7 @@
 """`python -m tests.make_tiny_gpt2 DIR`: a tiny random GPT-2 saved by transformers, with a
 BPE tokenizer of its own, standing in for what the Hub's `gpt2` would give (issue 24).
 
-It is what the README's "fine-tune GPT-2 on your text" walk-through and the tests start
+It is what docs/training.md's "fine-tune GPT-2 on your text" walk-through and the tests start
 from, offline: config.json + model.safetensors (save_pretrained) and tokenizer.json +
 tokenizer_config.json (so AutoTokenizer loads it). Needs transformers (the test extras).
 """

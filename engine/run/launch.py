@@ -5,7 +5,7 @@ is checked here first, so bad input is still one line and exit status 2 with not
 written. Then PyTorch's own elastic launcher (what `torchrun --standalone` runs) starts
 N copies of `python -m engine.cli train ...`, each told its rank by the environment.
 It watches them: when one dies, it stops the others and we print one line naming the
-rank and the cause. Across machines use torchrun itself (see the README).
+rank and the cause. Across machines use torchrun itself (see docs/distributed.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 24 through the real CLI: the README's "fine-tune GPT-2 on your text" walk-through
+"""Issue 24 through the real CLI: the "fine-tune GPT-2 on your text" walk-through of docs/training.md
 runs end to end offline, and each capability's bad input is one line, exit 2, nothing
 written (unknown model, no network, no text field, export over a non-empty directory, a
 logger not installed, a shape flag that contradicts the weights)."""
@@ -56,8 +56,8 @@ def refused(args: list[str], cwd: Path, env: dict[str, str], match: str) -> str:
 
 @pytest.fixture(scope="module")
 def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's walk-through, line by line as printed, in an empty directory."""
-    text = (ROOT / "README.md").read_text()
+    """docs/training.md's walk-through, line by line as printed, in an empty directory."""
+    text = (ROOT / "docs" / "training.md").read_text()
     block = text.split("<!-- walkthrough -->", 1)[1].split("<!-- /walkthrough -->", 1)[0]
     script = block.split("```bash\n", 1)[1].split("```", 1)[0]
     work = tmp_path_factory.mktemp("walkthrough")
