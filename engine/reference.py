@@ -4,7 +4,7 @@ events.jsonl, read off engine.events' models).
 
     python -m engine.reference        rewrites both pages
 
-tests/test_docs.py fails when a page differs from what this module generates, so a new flag,
+tests/config/test_docs.py fails when a page differs from what this module generates, so a new flag,
 setting or event field reaches the docs in the same commit.
 """
 

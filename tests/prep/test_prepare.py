@@ -46,11 +46,6 @@ def corpus(tmp_path: Path) -> Path:
     return root
 
 
-def prepare(*args, **kwargs):
-    """The dataset's DatasetInfo, as most tests here need only that."""
-    return prepare_report(*args, **kwargs).info
-
-
 def split_docs(ids: np.ndarray, eot: int) -> list[np.ndarray]:
     """Token stream -> documents (each document is preceded by EOT)."""
     assert ids[0] == eot

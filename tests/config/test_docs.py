@@ -10,7 +10,7 @@ import pytest
 
 from engine import cli, reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 REGENERATE = "out of date: run `python -m engine.reference` and commit docs/cli.md and docs/events.md"
 
