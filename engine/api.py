@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> (module, name in it); None: the module itself
 _SURFACE: dict[str, tuple[str, str | None]] = {
+    "console": ("engine.console", None),
     "BATCH": ("engine.config", "BATCH"),
     "DEFAULT_VOCAB": ("engine.config", "DEFAULT_VOCAB"),
     "RunConfig": ("engine.config", "RunConfig"),
