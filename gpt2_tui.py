@@ -19,6 +19,7 @@ from typing import Any
 
 from bench import cli as bench_cli
 from engine import cli
+from engine.console import out, route_warnings
 
 
 def _app(config_path: Path | None) -> int:
@@ -46,14 +47,15 @@ def _attach(run_dir: Path) -> int:
 def _runs(root: Path | None) -> int:
     from engine.errors import UserError
     from engine.inspect.runs import DEFAULT_ROOT, format_table, list_runs
+    from engine.text import path_text
 
     if root is None and not DEFAULT_ROOT.is_dir():
-        print(f"no runs yet: {DEFAULT_ROOT}/ does not exist here (start one with gpt2-tui, or give DIR)")
+        out.line(f"no runs yet: {DEFAULT_ROOT}/ does not exist here (start one with gpt2-tui, or give DIR)")
         return 0
     root = DEFAULT_ROOT if root is None else root
     if not root.is_dir():
-        raise UserError(f"{root} is not a directory; give the directory that holds your runs (default runs/)")
-    print(format_table(list_runs(root)))
+        raise UserError(f"{path_text(root)} is not a directory; give the directory that holds your runs (default runs/)")
+    out.line(format_table(list_runs(root)))
     return 0
 
 
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return cli.guarded(lambda: _app(None))
     parser, _ = build_parser()
     args, rest = cli.parse(parser, argv)
+    route_warnings()  # Python's warnings reach stderr through the printable rule
     if args.command in bench_cli.COMMANDS:
         return cli.guarded(lambda: bench_cli.run_command(args, argv))
     if args.command == "compare" and args.tui:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> (module, name in it); None: the module itself
 _SURFACE: dict[str, tuple[str, str | None]] = {
+    "console": ("engine.console", None),
     "BATCH": ("engine.config", "BATCH"),
     "DEFAULT_VOCAB": ("engine.config", "DEFAULT_VOCAB"),
     "RunConfig": ("engine.config", "RunConfig"),
@@ -90,6 +91,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
 __all__ = sorted(_SURFACE)
 
 if TYPE_CHECKING:  # the same names, for type checkers and the import graph
+    from engine import console  # noqa: F401
     from engine import device  # noqa: F401
     from engine import events  # noqa: F401
     from engine import files  # noqa: F401

@@ -25,16 +25,17 @@ from pathlib import Path  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
 from engine import settings  # noqa: E402
+from engine.console import err, out, route_warnings  # noqa: E402
 from engine.config import DEFAULT_VOCAB, MAX_CONTEXT, MAX_VOCAB, SEED_LIMIT  # noqa: E402
 from engine.errors import UserError  # noqa: E402
-from engine.text import program  # noqa: E402
+from engine.text import path_text, program  # noqa: E402
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"error: {message}; see `{self.prog} --help`", file=sys.stderr)
+        err.line(f"error: {message}; see `{self.prog} --help`")
         sys.exit(2)
 
 
@@ -192,13 +193,14 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """The table (or --json); exit 1 when a check found a problem, each named in one line with its fix."""
-    import json
-
     from engine.inspect import doctor
 
-    say = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    say = None if args.json else (lambda line: err.line(line, flush=True))
     rows = doctor.diagnose(runs=args.runs, include_compile=args.compile, say=say)
-    print(json.dumps(doctor.to_json(rows), indent=1) if args.json else doctor.to_table(rows))
+    if args.json:
+        out.json(doctor.to_json(rows), indent=1)
+    else:
+        out.line(doctor.to_table(rows))
     return 1 if doctor.problems(rows) else 0
 
 
@@ -232,7 +234,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                 resume_from=args.resume_from)
     run_dir = run.run_dir
     if distributed.current().is_main:  # before the first step: a second terminal can follow it at once
-        print(following_text(run_dir, config.speed.compile), flush=True)
+        out.line(following_text(run_dir, config.speed.compile), flush=True)
     restore = _steer_by_signals(control, distributed.current().enabled)
     try:
         run.run()  # a live toggle (engine/run/toggle.py) continues the run in a new segment
@@ -240,16 +242,16 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         restore()
         distributed.shutdown()
     if distributed.current().is_main:
-        print(f"run directory: {run_dir}")
+        out.line(f"run directory: {path_text(run_dir)}")
     return 0
 
 
 def following_text(run_dir: Path, compiled: bool) -> str:
     """Where a headless run writes and how to watch and steer it from another terminal."""
-    prog = program()
-    return (f"run directory: {run_dir}\n"
-            f"follow it: {prog} attach {run_dir}\n"
-            f"change its speed switches live: {prog} toggle {run_dir} {'--no-compile' if compiled else '--compile'} "
+    prog, where = program(), path_text(run_dir)  # a name may hold ESC: escaped, and still findable
+    return (f"run directory: {where}\n"
+            f"follow it: {prog} attach {where}\n"
+            f"change its speed switches live: {prog} toggle {where} {'--no-compile' if compiled else '--compile'} "
             f"(see `{prog} toggle --help`)")  # fmt: skip
 
 
@@ -262,7 +264,7 @@ def _steer_by_signals(control: Any, distributed_run: bool) -> Callable[[], None]
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         control.stop()
-        print(f"\n{signal.Signals(signum).name}: saving a checkpoint and stopping (again to quit now)", file=sys.stderr)
+        err.line(f"\n{signal.Signals(signum).name}: saving a checkpoint and stopping (again to quit now)")
 
     previous = signal.signal(signal.SIGINT, on_stop), signal.signal(signal.SIGTERM, on_stop)
 
@@ -285,7 +287,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         overrides["speed.device"] = "cuda"  # a memory size to plan for means a GPU
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
     for note in config.notes:
-        print(note)
+        out.line(note)
     from engine.run.configs import with_pretrained_shape
 
     config = with_pretrained_shape(config, {k[6:]: v for k, v in overrides.items() if k.startswith("model.")})
@@ -299,15 +301,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         device_bytes, _ = device.budget(est.target)  # None when this machine lacks that device
     fits = device_bytes is None or est.fits(device_bytes)
     if args.json:
-        print(est.model_dump_json(indent=2))
+        out.json(est.model_dump(mode="json"), indent=2)
     else:
-        print(text.format_table(est, device_bytes))
+        out.line(text.format_table(est, device_bytes))
         if est.target == "cpu":  # a half precision this CPU emulates: fits, but far slower than fp32
             slow = device.cpu_half_reason(device.precision(config.speed.precision, "cpu"))
             if slow:
-                print(f"note: {slow}; prefer --precision fp32 here")
+                out.line(f"note: {slow}; prefer --precision fp32 here")
         if not fits:
-            print(text.advice(memory.suggest_fit(config, device_bytes, args.world_size, args.sharding)))  # type: ignore[arg-type]
+            out.line(text.advice(memory.suggest_fit(config, device_bytes, args.world_size, args.sharding)))  # type: ignore[arg-type]
     return 0 if fits else 1
 
 
@@ -337,17 +339,17 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         val_fraction=args.val_fraction, seed=args.seed, progress=True,
     )  # fmt: skip
     info = report.info
-    print(
-        f"wrote {info.path}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens "
+    out.line(
+        f"wrote {path_text(info.path)}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens "
         f"({info.dtype}), vocab {info.vocab_size}, eot id {info.eot_id}; "
         f"{report.train_docs} document{'' if report.train_docs == 1 else 's'}, "
         f"the last {args.val_fraction:.0%} of each held out for val, "
         f"{len(report.skipped)} files skipped; {report.seconds:.1f} s"
     )
     if report.skipped:
-        print(f"skipped {len(report.skipped)} files: {skipped_text(report.skipped)}")
+        out.line(f"skipped {len(report.skipped)} files: {skipped_text(report.skipped)}")
     for line in report.warnings:  # stderr, as every warning: stdout is the result
-        print(line, file=sys.stderr)
+        err.line(line)
     return 0
 
 
@@ -369,8 +371,8 @@ def cmd_prepare_hub(args: argparse.Namespace) -> int:
         report = prepare_hub(source, args.out, tokenizer, args.max_tokens, args.val_fraction, args.seed, progress=True)
     info = report.info
     resumed = f", resumed after {report.resumed_from:,} documents" if report.resumed_from else ""
-    print(
-        f"wrote {info.path}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens ({info.dtype}), "
+    out.line(
+        f"wrote {path_text(info.path)}: {info.train_tokens:,} train + {info.val_tokens:,} val tokens ({info.dtype}), "
         f"vocab {info.vocab_size}, eot id {info.eot_id}; {report.documents:,} documents{resumed}; {report.seconds:.1f} s"
     )
     return 0
@@ -380,8 +382,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     """`export RUN --hf DIR`: the run's weights and tokenizer as a transformers GPT-2 directory."""
     from engine.inspect import export
 
-    out = export.export_run(args.run, args.hf, args.which)
-    print(f"wrote {out}: transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}) loads it")
+    hf_dir = export.export_run(args.run, args.hf, args.which)
+    out.line(f"wrote {path_text(hf_dir)}: transformers.GPT2LMHeadModel.from_pretrained({str(hf_dir)!r}) loads it")
     return 0
 
 
@@ -396,12 +398,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise UserError("--max-new-tokens and --top-k must be >= 1 and --temperature a number > 0")
     loaded = load_model(args.path, args.device)
     tokenizer = load_tokenizer(args.tokenizer or find_tokenizer(args.path, loaded.path))
-    from engine.text import printable
-
-    print(printable(source_text(loaded)), file=sys.stderr, flush=True)  # stderr: stdout is the text alone, for pipes
-    out = generate_text(loaded.model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    err.line(source_text(loaded), flush=True)  # stderr: stdout is the text alone, for pipes
+    text = generate_text(loaded.model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
     # a terminal never gets the model's control characters raw (ESC]0; retitles it): a pipe or --raw does
-    print(out if args.raw or not sys.stdout.isatty() else printable(out))
+    if args.raw or not out.isatty():
+        out.raw(text)  # the one raw path (documented in --raw's help)
+    else:
+        out.line(text)
     return 0
 
 
@@ -432,10 +435,10 @@ def cmd_toggle(args: argparse.Namespace) -> int:
         raise UserError(f"{args.run_dir} already runs with those switches; nothing to change")
     try:
         asked = toggle.request(args.run_dir, {name: new for name, (_, new) in diff.items()})
-    except OSError as err:
-        raise UserError(f"could not write the request into {args.run_dir} ({err.strerror}); free space or fix its permissions") from None
-    print(f"asked {args.run_dir} to switch {change_text(diff)} (request {asked.id}): it applies at the next step boundary "
-          f"(`{program()} attach {args.run_dir}` shows the new segment)")
+    except OSError as failure:
+        raise UserError(f"could not write the request into {args.run_dir} ({failure.strerror}); free space or fix its permissions") from None
+    out.line(f"asked {path_text(args.run_dir)} to switch {change_text(diff)} (request {asked.id}): it applies at the next step boundary "
+             f"(`{program()} attach {path_text(args.run_dir)}` shows the new segment)")
     return 0
 
 
@@ -458,7 +461,12 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
     if args.command == "compare":
         from engine.inspect import compare
 
-        print(compare.run(args.run_dirs, as_json=args.json))
+        if args.json:  # re-dumped ASCII-escaped: a run's name or a switch may hold any character
+            import json
+
+            out.json(json.loads(compare.run(args.run_dirs, as_json=True)), indent=2)
+        else:
+            out.line(compare.run(args.run_dirs))
         return 0
     raise UserError(f"no command given; see `{program()} --help`")
 
@@ -467,23 +475,18 @@ def guarded(body: Callable[[], int]) -> int:
     """Run a command: bad input is one line and exit 2, Ctrl-C 130, a closed pipe no traceback."""
     try:
         return body()
-    except UserError as err:
-        from engine.text import printable
-
-        print(f"error: {printable(str(err))}", file=sys.stderr)  # it may quote a file's contents or name
+    except UserError as error:
+        err.line(f"error: {error}")  # the rule: it may quote a file's contents or name
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        err.line("interrupted")
         return 130
     except BrokenPipeError:  # `gpt2-tui ... | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except OSError as err:  # a write the command could not make (disk full, read-only): one line
-        from engine.text import path_text
-
-        where = f" ({path_text(err.filename)})" if err.filename else ""
-        print(f"error: {err.strerror or type(err).__name__}{where}; free space or fix permissions and retry",
-              file=sys.stderr)  # fmt: skip
+    except OSError as failure:  # a write the command could not make (disk full, read-only): one line
+        where = f" ({path_text(failure.filename)})" if failure.filename else ""
+        err.line(f"error: {failure.strerror or type(failure).__name__}{where}; free space or fix permissions and retry")
         return 2
 
 
@@ -498,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, _ = build_parser()
     args, rest = parse(parser, argv)
+    route_warnings()  # Python's warnings reach stderr through the same rule
     return guarded(lambda: run_command(args, argv, rest))
 
 

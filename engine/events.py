@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import queue
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal, Protocol, TextIO, Union
@@ -17,6 +16,7 @@ from typing import Annotated, Any, Callable, Iterable, Literal, Protocol, TextIO
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine import files as runfiles, text
+from engine.console import Console, out as console_out
 from engine.errors import UserError
 from engine.gpu_monitor import GpuSample
 
@@ -308,7 +308,7 @@ class ConsoleSink:
     the step times of the current segment (a toggle changes the speed, so it starts afresh)."""
 
     def __init__(self, stream: TextIO | None = None):
-        self._out = stream or sys.stdout
+        self._out = Console(stream) if stream is not None else console_out  # the one terminal boundary
         self._max_steps: int | None = None
         self._times: list[float] = []
 
@@ -324,7 +324,7 @@ class ConsoleSink:
             eta = eta_seconds(self._times, event.step, self._max_steps)
         line = text.describe(event, self._max_steps, eta)
         if line:
-            print(line, file=self._out, flush=True)
+            self._out.line(line, flush=True)
 
     def close(self) -> None:
         pass

@@ -8,7 +8,6 @@ worker thread behind it (tui/screens/setup.py).
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -22,7 +21,7 @@ from textual.screen import Screen
 
 from engine.api import RunConfig
 from engine.api import UserError
-from engine.api import program
+from engine.api import console, path_text, program
 from tui.models.form import form_words
 from tui.plain import PlainApp
 
@@ -249,15 +248,15 @@ def run_app(config: RunConfig | None = None) -> int:
         import os
 
         for s in app.running_in_process():
-            print(f"quit without waiting: {s.run_dir} lost its steps since the last checkpoint; "
-                  f"continue it with: {program()} train --resume {s.run_dir}")  # fmt: skip
-        sys.stdout.flush()
-        sys.stderr.flush()
+            console.out.line(f"quit without waiting: {path_text(s.run_dir)} lost its steps since the last checkpoint; "
+                             f"continue it with: {program()} train --resume {path_text(s.run_dir)}")  # fmt: skip
+        console.out.flush()
+        console.err.flush()
         # never let the interpreter tear down under the training thread (a C++ abort)
         os._exit(QUIT_NOW_STATUS)
     s = app.session
     if s is not None and s.process is not None and s.process.poll() is None:
-        print(f"the run goes on in process {s.process.pid}; re-attach with: {program()} attach {s.run_dir}")
+        console.out.line(f"the run goes on in process {s.process.pid}; re-attach with: {program()} attach {path_text(s.run_dir)}")
     return app.return_code or 0
 
 

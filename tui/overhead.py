@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.api import RunConfig, resolve, start
+from engine.api import RunConfig, console, resolve, start
 from engine.api import events as ev
 
 
@@ -134,31 +134,31 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     res = asyncio.run(_run_tui(config, run_dir, (w, h), args.detached, threads))
                 results[mode].append(res)
-                print(f"round {r} {mode:>15}: {1000 * res['median_step_time_s']:.2f} ms/step", file=sys.stderr, flush=True)
+                console.err.line(f"round {r} {mode:>15}: {1000 * res['median_step_time_s']:.2f} ms/step", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     head = statistics.median(x["median_step_time_s"] for x in results["headless"])
     tui = statistics.median(x["median_step_time_s"] for x in results[tui_mode])
     draws = sum(x.get("chart_draws", 0) for x in results[tui_mode])
     secs = sum(x.get("draw_seconds", 0.0) for x in results[tui_mode])
-    print(f"config: preset {args.preset}, {config.tokens_per_step} tokens/step, {args.max_steps} steps, "
-          f"{args.rounds} rounds, dashboard {w}x{h}; torch threads {threads} on the trainer thread, "
-          f"{os.cpu_count()} CPUs; {time.time() - t0:.0f} s")  # fmt: skip
-    print("| mode | settled ms/step (median of rounds) | per round | overhead |")
-    print("|---|---:|---|---:|")
+    console.out.line(f"config: preset {args.preset}, {config.tokens_per_step} tokens/step, {args.max_steps} steps, "
+                     f"{args.rounds} rounds, dashboard {w}x{h}; torch threads {threads} on the trainer thread, "
+                     f"{os.cpu_count()} CPUs; {time.time() - t0:.0f} s")  # fmt: skip
+    console.out.line("| mode | settled ms/step (median of rounds) | per round | overhead |")
+    console.out.line("|---|---:|---|---:|")
     for mode, val in (("headless", head), (tui_mode, tui)):
         rounds = ", ".join(f"{1000 * x['median_step_time_s']:.1f}" for x in results[mode])
         ovh = "-" if mode == "headless" else f"{100 * (val / head - 1):+.1f}%"
-        print(f"| {mode} | {1000 * val:.2f} | {rounds} | {ovh} |")
+        console.out.line(f"| {mode} | {1000 * val:.2f} | {rounds} | {ovh} |")
     pairs = [t["median_step_time_s"] / h["median_step_time_s"] - 1 for h, t in zip(results["headless"], results[tui_mode])]
-    print(f"paired overhead, round by round (each pair ran back to back): "
-          f"{', '.join(f'{100 * p:+.1f}%' for p in pairs)}; median {100 * statistics.median(pairs):+.1f}%")  # fmt: skip
+    console.out.line(f"paired overhead, round by round (each pair ran back to back): "
+                     f"{', '.join(f'{100 * p:+.1f}%' for p in pairs)}; median {100 * statistics.median(pairs):+.1f}%")  # fmt: skip
     ui = sum(x["ui_cpu_s"] for x in results[tui_mode])
     wall = sum(x["wall_s"] for x in results[tui_mode])
-    print(f"UI thread CPU time while training: {ui:.1f} s over {wall:.1f} s = {100 * ui / wall:.1f}% "
-          f"(less load-dependent: the most of the time the UI can hold the GIL or a core)")  # fmt: skip
+    console.out.line(f"UI thread CPU time while training: {ui:.1f} s over {wall:.1f} s = {100 * ui / wall:.1f}% "
+                     f"(less load-dependent: the most of the time the UI can hold the GIL or a core)")  # fmt: skip
     if draws:
-        print(f"chart builds+renders: {draws} builds, {secs:.2f} s in plotext over the TUI runs")
+        console.out.line(f"chart builds+renders: {draws} builds, {secs:.2f} s in plotext over the TUI runs")
     return 0
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import rundir
+from engine import console, rundir
 from engine.config import SEED_LIMIT
 from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, Sidecar, dtype_for_vocab, open_dataset
 from engine.errors import UserError
@@ -188,7 +188,7 @@ def _progress(enabled: bool, total: int | None):  # -> rich Progress, task id
     cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} tokens"),
             Rate(), TimeElapsedColumn(), TimeRemainingColumn()]  # fmt: skip
     bar = Progress(*cols, console=Console(stderr=True), disable=not (enabled and sys.stderr.isatty()))
-    return bar, bar.add_task("tokenizing", total=total)
+    return bar, bar.add_task(console.progress_label("tokenizing"), total=total)  # rich shows it: through the printable rule
 
 
 def prepare_hub(

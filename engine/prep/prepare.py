@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
-from engine import rundir
+from engine import console, rundir
 from engine.config import DEFAULT_VOCAB, SEED_LIMIT
 from engine.paths import cache_root
 from engine.errors import UserError
@@ -107,11 +107,12 @@ class _Progress:
             columns = (text, BarColumn(), TaskProgressColumn(), TimeRemainingColumn()) if total is not None else (
                 SpinnerColumn(), text, TimeElapsedColumn())  # fmt: skip
             self._bar = Progress(*columns, console=Console(stderr=True), transient=False)
-            self._task = self._bar.add_task(label, total=None if total is None else max(total, 1))
+            # rich reads a description as markup and passes control characters: the label is made printable first
+            self._task = self._bar.add_task(console.progress_label(label), total=None if total is None else max(total, 1))
             self._bar.start()
         self.quiet_summary = enabled and self._bar is None
         if self.quiet_summary:
-            print(f"{label}...", file=sys.stderr, flush=True)
+            console.err.line(f"{label}...", flush=True)
 
     def update(self, n: int) -> None:
         if self._bar is not None:
@@ -125,12 +126,12 @@ class _Progress:
         if self._bar is not None:
             self._bar.stop()
         if self.quiet_summary and kind is None:
-            print(f"{self.label}: done in {time.perf_counter() - self._t0:.1f} s", file=sys.stderr, flush=True)
+            console.err.line(f"{self.label}: done in {time.perf_counter() - self._t0:.1f} s", flush=True)
 
 
 def _say(message: str, enabled: bool) -> None:
     if enabled:
-        print(message, file=sys.stderr, flush=True)
+        console.err.line(message, flush=True)
 
 
 # --------------------------------------------------------------------------- inputs

@@ -20,7 +20,8 @@ import torch
 
 from engine import device
 from engine.train import distributed
-from engine import rundir
+from engine import console, rundir
+from engine.text import path_text
 from engine.config import RunConfig
 from engine.errors import UserError
 
@@ -103,15 +104,15 @@ def run(n: int, config: RunConfig, run_dir: Path, resume: bool, force: bool, arg
     # the launcher is the run's one writer for its ranks: it holds the lock, and its descendants
     # (the ranks, under torchrun) are let in by rundir's ancestor rule
     rundir.claim_writer(run_dir) if resume else rundir.claim_new(run_dir)
-    print(f"launching {n} processes (torch.distributed.run): {run_dir}", file=sys.stderr, flush=True)
+    console.err.line(f"launching {n} processes (torch.distributed.run): {path_text(run_dir)}", flush=True)
     try:
         elastic_launch(launch, sys.executable)(*command(argv, run_dir, not resume and not out_given))
-    except ChildFailedError as err:
-        print(f"error: {failure_line(err.failures, run_dir)}", file=sys.stderr)
+    except ChildFailedError as failure:
+        console.err.line(f"error: {failure_line(failure.failures, run_dir)}")
         return 1
-    except SignalException as err:
-        print(f"stopped by {err.sigval.name}; {_latest(run_dir)}", file=sys.stderr)
-        return 128 + int(err.sigval)
+    except SignalException as stop:
+        console.err.line(f"stopped by {stop.sigval.name}; {_latest(run_dir)}")
+        return 128 + int(stop.sigval)
     finally:
         rundir.release_writer(run_dir)
     return 0

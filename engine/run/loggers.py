@@ -143,6 +143,9 @@ class WandbSink:
             config=config,
             resume="allow",
             id=os.environ.get("WANDB_RUN_ID"),
+            # W&B's own console lines (banners, sync notes, the run's URL) would reach the terminal
+            # past engine.console's printable rule: silent, and it does not wrap stdout/stderr either
+            settings=self._wandb.Settings(console="off", silent=True),
         )
 
     def emit(self, e: ev._Event) -> None:
