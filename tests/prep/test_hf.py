@@ -151,7 +151,7 @@ def test_missing_network_is_one_line(tmp_path: Path) -> None:
     """No HF_HUB_OFFLINE, no network (an endpoint on a closed loopback port): one line with the fix."""
     env = os.environ | {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path), "HF_HUB_ETAG_TIMEOUT": "2"}
     env.pop("HF_HUB_OFFLINE", None)
-    code = "from engine import hf\nfrom engine.errors import UserError\ntry:\n    hf.resolve('gpt2')\nexcept UserError as e:\n    print(e)\n"
+    code = "from engine.prep import hf\nfrom engine.errors import UserError\ntry:\n    hf.resolve('gpt2')\nexcept UserError as e:\n    print(e)\n"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1, done.stdout + done.stderr

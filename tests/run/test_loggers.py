@@ -116,7 +116,7 @@ def test_unasked_extras_are_never_imported(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from engine import loggers, hf, prepare_hub, events as ev\n"
+        "from engine.run import loggers\nfrom engine.prep import hf, hub as prepare_hub\nfrom engine import events as ev\n"
         f"s = loggers.make_sinks(['csv'], Path({str(tmp_path)!r}))[0]\n"
         "s.emit(ev.Eval(step=1, val_loss=2.0)); s.close()\n"
         "print([m for m in sys.modules if m.split('.')[0] in "
