@@ -200,17 +200,25 @@ def free_cuda_bytes(index: int | None = None) -> int | None:
     return int(free)
 
 
-def budget(device_kind: str, free: bool = True) -> tuple[int | None, str]:
+def budget(device_kind: str, held: int | None = None) -> tuple[int | None, str]:
     """(bytes a run may use on this machine's device of that kind, what that figure is):
-    on CUDA the memory free at launch, not the card's total. `free=False`: the card's total,
-    for a live toggle, whose new segment takes over the memory the running one holds."""
+    on CUDA the memory free now, not the card's total. `held`: a live toggle's budget, where
+    the running segment's memory (what its process holds: `held_bytes()` in that process)
+    goes to the new segment: free now + held. The engine's toggle check and the app's
+    Switches screen both ask here, so what one accepts the other does."""
     if device_kind == "cpu":
         return available_host_memory(), "RAM available"
     if device_kind == "mps":
         return memory_bytes("mps"), "MPS working set"
-    if not free:
-        return memory_bytes("cuda"), "GPU memory"
-    return free_cuda_bytes(), "GPU memory free now"
+    free = free_cuda_bytes()
+    if held is None:
+        return free, "GPU memory free now"
+    return (None if free is None else free + held), "GPU memory free now + what the run holds"
+
+
+def held_bytes() -> int:
+    """GPU memory this process has reserved (its running segment's, before a hand-over)."""
+    return torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
 
 
 def check(device_name: str, precision_name: str, compile_: bool) -> None:

@@ -408,11 +408,12 @@ def _divisors(n: int) -> list[int]:
 # ---------------------------------------------------------------- the pre-launch check
 
 
-def check_fits(config: RunConfig, force: bool = False) -> None:
+def check_fits(config: RunConfig, force: bool = False, held: int | None = None) -> None:
     """Refuse, before anything is allocated, a config predicted not to fit this machine's device.
 
     `config` comes from open_data (vocab and block size bound). Under torchrun the estimate
-    is per rank (WORLD_SIZE from the environment). The budget is engine.device.budget's.
+    is per rank (WORLD_SIZE from the environment). The budget is engine.device.budget's;
+    `held`: a live toggle's, the memory the running segment holds and hands over.
     """
     import os
 
@@ -425,7 +426,7 @@ def check_fits(config: RunConfig, force: bool = False) -> None:
     # `auto` takes DDP when it fits and FSDP otherwise (engine.train.distributed): either may do
     shardings: list[Sharding] = ["ddp", "fsdp"] if parallel == "auto" and world > 1 else ["fsdp" if parallel == "fsdp" else "ddp"]
     est = estimate(config, world, shardings[0])
-    available, label = device.budget(est.target)
+    available, label = device.budget(est.target, held)
     if force or available is None:
         return
     for sharding in shardings:

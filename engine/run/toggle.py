@@ -38,8 +38,10 @@ def request(run_dir: Path, overrides: dict[str, Any]) -> Request:
     return asked
 
 
-def check(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
-    """The run's config with the toggled switches, checked as a launch would be; UserError if not."""
+def check(config: RunConfig, overrides: dict[str, Any], held: int | None = None) -> RunConfig:
+    """The run's config with the toggled switches, checked as a launch would be; UserError if not.
+    `held`: the memory the running segment holds (device.held_bytes() in the run's process,
+    the default), which the new segment takes over: the memory budget is free + held."""
     from engine import device, memory
 
     if not overrides:
@@ -63,7 +65,7 @@ def check(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
             "the run's checkpoints cannot load into another shape: start a new run with that setting"
         )
     device.check(new.speed.device, new.speed.precision, new.speed.compile)
-    memory.check_fits(new, force=False)
+    memory.check_fits(new, force=False, held=device.held_bytes() if held is None else held)
     return new
 
 

@@ -97,6 +97,7 @@ class RunState:
         self.paused_s = 0.0  # time spent paused (not counted in elapsed)
         self._paused_at: float | None = None  # when the pause in progress began
         self.step = 0
+        self.mem_bytes: int | None = None  # device memory the run last reported (a live toggle's budget)
         self.tokens = 0
         self.last_event_time: float | None = None
         self.last_step: ev.Step | None = None
@@ -296,6 +297,8 @@ class RunState:
         add("tokens_per_s", e.tokens_per_s)
         add("mfu", None if e.mfu is None else 100 * e.mfu)
         add("mem", None if e.mem_bytes is None else e.mem_bytes / 2**30)
+        if e.mem_bytes is not None:
+            self.mem_bytes = e.mem_bytes
         self._check_alerts(e)
 
     def _alert(self, key: str, on: bool, text: str, t: float) -> None:

@@ -426,8 +426,10 @@ class DashboardScreen(Screen):
             self.notify(str(err), severity="error")
             return
         world, parallel = (started.world_size, started.parallel) if started else (1, "ddp")
+        # the run's own process holds its memory: this one's when it trains here, else what it last reported
+        held = None if self.session.mode == "in-process" else (self.state.mem_bytes or 0)
         self.app.push_screen(ToggleScreen(self.session.run_dir, config, world_size=world,
-                                          sharding="fsdp" if parallel == "fsdp" else "ddp",
+                                          sharding="fsdp" if parallel == "fsdp" else "ddp", held=held,
                                           steerable=lambda: self._steerable("toggle"), send=self.session.steer))  # fmt: skip
 
     def action_logy(self) -> None:

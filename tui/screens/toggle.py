@@ -78,13 +78,17 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
     BINDINGS = [Binding("a", "apply", "Apply"), Binding("escape", "cancel", "Cancel"), *ARROWS]
 
     def __init__(self, run_dir: Path, config: RunConfig, *, world_size: int = 1, sharding: memory.Sharding = "ddp",
-                 steerable: Callable[[], bool] = lambda: True, send: Callable[[Any], None] | None = None) -> None:  # fmt: skip
+                 steerable: Callable[[], bool] = lambda: True, send: Callable[[Any], None] | None = None,
+                 held: int | None = None) -> None:  # fmt: skip
         """`config`: what the run trains with now; `steerable`: asked again at Apply (the run
         may have ended, or its writer gone, while this screen was open); `send`: the session's
-        steer (else the request goes to the run directory's mailbox)."""
+        steer (else the request goes to the run directory's mailbox); `held`: the device memory
+        the run holds now (device.held_bytes() when it trains in this process; else what its
+        events last reported), which a toggle's new segment takes over."""
         super().__init__()
         self.run_dir, self.config = Path(run_dir), memory.with_dataset_vocab(config)
         self.world_size, self.sharding, self.steerable, self.send = world_size, sharding, steerable, send
+        self.held = device.held_bytes() if held is None else held
         self.current = switches(self.config)
         self.caps = device.capabilities()
         self.off = device.disabled(self.caps)  # switch -> why this machine cannot use it
@@ -179,7 +183,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             mem.update("")
             self.memory_line = ""
             return form_words(err), None
-        total, source = device.budget(est.target, free=False)  # the running segment's memory is the new one's
+        total, source = device.budget(est.target, held=self.held)  # the running segment's memory is the new one's
         self.memory_line = verdict(est, total)
         mem.update(f"memory of the new set [{source}]\n{format_table(est, total)}")
         fits = None if total is None else est.fits(total)
@@ -193,7 +197,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         if refused:
             return "; ".join(f"{setting(n).label}: {why}" for n, why in refused.items()), fits
         try:
-            toggle.check(self.config, changes)  # the trainer's own check: what passes here passes there
+            toggle.check(self.config, changes, held=self.held)  # the run's own check: what passes here passes there
         except UserError as err:
             return form_words(err), fits
         return None, fits
