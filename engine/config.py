@@ -353,12 +353,19 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+CONFIG_CAP = 16 << 20  # a config file is a few hundred bytes
+
+
 def read_toml(path: Path, what: str = "config") -> dict[str, Any]:
+    from engine import files
+
     try:
-        return tomllib.loads(path.read_text())
+        return files.read_toml(path, CONFIG_CAP, follow_links=True)  # the user's own file: a link is theirs
+    except tomllib.TOMLDecodeError:
+        raise
     except FileNotFoundError:
         raise UserError(f"{what} file {path} does not exist; check the path") from None
-    except (OSError, UnicodeDecodeError) as err:
+    except (OSError, ValueError) as err:
         raise UserError(f"cannot read {what} file {path}: {err}") from None
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"{what} file {path} is not valid TOML: {err}; fix the file") from None

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from engine import files
 from engine.errors import UserError
 
 Kind = Literal["cuda", "mps", "cpu"]
@@ -66,10 +67,9 @@ def has_bf16(device_kind: str) -> bool:
 def _cpu_flags() -> set[str]:
     """The CPU's feature flags (x86 `flags`, aarch64 `Features` in /proc/cpuinfo); empty off Linux."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.split(":")[0].strip() in ("flags", "Features"):
-                    return set(line.split(":", 1)[1].split())
+        for line in files.read_text("/proc/cpuinfo", files.PROC_CAP).splitlines():
+            if line.split(":")[0].strip() in ("flags", "Features"):
+                return set(line.split(":", 1)[1].split())
     except OSError:
         pass
     return set()
@@ -175,10 +175,9 @@ def memory_bytes(name: str = "auto") -> int | None:
 def available_host_memory() -> int | None:
     """RAM a new allocation can get now (MemAvailable), or None off Linux."""
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        for line in files.read_text("/proc/meminfo", files.PROC_CAP).splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None

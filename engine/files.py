@@ -1,4 +1,7 @@
-"""The one way to open a file in a run directory (issue 21: the run directory is a trust boundary).
+"""The one way to open a file in a run directory (issue 21: the run directory is a trust boundary),
+and the one module through which every path a user, a run directory, a dataset, a model
+directory or a cache supplies is read and written: tests/robustness/test_file_boundary.py
+fails on a raw open/read/write/rename/remove anywhere else in the product (short allow-list).
 
 Anything in a run directory may have been moved, swapped, planted, torn or filled by someone
 else, so every reader and writer of its files goes through here:
@@ -11,7 +14,13 @@ else, so every reader and writer of its files goes through here:
   nothing planted is ever opened), fsyncs it and renames it over the target (a rename replaces
   a link, never writes through it). `AppendLog` appends whole lines or none: a write cut short
   (disk full) is truncated back to the last whole line.
+- directories: `make_dir` creates one and refuses a link or a non-directory in its place;
+  `remove_tree` removes a directory this process made (never following a link).
 - `check_no_links`: a run directory holding links where the run writes is refused in one line.
+
+`follow_links=True` is for inputs the user names themselves (a corpus, a dataset's token
+files, a tokenizer): a link there is theirs to make, and what it reaches is still checked to be
+a regular file within its cap.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import errno
 import json
 import os
 import secrets
+import shutil
 import stat
 import tomllib
 from collections.abc import Callable, Iterator
@@ -33,17 +43,19 @@ KiB, MiB = 1 << 10, 1 << 20
 MAX_DEPTH = 64  # JSON/TOML nesting a run's own files never come near; json/tomllib recurse per level
 TMP_SUFFIX = ".tmp"  # temp files are ".NAME.RANDOM.tmp": swept by the writer, never reused
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+TOKENIZER_CAP = 256 * MiB  # a tokenizer.json (GPT-2's is 1.4 MB; a 256k vocab's tens of MB)
+PROC_CAP = 16 * MiB  # a /proc file (mounts on a busy host, cpuinfo on many cores)
 
 
 class Refused(OSError):
     """A run-directory file that is not read: a link, not a regular file, or over its cap."""
 
 
-def open_regular(path: Path | str, cap: int | None = None) -> int:
+def open_regular(path: Path | str, cap: int | None = None, follow_links: bool = False) -> int:
     """A read-only fd of `path` if it is a regular file (not a link, never blocking on a FIFO)
     of at most `cap` bytes; Refused (or the OSError, e.g. FileNotFoundError) otherwise."""
     try:
-        fd = os.open(path, READ_FLAGS)
+        fd = os.open(path, READ_FLAGS & ~os.O_NOFOLLOW if follow_links else READ_FLAGS)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise Refused(errno.ELOOP, f"{path} is a symbolic link") from None
@@ -61,9 +73,9 @@ def open_regular(path: Path | str, cap: int | None = None) -> int:
     return fd
 
 
-def read_bounded(path: Path | str, cap: int) -> bytes:
+def read_bounded(path: Path | str, cap: int, follow_links: bool = False) -> bytes:
     """The bytes of a small regular file (see open_regular); Refused if it grew past `cap`."""
-    fd = open_regular(path, cap)
+    fd = open_regular(path, cap, follow_links)
     try:
         chunks, left = [], cap + 1
         while left > 0:
@@ -81,14 +93,22 @@ def read_bounded(path: Path | str, cap: int) -> bytes:
 
 
 @contextlib.contextmanager
-def open_log(path: Path | str, cap: int | None = None, offset: int = 0) -> Iterator[BinaryIO]:
-    """A regular file opened for reading from `offset` (a log read line by line)."""
-    fd = open_regular(path, cap)
+def open_read(path: Path | str, cap: int | None = None, offset: int = 0, follow_links: bool = False) -> Iterator[BinaryIO]:
+    """A regular file opened for reading from `offset` (a log read line by line, a checkpoint)."""
+    fd = open_regular(path, cap, follow_links)
     f = os.fdopen(fd, "rb")
     with f:
         if offset:
             f.seek(offset)
         yield f
+
+
+open_log = open_read
+
+
+def read_text(path: Path | str, cap: int, follow_links: bool = False) -> str:
+    """A small regular file's UTF-8 text; OSError (Refused included) or UnicodeDecodeError (a ValueError)."""
+    return read_bounded(path, cap, follow_links).decode("utf-8")
 
 
 def is_regular(path: Path) -> bool:
@@ -147,14 +167,14 @@ def parse_toml(data: bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         raise ValueError(type(err).__name__) from None
 
 
-def read_json(path: Path | str, cap: int) -> Any:
+def read_json(path: Path | str, cap: int, max_depth: int = MAX_DEPTH, follow_links: bool = False) -> Any:
     """A small JSON file, bounded; OSError (Refused included) or ValueError."""
-    return parse_json(read_bounded(path, cap))
+    return parse_json(read_bounded(path, cap, follow_links), max_depth)
 
 
-def read_toml(path: Path | str, cap: int = MiB) -> dict[str, Any]:
-    """A run's TOML file, bounded; OSError (Refused included) or ValueError."""
-    return parse_toml(read_bounded(path, cap))
+def read_toml(path: Path | str, cap: int = MiB, max_depth: int = MAX_DEPTH, follow_links: bool = False) -> dict[str, Any]:
+    """A TOML file (a run's, or a config the user names), bounded; OSError (Refused included) or ValueError."""
+    return parse_toml(read_bounded(path, cap, follow_links), max_depth)
 
 
 # ---------------------------------------------------------------- writing, never through a link
@@ -214,6 +234,84 @@ def _publish(tmp: Path, dst: Path) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
+
+
+def write_text(path: Path, text: str) -> None:
+    """`text` as UTF-8, atomically (see atomic_write)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def copy_file(src: Path | str, dst: Path, cap: int, follow_links: bool = False) -> None:
+    """`dst` made, atomically, a copy of the regular file `src` of at most `cap` bytes."""
+    atomic_write_bytes(dst, read_bounded(src, cap, follow_links))
+
+
+def open_new(path: Path) -> BinaryIO:
+    """A new file to write (O_EXCL|O_NOFOLLOW: never an existing file, never through a link),
+    for a file in a directory this process made (a dataset built in its temp directory)."""
+    return os.fdopen(create_new(path), "wb")
+
+
+def truncate(path: Path | str, size: int) -> None:
+    """Cut a regular file (not a link) back to `size` bytes (a partial prepare resumed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refused(errno.EINVAL, f"{path} is not a regular file")
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- directories, names
+
+
+def make_dir(path: Path | str, parents: bool = True, exist_ok: bool = True) -> Path:
+    """Create a directory (and its parents); Refused when what stands at `path` is a link or
+    not a directory (mkdir's exist_ok alone takes a link to a directory for one)."""
+    path = Path(path)
+    path.mkdir(parents=parents, exist_ok=exist_ok)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise Refused(errno.ELOOP, f"{path} is a symbolic link, not a directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(errno.ENOTDIR, f"{path} is not a directory")
+    return path
+
+
+def make_new_dir(path: Path | str) -> Path:
+    """A directory that did not exist (FileExistsError otherwise): one this process owns."""
+    return make_dir(path, parents=False, exist_ok=False)
+
+
+def remove(path: Path | str) -> None:
+    """Remove a file if it is there (unlink removes a link itself, never what it points to)."""
+    Path(path).unlink(missing_ok=True)
+
+
+def remove_dir(path: Path | str) -> None:
+    """Remove an empty directory (OSError if it holds anything)."""
+    os.rmdir(path)
+
+
+def remove_tree(path: Path | str) -> None:
+    """Remove a directory this process made, and all in it; a link in its place is removed as
+    a link (rmtree never follows one); errors ignored (what is left is left)."""
+    path = Path(path)
+    if path.is_symlink():
+        remove(path)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def rename(src: Path | str, dst: Path | str) -> None:
+    """os.rename: publish a finished directory (replaces `dst` only when it is an empty one)."""
+    os.rename(src, dst)
+
+
+def replace(src: Path | str, dst: Path | str) -> None:
+    """os.replace within one directory tree (a rename replaces a link, never writes through it)."""
+    os.replace(src, dst)
 
 
 def link_or_copy(src: Path, dst: Path) -> None:

@@ -497,7 +497,10 @@ def run_vocab(config: RunConfig) -> int:
 
         return DEFAULT_VOCAB
     try:
-        return int(json.loads((Path(config.data.path).expanduser() / "dataset.json").read_text())["vocab_size"])
+        from engine import files
+
+        sidecar = Path(config.data.path).expanduser() / "dataset.json"
+        return int(files.read_json(sidecar, files.MiB, follow_links=True)["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):
         return config.data.vocab_size
 

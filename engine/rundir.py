@@ -88,7 +88,7 @@ def check_new(path: Path, flag: str = "--out") -> None:
 def _mount_of(path: str) -> tuple[str, str] | None:
     """(mount point, file system type) that holds `path` (Linux: /proc/self/mounts), or None."""
     try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
+        lines = runfiles.read_text("/proc/self/mounts", runfiles.PROC_CAP).splitlines()
     except OSError:
         return None
     best: tuple[str, str] | None = None
@@ -125,7 +125,7 @@ def _check_writable(directory: Path, path: Path, flag: str) -> None:
 def make_dir(path: Path, flag: str = "--out") -> None:
     """Create a checked output directory (and its parents); a failure is one line."""
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        runfiles.make_dir(path)
     except OSError as err:
         raise UserError(f"{flag} {path} could not be created ({err.strerror}); choose another path") from None
 
@@ -150,10 +150,10 @@ def create(path: Path, config: RunConfig, tokenizer: str | None) -> bool:
     made = not os.path.lexists(path)
     claim_new(path)
     try:
-        (path / CHECKPOINTS).mkdir(exist_ok=True)
+        runfiles.make_dir(path / CHECKPOINTS, parents=False)
         write_config(path, config)
         if tokenizer:
-            runfiles.atomic_write_bytes(path / TOKENIZER, Path(tokenizer).read_bytes())  # never a torn copy
+            runfiles.copy_file(tokenizer, path / TOKENIZER, runfiles.TOKENIZER_CAP, follow_links=True)  # never a torn copy
     except BaseException:
         discard_new(path, made)
         raise
@@ -167,12 +167,12 @@ def discard_new(path: Path, made: bool) -> None:
     keeps it), then the lock."""
     for name in (CONFIG, TOKENIZER, WRITER_LOCK):
         with contextlib.suppress(OSError):
-            (path / name).unlink()
+            runfiles.remove(path / name)
     _drop_record(path)
     with contextlib.suppress(OSError):
-        (path / CHECKPOINTS).rmdir()  # only when empty
+        runfiles.remove_dir(path / CHECKPOINTS)  # only when empty
         if made:
-            path.rmdir()
+            runfiles.remove_dir(path)
     unlock(path)
 
 
@@ -237,8 +237,7 @@ def _held_by_ancestor(path: Path) -> bool:
 def _parent_pid(pid: int) -> int:
     """The parent of `pid` from /proc/PID/stat (0 when it cannot be read)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read(4096)
+        stat = runfiles.read_bounded(f"/proc/{pid}/stat", 4096)
         return int(stat[stat.rindex(b")") + 2:].split()[1])  # "pid (comm) state ppid ...": comm may hold spaces
     except (OSError, ValueError, IndexError):
         return 0
@@ -309,7 +308,7 @@ def _flock_pid(locked: Path) -> int | None:
     """The pid holding a flock on the file or directory `locked`, from /proc/locks (Linux), or None."""
     try:
         st = os.stat(locked)
-        lines = Path("/proc/locks").read_text().splitlines()
+        lines = runfiles.read_text("/proc/locks", runfiles.PROC_CAP).splitlines()
     except OSError:
         return None
     ino = str(st.st_ino)
@@ -341,7 +340,7 @@ def _drop_record(path: Path) -> None:
     """Remove writer.pid if this process wrote it."""
     key = _key(path)
     if key in _recorded:
-        (path / WRITER).unlink(missing_ok=True)
+        runfiles.remove(path / WRITER)
         _recorded.discard(key)
 
 

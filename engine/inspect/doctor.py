@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import files
+
 OK, INFO, PROBLEM, NEEDS_GPU, SKIPPED = "ok", "info", "problem", "needs a GPU", "skipped"
 RUN_STEPS = 3
 # optional packages -> what their absence switches off (none of them is a problem)
@@ -217,13 +219,13 @@ def _tiny_dataset(root: Path, np: Any) -> Path:
     """A gpt2-tui dataset of random ids, vocab 64: the runs time switches, not learning."""
     from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR
 
-    root.mkdir(parents=True)
+    files.make_dir(root, exist_ok=False)
     rng = np.random.default_rng(0)
-    rng.integers(0, 64, 8192).astype("<u2").tofile(root / "train.bin")
-    rng.integers(0, 64, 2048).astype("<u2").tofile(root / "val.bin")
+    files.atomic_write_bytes(root / "train.bin", rng.integers(0, 64, 8192).astype("<u2").tobytes())
+    files.atomic_write_bytes(root / "val.bin", rng.integers(0, 64, 2048).astype("<u2").tobytes())
     import json
 
-    (root / SIDECAR).write_text(json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION, "dtype": "uint16",
+    files.write_text(root / SIDECAR, json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION, "dtype": "uint16",
                                             "vocab_size": 64, "train_tokens": 8192, "val_tokens": 2048,
                                             "tokenizer": None, "eot_id": None}))  # fmt: skip
     return root

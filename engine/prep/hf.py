@@ -23,9 +23,9 @@ imported only by the function that uses it; `transformers` is never imported her
 from __future__ import annotations
 
 import json
+import errno
 import os
 import secrets
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from engine import files
 from engine.config import PRETRAINED, ModelConfig, flag_of
 from engine.errors import UserError
 
@@ -167,10 +168,12 @@ def hub_tokenizer(name: str = "gpt2", cache_dir: Path | None = None) -> Path:
 def _read_config(directory: Path) -> dict[str, Any]:
     file = directory / CONFIG
     try:
-        if file.stat().st_size > MAX_CONFIG_BYTES:
-            raise UserError(f"{file} is larger than a model config can be; pass a transformers GPT-2 directory")
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        data = files.read_json(file, MAX_CONFIG_BYTES, follow_links=True)
+    except files.Refused as err:
+        if err.errno == errno.EFBIG:
+            raise UserError(f"{file} is larger than a model config can be; pass a transformers GPT-2 directory") from None
+        raise UserError(f"{file} cannot be read as JSON ({err.strerror}); pass a transformers GPT-2 directory") from None
+    except (OSError, ValueError) as err:
         raise UserError(f"{file} cannot be read as JSON ({type(err).__name__}); pass a transformers GPT-2 directory") from None
     if not isinstance(data, dict):
         raise UserError(f"{file} is not a JSON object; pass a transformers GPT-2 directory")
@@ -250,6 +253,7 @@ def load_state(directory: Path, model: ModelConfig) -> dict[str, torch.Tensor]:
     st = _need("safetensors.torch")
     file = directory / WEIGHTS
     try:
+        os.close(files.open_regular(file, follow_links=True))  # a regular file (not a FIFO, a device)
         raw = st.load_file(str(file), device="cpu")
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
         why = " ".join(str(err).split())[:120]
@@ -424,25 +428,25 @@ def export(
     check_export_target(out)
     tok_cfg, eot = _tokenizer_config(tokenizer, model.block_size) if tokenizer is not None else (None, None)
     tensors = hf_state(state, model)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    files.make_dir(out.parent)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    files.make_new_dir(tmp)
     try:
         st.save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / CONFIG).write_text(json.dumps(hf_config(model, eot), indent=2) + "\n", encoding="utf-8")
+        files.write_text(tmp / CONFIG, json.dumps(hf_config(model, eot), indent=2) + "\n")
         gen = {"do_sample": True} | ({"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {})
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+        files.write_text(tmp / "generation_config.json", json.dumps(gen, indent=2) + "\n")
         if tokenizer is not None:
-            shutil.copyfile(tokenizer, tmp / "tokenizer.json")
-            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+            files.copy_file(tokenizer, tmp / "tokenizer.json", files.TOKENIZER_CAP, follow_links=True)
+            files.write_text(tmp / "tokenizer_config.json", json.dumps(tok_cfg, indent=2) + "\n")
             if eot is not None:
                 special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
-                (tmp / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
+                files.write_text(tmp / "special_tokens_map.json", json.dumps(special, indent=2) + "\n")
         try:
-            os.rename(tmp, out)  # atomic; replaces `out` only when it is an empty directory
+            files.rename(tmp, out)  # atomic; replaces `out` only when it is an empty directory
         except OSError as err:
             raise UserError(f"--hf {out} could not be created ({err.strerror}); it may have been filled meanwhile: pass another") from None
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            files.remove_tree(tmp)
     return out

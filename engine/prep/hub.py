@@ -28,7 +28,6 @@ import hashlib
 import itertools
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import console, rundir
+from engine import console, files, rundir
 from engine.config import SEED_LIMIT
 from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, Sidecar, dtype_for_vocab, open_dataset
 from engine.errors import UserError
@@ -164,15 +163,13 @@ def is_val(index: int, val_fraction: float, seed: int) -> bool:
 
 def _fingerprint(source: HubSource, tokenizer: Path, max_tokens: int | None, val_fraction: float, seed: int) -> dict[str, Any]:
     """What must be equal for a partial prepare to be continued."""
-    digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
+    digest = hashlib.sha256(files.read_bounded(tokenizer, files.TOKENIZER_CAP, follow_links=True)).hexdigest()
     return {"source": asdict(source), "tokenizer_sha256": digest, "max_tokens": max_tokens,
             "val_fraction": val_fraction, "seed": seed}  # fmt: skip
 
 
 def _save_state(work: Path, state: dict[str, Any]) -> None:
-    tmp = work / f"{STATE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, work / STATE)
+    files.write_text(work / STATE, json.dumps(state, indent=2) + "\n")
 
 
 def _progress(enabled: bool, total: int | None):  # -> rich Progress, task id
@@ -237,8 +234,8 @@ def prepare_hub(
         done = state["documents"]
         counts = {"train": state["train_tokens"], "val": state["val_tokens"]}
         bar, task = _progress(progress, max_tokens)
-        with bar, open(work / "train.bin", "ab") as ftrain, open(work / "val.bin", "ab") as fval:
-            files = {"train": ftrain, "val": fval}
+        with bar, files.open_append(work / "train.bin") as ftrain, files.open_append(work / "val.bin") as fval:
+            outs = {"train": ftrain, "val": fval}
             bar.update(task, completed=sum(counts.values()))
             rows = itertools.islice(iter(ds), done, None)
             encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster
@@ -261,32 +258,32 @@ def prepare_hub(
                         break
                 for split, arrays in parts.items():
                     if arrays:
-                        np.concatenate(arrays).tofile(files[split])
-                    files[split].flush()
-                    os.fsync(files[split].fileno())
+                        outs[split].write(np.concatenate(arrays).tobytes())
+                    outs[split].flush()
+                    os.fsync(outs[split].fileno())
                 _save_state(work, state | {"documents": index, "train_tokens": counts["train"], "val_tokens": counts["val"]})
                 bar.update(task, completed=sum(counts.values()))
                 if stop:
                     break
         if counts["train"] == 0 or counts["val"] == 0:
             missing = "train" if counts["train"] == 0 else "val"
-            shutil.rmtree(work, ignore_errors=True)
+            files.remove_tree(work)
             raise UserError(
                 f"no {missing} tokens: {index} documents were too few or --max-tokens too small; "
                 f"pass more data or a larger --max-tokens"
             )
         sidecar = Sidecar(format=FORMAT_NAME, version=FORMAT_VERSION, dtype=dtype_for_vocab(vocab), vocab_size=vocab,
                           train_tokens=counts["train"], val_tokens=counts["val"], tokenizer="tokenizer.json", eot_id=eot)  # fmt: skip
-        (work / SIDECAR).write_text(sidecar.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        (work / STATE).unlink()
+        files.write_text(work / SIDECAR, sidecar.model_dump_json(indent=2) + "\n")
+        files.remove(work / STATE)
         open_dataset(work, preload=False)  # validate before publishing
         try:
-            os.rename(work, out)
+            files.rename(work, out)
         except OSError as err:
             raise UserError(f"--out {out} could not be created ({err.strerror}); it may have been filled meanwhile: choose another --out") from None
     finally:
         lock.release()
-        Path(lock.lock_file).unlink(missing_ok=True)
+        files.remove(lock.lock_file)
     info = open_dataset(out, preload=False).info
     return HubReport(info, index, done, time.perf_counter() - t0)
 
@@ -296,7 +293,7 @@ def _open_work(work: Path, fingerprint: dict[str, Any], tokenizer: Path, dtype: 
     the same settings (token files cut back to what its state counted)."""
     if work.is_dir() and (work / STATE).is_file():
         try:
-            state = json.loads((work / STATE).read_text(encoding="utf-8"))
+            state = files.read_json(work / STATE, files.MiB)
         except (OSError, ValueError):
             state = None
         if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
@@ -305,15 +302,14 @@ def _open_work(work: Path, fingerprint: dict[str, Any], tokenizer: Path, dtype: 
                 f"or delete {work} to start afresh"
             )
         for split in ("train", "val"):
-            with open(work / f"{split}.bin", "r+b") as f:
-                f.truncate(int(state[f"{split}_tokens"]) * dtype.itemsize)
+            files.truncate(work / f"{split}.bin", int(state[f"{split}_tokens"]) * dtype.itemsize)
         return state
     if work.exists():
-        shutil.rmtree(work)  # a partial that never saved a state holds nothing worth keeping
-    work.mkdir()
-    shutil.copyfile(tokenizer, work / "tokenizer.json")
+        files.remove_tree(work)  # a partial that never saved a state holds nothing worth keeping
+    files.make_new_dir(work)
+    files.copy_file(tokenizer, work / "tokenizer.json", files.TOKENIZER_CAP, follow_links=True)
     for split in ("train", "val"):
-        (work / f"{split}.bin").touch()
+        files.atomic_write_bytes(work / f"{split}.bin", b"")
     state = {"fingerprint": fingerprint, "documents": 0, "train_tokens": 0, "val_tokens": 0}
     _save_state(work, state)
     return state

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import sys
 import sysconfig
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import files
 from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
 from engine import console, rundir
 from engine.config import DEFAULT_VOCAB, SEED_LIMIT
@@ -179,12 +179,12 @@ def _read_text(file: Path) -> str | Skipped:
     """A file's text (gunzipped when it ends in .gz), or why it is not text."""
     try:
         if file.suffix.lower() == ".gz":
-            with gzip.open(file) as f:  # read in a bounded amount: a gzip bomb must not fill the RAM
+            with files.open_read(file, follow_links=True) as raw, gzip.GzipFile(fileobj=raw) as f:  # read in a bounded amount: a gzip bomb must not fill the RAM
                 data = f.read(MAX_GUNZIP_BYTES + 1)
             if len(data) > MAX_GUNZIP_BYTES:
                 return Skipped(file, f"unpacks to more than {MAX_GUNZIP_BYTES >> 30} GiB; gunzip it yourself if you mean it")
         else:
-            data = file.read_bytes()
+            data = files.read_bounded(file, MAX_GUNZIP_BYTES, follow_links=True)  # the user's corpus: a link is theirs
     except (gzip.BadGzipFile, EOFError, zlib.error):
         return Skipped(file, "not a valid gzip file")
     except OSError as exc:
@@ -335,11 +335,11 @@ def _encode_to_file(
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets: faster
     prefix = [] if eot_id is None else [eot_id]
     written = 0
-    with open(file, "wb") as f:
+    with files.open_new(file) as f:  # in the build's own temp directory
         for chunk in _chunks(texts):
             encodings = encode(chunk, add_special_tokens=False)
             ids = np.concatenate([np.asarray(prefix + enc.ids, dtype=dtype) for enc in encodings])
-            ids.tofile(f)
+            f.write(ids.tobytes())
             written += len(ids)
             bar.update(sum(len(t) for t in chunk))
     return written
@@ -398,7 +398,7 @@ def prepare_report(
     _sweep_dead_builds(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        tmp.mkdir()  # not mkdtemp: its 0700 mode would make a shared cache unreadable to others
+        files.make_new_dir(tmp)  # not mkdtemp: its 0700 mode would make a shared cache unreadable to others
     except OSError as exc:
         raise UserError(f"--out {out}: cannot write in {out.parent} ({exc.strerror}); choose another --out") from None
     try:
@@ -409,7 +409,7 @@ def prepare_report(
                 tok = train_tokenizer(train_texts, vocab_size)
             tok.save(str(tmp / "tokenizer.json"))
         else:
-            shutil.copyfile(Path(tokenizer).expanduser(), tmp / "tokenizer.json")
+            files.copy_file(Path(tokenizer).expanduser(), tmp / "tokenizer.json", files.TOKENIZER_CAP, follow_links=True)
         vocab = tok.get_vocab_size()
         eot_id = tok.token_to_id(EOT)
         if eot_id is None:
@@ -430,10 +430,10 @@ def prepare_report(
             "tokenizer": "tokenizer.json",
             "eot_id": eot_id,
         }
-        (tmp / SIDECAR).write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")
+        files.write_text(tmp / SIDECAR, json.dumps(sidecar, indent=2) + "\n")
         open_dataset(tmp, preload=False)  # validate before publishing
         try:
-            os.rename(tmp, out)  # atomic; replaces `out` only if it is an empty directory
+            files.rename(tmp, out)  # atomic; replaces `out` only if it is an empty directory
         except OSError as exc:
             raise UserError(
                 f"--out {out} could not be created ({exc.strerror}); it may have been filled "
@@ -441,7 +441,7 @@ def prepare_report(
             ) from exc
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            files.remove_tree(tmp)
     info = open_dataset(out, preload=False).info
     return PrepareReport(
         info=info,
@@ -474,7 +474,7 @@ def _sweep_dead_builds(out: Path) -> None:
     for p in entries:
         m = pattern.fullmatch(p.name)
         if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
-            shutil.rmtree(p, ignore_errors=True)
+            files.remove_tree(p)
 
 
 # --------------------------------------------------------------------------- default dataset
@@ -517,7 +517,7 @@ def _cached_build(target: Path, files: Callable[[], list[Path]], progress: bool)
     if (target / SIDECAR).is_file():
         return target
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        files.make_dir(target.parent)
     except OSError as exc:
         raise UserError(
             f"cannot create the cache directory {target.parent} ({exc.strerror}); "

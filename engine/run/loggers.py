@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import importlib
+import io
 import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine import files
 from engine import events as ev
 from engine import text as words
 from engine.config import LOGGERS  # the setting train.log (--log) names them once
@@ -135,7 +137,7 @@ class WandbSink:
 
     def _start(self, config: dict[str, Any]) -> None:
         directory = os.environ.get("WANDB_DIR") or str(self._run_dir)
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        files.make_dir(directory)  # the directory wandb writes in: made here, not a link
         self._run = self._wandb.init(
             project=os.environ.get("WANDB_PROJECT", "gpt2-tui"),
             name=self._run_dir.name,
@@ -183,7 +185,7 @@ class CsvSink:
 
     def _open(self) -> None:
         new = not self.path.exists() or self.path.stat().st_size == 0
-        self._f = open(self.path, "a", newline="", encoding="utf-8")
+        self._f = io.TextIOWrapper(files.open_append(self.path), encoding="utf-8", newline="")
         self._w = csv.DictWriter(self._f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         if new:
             self._w.writeheader()

@@ -67,16 +67,16 @@ class CheckpointDir:
         return sorted((int(m.group(1)), p) for m, p in found if m and runfiles.is_regular(p))
 
     def save(self, state: dict[str, Any], step: int, is_best: bool) -> Path:
-        self.path.mkdir(parents=True, exist_ok=True)
+        runfiles.make_dir(self.path)
         target = self.path / f"step_{step:06d}.pt"
         atomic_save(state, target)
         if is_best:
             _link_or_copy(target, self.path / "best.pt")
         runfiles.atomic_write_bytes(self.path / "latest", target.name.encode() + b"\n")
         for _, old in self.step_files()[: -self.keep_last]:
-            old.unlink(missing_ok=True)
+            runfiles.remove(old)
         for stale in self.path.glob(f".*{TMP_SUFFIX}"):  # left by a kill -9 mid-write
-            stale.unlink(missing_ok=True)
+            runfiles.remove(stale)
         return target
 
     def resolve(self, which: str) -> Path:
@@ -102,9 +102,9 @@ class CheckpointDir:
         if not later:
             return None
         aside = self.path / f"after_step_{step:06d}_{int(time.time())}"
-        aside.mkdir()
+        runfiles.make_new_dir(aside)
         for p in later:
-            os.replace(p, aside / p.name)
+            runfiles.replace(p, aside / p.name)
         if (self.path / f"step_{step:06d}.pt").is_file():
             runfiles.atomic_write_bytes(self.path / "latest", f"step_{step:06d}.pt\n".encode())
         return aside
@@ -125,7 +125,10 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; check the path")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with runfiles.open_read(path) as f:  # a regular file, not a link; never pickle's code
+            state = torch.load(f, map_location=map_location, weights_only=True)
+    except runfiles.Refused as err:
+        raise UserError(f"checkpoint {path} is refused ({err.strerror}); pass a checkpoint file") from None
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(

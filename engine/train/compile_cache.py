@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine import files
+
 SUBDIR = "torch-compile"
 ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor reads it at each compile (Triton's cache lives inside)
 
@@ -36,7 +38,7 @@ def enable(cache_root: Path | None = None) -> Path:
     import torch._inductor.config as inductor_config
 
     path = _redirected or default_dir(cache_root)
-    path.mkdir(parents=True, exist_ok=True)
+    files.make_dir(path)
     os.environ[ENV] = str(path.resolve())
     inductor_config.fx_graph_cache = True
     aot_config.enable_autograd_cache = True

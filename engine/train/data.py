@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine import files
 from engine import config as _  # noqa: F401  (the flags its refusals' fixes are worded with)
 from engine.errors import UserError
 from engine.text import path_text, program
@@ -133,12 +133,12 @@ class Shard:
         under a mapping kills the process (SIGBUS) where a short read is an error we can
         handle; the run saves and stops. O_NONBLOCK: a file swapped for a FIFO cannot block."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = files.open_regular(self.path, follow_links=True)  # the user's dataset: a link is theirs
+        except files.Refused:
+            raise DataFailed(self._shrunk("no longer a regular file")) from None
         except OSError as err:
             raise DataFailed(self._shrunk(err.strerror or str(err))) from None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise DataFailed(self._shrunk("no longer a regular file"))
             yield fd
         finally:
             os.close(fd)
@@ -161,7 +161,13 @@ class Shard:
                 "while training read it; restore it, then continue the run with --resume")  # fmt: skip
 
     def load(self) -> None:
-        self.data = np.fromfile(self.path, dtype=self.dtype, count=self.count, offset=self.offset)
+        data = np.empty(self.count, dtype=self.dtype)
+        try:
+            with files.open_read(self.path, offset=self.offset, follow_links=True) as f:
+                got = f.readinto(memoryview(data).cast("B"))
+        except OSError as err:
+            raise UserError(f"cannot read {self.path} ({err.strerror or err}); check the file and retry") from None
+        self.data = data[: got // self.dtype.itemsize]
         if len(self.data) != self.count:
             raise UserError(f"{self.path} was truncated while being read; check the file and retry")
 
@@ -296,8 +302,8 @@ def open_dataset(path: str | Path, vocab_size: int = 50257, preload: bool = True
 def _open_ours(root: Path) -> tuple[DatasetInfo, TokenSplit, TokenSplit]:
     sidecar_path = root / SIDECAR
     try:
-        raw = json.loads(sidecar_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = files.read_json(sidecar_path, files.MiB, follow_links=True)
+    except (OSError, ValueError) as exc:
         raise UserError(
             f"{sidecar_path} is not readable JSON ({exc}); fix it or prepare the dataset again"
         ) from exc
@@ -420,7 +426,7 @@ def _raw_count(path: Path, offset: int, dtype: np.dtype) -> int:
 
 def _read_header(path: Path) -> np.ndarray | None:
     try:
-        with open(path, "rb") as f:
+        with files.open_read(path, follow_links=True) as f:
             head = f.read(LLMC_HEADER_BYTES)
     except OSError as exc:
         raise UserError(f"cannot read {path} ({exc.strerror}); check the file and its permissions") from exc
