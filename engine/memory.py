@@ -487,7 +487,6 @@ def run_vocab(config: RunConfig) -> int:
     else our dataset's sidecar (dataset.json); with no dataset, the embedded corpus's BPE;
     else data.vocab_size (nanoGPT/llm.c files carry none). engine.run.configs.open_data binds the
     same vocab when the run opens its data, so every parameter count shown agrees with it."""
-    import json
     from pathlib import Path
 
     if config.model.vocab_size is not None:

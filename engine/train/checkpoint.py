@@ -8,7 +8,6 @@ sampler's state. Files are only ever loaded with `torch.load(weights_only=True)`
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
 import time

@@ -22,7 +22,6 @@ one on a background thread while the model computes.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
