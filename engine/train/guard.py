@@ -134,9 +134,17 @@ class StepGuard:
         self._ema = torch.full((), ema, device=self._ema.device)
         self._streak = torch.full((), max(0.0, streak), device=self._streak.device)
 
+    def snapshot(self) -> torch.Tensor:
+        """This step's loss, norm and bad-step counters as one device tensor (no host read)."""
+        return torch.stack([self._loss, self._norm, self._streak, self._total])
+
     def read(self) -> Reading:
         """One host read of this step's loss, norm and the bad-step counters."""
-        loss, norm, streak, total = torch.stack([self._loss, self._norm, self._streak, self._total]).tolist()
+        return self.take(self.snapshot().tolist())
+
+    def take(self, values: list[float]) -> Reading:
+        """A snapshot read later (engine.train.readings): it becomes the last reading."""
+        loss, norm, streak, total = values
         self.last = Reading(loss, norm, int(streak), int(total))
         return self.last
 

@@ -42,6 +42,7 @@ from engine.train.data import BatchLoader, DataFailed, Dataset
 from engine.errors import UserError
 from engine.train.flops import flops_per_token, mfu, peak_flops
 from engine.train.generate import generate_text
+from engine.train.readings import Reading, Readings
 from engine.train import state as train_state
 
 
@@ -70,9 +71,17 @@ class _StepClock:
     """Times training steps only: pauses, evals and saves restart it."""
 
     def __init__(self) -> None:
+        self.readings: Readings | None = None  # the logged steps in flight, timed by device events
         self.restart()
 
     def restart(self) -> None:
+        """After an eval, a save, a pause: the next steps are timed from here."""
+        self.mark()
+        if self.readings is not None:
+            self.readings.restart()
+
+    def mark(self) -> None:
+        """The steps counted so far went into a reading: count again from here."""
         self.t0, self.steps, self.data_s = time.perf_counter(), 0, 0.0
 
     def per_step(self) -> tuple[float, float]:
@@ -176,6 +185,7 @@ class Trainer:
             self.model = distributed.shard(self.model, self.device, self.dist, self.precision)  # before the optimizer
         self.optimizer = build.optimizer(self.model, cfg.optim, self.device)
         self.loader, self.val_batches = build.loaders(cfg, self.dataset, self.device, self.dist)
+        self.clock.readings = Readings(self.device)
 
         if self.resume:
             self._load_resumed()
@@ -390,21 +400,25 @@ class Trainer:
             log = self.step % cfg.log_interval == 0 or last
             evaluate = self.step % cfg.eval_interval == 0 or last
             save = self.step % cfg.ckpt_interval == 0 or last
-            if not (log or evaluate or save):
+            # the device waits for the host only where it must: evals, checkpoints, the last
+            # step, and under torchrun (the ranks gather their step times on the host)
+            sync = evaluate or save or self.dist.enabled
+            if log and not sync:  # this step's numbers travel to the host behind the work
+                clock.readings.record(self.step, self.tokens, lr, self.guard.snapshot(), clock.steps, clock.data_s)
+                clock.mark()
+                self._check_run_dir()
+            for r in clock.readings.ready():  # the earlier steps whose numbers have arrived
+                self._after_reading(r, None)
+            if not sync:
                 continue
             self._sync()
+            for r in clock.readings.ready(wait=True):
+                self._after_reading(r, None)
             step_time, data_time = clock.per_step()
-            reading = self.guard.read()  # this step's loss, norm and the skipped-step counters
             self._check_run_dir()
-            if log:
-                loss_v = reading.loss
-                if self.dist.enabled:  # the logged loss is the mean over ranks
-                    loss_v = distributed.mean_over_ranks(loss, self.dist).item()
-                self._report(loss_v, lr, reading.norm, step_time, data_time)
-            if self._warmup is not None:
-                self._warmed_up()
-            if reading.total > self._bad_reported:
-                self._after_bad_steps(reading.total - self._bad_reported)
+            mean_loss = distributed.mean_over_ranks(loss, self.dist).item() if log and self.dist.enabled else None
+            now = Reading(self.step, self.tokens, lr, self.guard.snapshot().tolist(), step_time, data_time)
+            self._after_reading(now, mean_loss, report=log)
             if evaluate:
                 self.evaluate()
             if save:
@@ -463,7 +477,20 @@ class Trainer:
         self.emit(ev.Warning_(message=f"{message}\nestimated memory:\n{table}"))
         raise guard.OutOfMemory(message)
 
-    def _report(self, loss: float, lr: float, grad_norm: float, step_time: float, data_time: float) -> None:
+    def _after_reading(self, r: Reading, mean_loss: float | None, report: bool = True) -> None:
+        """A logged step's numbers, arrived: its step event, the compile warm-up's cost once,
+        and the guard's verdict on the updates skipped since the last reading."""
+        reading = self.guard.take(r.values)  # this step's loss, norm and the skipped-step counters
+        if report:  # under torchrun the logged loss is the mean over ranks
+            loss = reading.loss if mean_loss is None else mean_loss
+            self._report(loss, r.lr, reading.norm, r.step_time_s, r.data_time_s, r.step, r.tokens)
+        if self._warmup is not None:
+            self._warmed_up()
+        if reading.total > self._bad_reported:
+            self._after_bad_steps(reading.total - self._bad_reported)
+
+    def _report(self, loss: float, lr: float, grad_norm: float, step_time: float, data_time: float, step: int,
+                tokens: int) -> None:  # fmt: skip
         rank_times = distributed.gather_floats(step_time, self.dist)
         step_time = max(rank_times) if rank_times else step_time  # a step ends with its slowest rank
         self._step_times.append(step_time)
@@ -472,9 +499,9 @@ class Trainer:
         mem = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         self.emit(
             ev.Step(
-                step=self.step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=step_time,
+                step=step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=step_time,
                 tokens_per_s=tok_s, mfu=mfu(tok_s / W, self.flops_token, self.peak), mem_bytes=mem,
-                tokens=self.tokens, data_time_s=data_time, rank_step_times=rank_times,
+                tokens=tokens, data_time_s=data_time, rank_step_times=rank_times,
             )
         )
 
