@@ -263,6 +263,51 @@ def truncate(path: Path | str, size: int) -> None:
         os.close(fd)
 
 
+def private_key(path: Path | str, size: int = 32, create: bool = False) -> bytes | None:
+    """A secret of `size` bytes kept in `path` for this user alone: a regular file (not a link),
+    owned by this user, readable by no one else (no group or other bits), of exactly `size`
+    bytes; Refused otherwise. Missing: None, or (`create`) made (mode 0600, O_EXCL temp then a
+    hard link, so two processes racing agree on one key) and returned."""
+    path = Path(path)
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            return None
+        make_dir(path.parent)
+        tmp = temp_name(path)
+        try:
+            wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(wfd, "wb") as f:
+                os.fchmod(f.fileno(), 0o600)
+                f.write(secrets.token_bytes(size))
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):  # another process made it first: theirs is the key
+                os.link(tmp, path, follow_symlinks=False)
+        finally:
+            _discard(tmp)
+        return private_key(path, size, create=False)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise Refused(errno.ELOOP, f"{path} is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(errno.EINVAL, f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise Refused(errno.EPERM, f"{path} is not owned by this user")
+        if st.st_mode & 0o077:
+            raise Refused(errno.EPERM, f"{path} may be read or written by others (mode {stat.S_IMODE(st.st_mode):o})")
+        data = os.pread(fd, size + 1, 0)
+    finally:
+        os.close(fd)
+    if len(data) != size:
+        raise Refused(errno.EINVAL, f"{path} is not a {size}-byte key")
+    return data
+
+
 # ---------------------------------------------------------------- directories, names
 
 

@@ -305,18 +305,31 @@ def lock_holder(path: Path) -> int | None:
 
 
 def _flock_pid(locked: Path) -> int | None:
-    """The pid holding a flock on the file or directory `locked`, from /proc/locks (Linux), or None."""
+    """The pid holding a flock on the file or directory `locked`, from /proc/locks (Linux), or
+    None. A row is this file's only when its device (major:minor, hex) and inode both match:
+    an inode number alone is shared by files on other file systems."""
     try:
         st = os.stat(locked)
         lines = runfiles.read_text("/proc/locks", runfiles.PROC_CAP).splitlines()
     except OSError:
         return None
-    ino = str(st.st_ino)
+    mine = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
     for line in lines:
         f = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
-        if len(f) > 5 and f[1] == "FLOCK" and f[5].split(":")[-1] == ino and f[4].isdigit():
+        if len(f) > 5 and f[1] == "FLOCK" and f[4].isdigit() and _lock_file_id(f[5]) == mine:
             return int(f[4])
     return None
+
+
+def _lock_file_id(field: str) -> tuple[int, int, int] | None:
+    """/proc/locks' "MAJOR:MINOR:INODE" (device numbers in hex, the inode in decimal)."""
+    parts = field.split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2])
+    except ValueError:
+        return None
 
 
 def claim_writer(path: Path) -> None:

@@ -68,7 +68,6 @@ class Run:
         self.segment_class = segment_class
         self.dist = distributed.current()
         self.mailbox: Mailbox | None = None
-        self.since = time.time()  # mailbox requests older than this were asked of a previous writer
         self.config: RunConfig | None = None
         self.dataset: Dataset | None = None
         self.segment: Trainer | None = None  # the segment training now (the last one, once the run ended)
@@ -102,6 +101,7 @@ class Run:
         self.resume = resume
         if resume:
             self._lock()  # one writer: a second resume is refused before anything is read or written
+            self._mark_mailbox()
         try:
             with distributed.main_first():  # rank 0 downloads --init-from weights into the Hub's cache first
                 if not resume:
@@ -130,6 +130,13 @@ class Run:
     def _create(self, config: RunConfig, tokenizer: str | None) -> None:
         if self.dist.is_main:
             self._made = rundir.create(self.run_dir, config, tokenizer)
+            self._mark_mailbox()
+
+    def _mark_mailbox(self) -> None:
+        """The writer starts (the lock just taken): what its mailbox holds now was asked of a
+        writer that is gone; take() drops it as stale, whatever time its lines claim."""
+        if self.mailbox is not None:
+            self.mailbox.mark_start()
 
     def discard_new(self) -> None:
         """A new run refused before its first step: what create() wrote goes (rundir.discard_new),
@@ -253,13 +260,14 @@ class Run:
 
     def take(self, defer: tuple[str, ...] = ()) -> list[Request]:
         """The requests asked since the last step boundary, the same on every rank; mailbox
-        requests of a kind in `defer` wait in the mailbox (Mailbox.take)."""
+        requests of a kind in `defer` wait in the mailbox (Mailbox.take). A request that was in
+        the mailbox when this writer started is stale (asked of a writer that is gone), whatever
+        time it claims: a line's own clock is not trusted (Mailbox.mark_start)."""
         local = self.control.take()
         if self.mailbox is not None:
             for r in self.mailbox.take(defer):
-                if r.problem is None and r.time < self.since:
-                    asked = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time))
-                    r = dataclasses.replace(r, problem=f"stale: asked at {asked}, before this run's writer started")
+                if r.problem is None and r.old:
+                    r = dataclasses.replace(r, problem="stale: it was in the mailbox before this run's writer started")
                 local.append(r)
         return distributed.agree(local, self.dist, lambda: Request("stop"))
 
@@ -346,17 +354,45 @@ class Run:
         the hand-over) is not lost without a word: this resume says it was dropped, unless
         the switches it asked for are the ones this segment runs with."""
         now, opened = switches(segment.config), {r.id for r in applied}
+        unacked: list[str] = []
         for p in segment.pending_toggles:
             rid, asked = str(p.get("id", "?"))[:64], p.get("switches")
             rid = rid if rid.isprintable() else "?"
             if rid in opened or not isinstance(asked, dict):
                 continue
             if asked and all(now.get(name) == value for name, value in asked.items()):
-                continue  # its segment opened before the kill: config.toml carries its switches
+                unacked.append(rid)  # its segment opened before the kill: config.toml carries its switches
+                continue
             self.emit(ev.Warning_(message=f"a toggle ({rid}) was saved for at step {segment.step} but the run was "
                                           "killed before it applied; resumed with the switches it had"))  # fmt: skip
             self.emit(ev.RequestAck(id=rid, kind="toggle", status="dropped", step=segment.step,
                                     reason="the run was killed between the toggle's save and its new segment"))  # fmt: skip
+        # applied, but was it said? a kill after config.toml took its switches and before the new
+        # segment's events leaves it unacknowledged: say it now, once
+        for rid in sorted(set(unacked) - self._acknowledged(set(unacked))):
+            self.emit(ev.Warning_(message=f"a toggle ({rid}) applied at step {segment.step} just before the run was "
+                                          "killed was not acknowledged then; acknowledged now"))  # fmt: skip
+            self._ack(Request("toggle", id=rid), "applied", segment.step,
+                      "the run was killed before the toggle's new segment said so; it runs with its switches")
+
+    def _acknowledged(self, ids: set[str]) -> set[str]:
+        """Which of `ids` the run's log already acknowledges (read only when a resume has some to ask about)."""
+        if not ids or not self.dist.is_main:
+            return set(ids)
+        from engine import files
+
+        found: set[str] = set()
+        reader = ev.EventLines(self.run_dir / rundir.EVENTS)
+        try:
+            with files.open_log(self.run_dir / rundir.EVENTS, ev.EVENTS_CAP) as f:
+                for raw in f:
+                    if b'"request"' in raw and any(i.encode() in raw for i in ids):
+                        e = reader.parse(raw)
+                        if isinstance(e, ev.RequestAck) and e.id in ids:
+                            found.add(e.id)
+        except OSError:
+            return set(ids)  # the log cannot be read: say nothing rather than twice
+        return found
 
     def _ack(self, r: Request, status: str, step: int, reason: str = "") -> None:
         self.emit(ev.RequestAck(id=r.id, kind=r.kind, status=status, step=step, reason=reason))

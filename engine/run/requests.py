@@ -8,6 +8,12 @@ Two sources of requests, one shape:
   attached run, torchrun's rank 0). Senders append one line under flock; the run takes the
   whole file at a step boundary. It is read only as a small regular file, never through a
   link, never blocking; anything else is refused in one warning and training goes on.
+  It is bounded: `post` refuses a request once the mailbox holds MAX_BYTES ("the run's
+  mailbox is full"), except stop and resume, which have RESERVE bytes more of their own, so a
+  paused run full of toggles can still be resumed or stopped; `take` reads it all (at most
+  READ_CAP bytes: a larger one was not filled by post, and is removed unread with one
+  warning). A mailbox not owned by the run's user, or writable by group or others, is not
+  obeyed: removed unread, one warning.
 
 Signals stay only for stopping a process that does not read its mailbox (Ctrl-C, SIGTERM).
 """
@@ -21,14 +27,17 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from engine import files as runfiles
 from engine.rundir import MAILBOX
 
-MAX_BYTES = 64 * 1024  # a mailbox larger than this is not ours: refused, not read
+MAX_BYTES = 64 * 1024  # post refuses a request past this ("the run's mailbox is full")
+RESERVE = 16 * 1024  # room past MAX_BYTES that only stop and resume may use: a run can always be let go
+READ_CAP = MAX_BYTES + RESERVE  # all post ever fills: a larger mailbox was planted, and is removed unread
+ALWAYS = ("stop", "resume")  # the kinds that may use the reserve
 MAX_DEPTH = 4  # {"switches": {...}} needs 2
 KINDS = ("pause", "resume", "save", "stop", "toggle")
 
@@ -43,6 +52,7 @@ class Request:
     time: float = field(default_factory=time.time)
     switches: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
+    old: bool = False  # in the mailbox already when this run's writer started (Mailbox.mark_start)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "time": self.time, "kind": self.kind}
@@ -125,16 +135,31 @@ class Control:
 
 
 class Mailbox:
-    """The run directory's requests.jsonl, taken whole at each step boundary (rank 0 only)."""
+    """The run directory's requests.jsonl, taken at each step boundary (rank 0 only)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / MAILBOX
         self._refused: set[tuple[int, int, str]] = set()  # what was refused once is not refused again
+        self._start: tuple[int, int, int, int] | None = None  # (dev, ino, from, to): bytes there at the writer's start
+
+    def mark_start(self) -> None:
+        """Remember what the mailbox holds as this run's writer starts: every request already
+        in it was asked of a writer that is gone (`Request.old`), whatever time it claims."""
+        try:
+            fd = runfiles.open_regular(self.path)  # O_NOFOLLOW|O_NONBLOCK: a FIFO never blocks
+        except OSError:
+            self._start = None  # none, or not a regular file (take refuses it)
+            return
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        self._start = (st.st_dev, st.st_ino, 0, st.st_size)
 
     def take(self, defer: tuple[str, ...] = ()) -> list[Request]:
-        """Every request in the mailbox, oldest first; those of a kind in `defer` (toggles while
-        the run is paused) stay in the file, so a writer killed meanwhile never holds one only
-        in memory: the next writer finds it there (stale, dropped with a line)."""
+        """Every request in the mailbox, oldest first; those of a kind in `defer` (toggles while the run is paused)
+        stay in the file, so a writer killed meanwhile never holds one only in memory: the next
+        writer finds it there (stale, dropped with a line)."""
         import fcntl
 
         try:
@@ -148,47 +173,69 @@ class Mailbox:
             st = os.fstat(fd)
             if not (st.st_mode & 0o170000 == 0o100000):
                 return self._refuse((st.st_dev, st.st_ino, "kind"), "not a regular file")
-            if st.st_size > MAX_BYTES:
-                return self._refuse((st.st_dev, st.st_ino, "size"), f"{st.st_size} bytes, over {MAX_BYTES}")
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                who = "not owned by this run's user" if st.st_uid != os.geteuid() else "writable by group or others"
+                return self._refuse((st.st_dev, st.st_ino, "owner"), f"{who}; removed unread", remove=True)
+            if st.st_size > READ_CAP:
+                return self._refuse((st.st_dev, st.st_ino, "size"), f"{st.st_size} bytes, over {READ_CAP}; removed unread",
+                                    remove=True)  # fmt: skip
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return []  # a sender is writing: next step
-            data = os.read(fd, MAX_BYTES + 1)
-            if len(data) > MAX_BYTES:
-                os.unlink(self.path)
-                return self._refuse((0, 0, "grew"), f"over {MAX_BYTES} bytes")
-            lines = [line for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
-            taken = [(line, parse(line)) for line in lines]
-            kept = [line for line, r in taken if r.problem is None and r.kind in defer]
-            if kept:  # under the lock: rewritten in place, a sender appends after it
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, ("\n".join(kept) + "\n").encode(), 0)
+            data = os.pread(fd, READ_CAP + 1, 0)
+            if len(data) > READ_CAP:
+                return self._refuse((0, 0, "grew"), f"over {READ_CAP} bytes; removed unread", remove=True)
+            start = self._start if self._start and self._start[:2] == (st.st_dev, st.st_ino) else None
+            taken: list[tuple[bytes, Request]] = []
+            at = 0
+            for raw in data.splitlines(keepends=True):
+                line = raw.decode("utf-8", errors="replace")
+                if line.strip():
+                    r = parse(line.strip("\r\n"))
+                    if start is not None and start[2] <= at < start[3] and r.problem is None:
+                        r = replace(r, old=True)
+                    taken.append((raw.rstrip(b"\r\n"), r))
+                at += len(raw)
+            self._start = None  # what was there at the start is taken now
+            keep = [line for line, r in taken if r.problem is None and not r.old and r.kind in defer]
+            out = [r for line, r in taken if not (r.problem is None and not r.old and r.kind in defer)]
+            if keep:  # under the lock: rewritten in place, a sender appends after it
+                kept = b"".join(line + b"\n" for line in keep)
+                os.pwrite(fd, kept, 0)
+                os.ftruncate(fd, len(kept))
             else:
                 os.unlink(self.path)  # under the lock: a sender waiting on it sees the file gone and retries
         finally:
             os.close(fd)
-        return [r for _, r in taken if not (r.problem is None and r.kind in defer)]
+        return out
 
-    def _refuse(self, key: tuple[int, int, str], why: str) -> list[Request]:
+    def _refuse(self, key: tuple[int, int, str], why: str, remove: bool = False) -> list[Request]:
+        if remove:
+            try:
+                runfiles.remove(self.path)  # a run's own directory: its requests are never obeyed later
+            except OSError:
+                pass
         if key in self._refused:
             return []
         self._refused.add(key)
         return [Request(kind="mailbox", id="-", problem=f"{self.path} refused ({why}); requests to this run "
-                                                        f"are not read until it is a small regular file")]  # fmt: skip
+                                                        f"are not read until it is a small regular file of its own")]  # fmt: skip
 
 
 def post(run_dir: Path, request: Request) -> None:
     """Append `request` to a run's mailbox (any process may, the run takes it at its next step
-    boundary). OSError if the mailbox cannot be written; UserError if it is not a regular file."""
+    boundary). OSError if the mailbox cannot be written; UserError if it is not a regular file
+    or it is full (stop and resume have a reserve of their own: a run can always be let go)."""
     import fcntl
 
     from engine.errors import UserError
 
     path = Path(run_dir) / MAILBOX
     line = (json.dumps(request.to_json()) + "\n").encode()
+    cap = READ_CAP if request.kind in ALWAYS else MAX_BYTES
     for _ in range(50):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
         try:
             st = os.fstat(fd)
             if st.st_mode & 0o170000 != 0o100000:
@@ -199,9 +246,12 @@ def post(run_dir: Path, request: Request) -> None:
             except FileNotFoundError:
                 same = False  # the run took the file while we waited for the lock
             if same:
+                size = os.fstat(fd).st_size
+                if size + len(line) > cap:
+                    pending = os.pread(fd, READ_CAP + 1, 0).count(b"\n")
+                    raise UserError(f"the run's mailbox is full ({pending} requests pending); wait for it to take them")
                 os.write(fd, line)
                 return
         finally:
             os.close(fd)
     raise OSError(errno.EAGAIN, f"could not post to {path}")
-

@@ -16,6 +16,13 @@ written atomically, never through a link) and loads it with load_cache_artifacts
 the next compile of that run: a resume, a live toggle back to compile, the run copied to a
 new machine. A file from another torch version or device is ignored with one line.
 
+Those bytes are code: torch unpickles them and writes each entry where its key says (an
+absolute key is a path anywhere). So a run's artifacts reach torch only when this user made
+them on this machine: save signs the file (HMAC-SHA256 in its header) with a per-user key kept
+in the gpt2-tui cache (`compile-artifacts.key`, mode 0600, engine.files.private_key), and load
+checks the signature before anything else; an unsigned, foreign or altered file (a planted
+one, a run copied from elsewhere) is ignored with one line and never handed to torch.
+
 Warm-up: `Warmup` reads torch's own counters and compile metrics around a segment's first
 steps: the seconds spent compiling, whether anything was compiled at all (a Dynamo that
 hit its recompile limit runs eager), and where the code came from (cold, warm from the
@@ -24,6 +31,8 @@ on-disk caches, or from the run's artifacts).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +44,8 @@ from engine import files as runfiles
 
 ARTIFACTS = "compile-artifacts.bin"
 MAX_ARTIFACTS_BYTES = 2 << 30  # read bounded: a run directory is a trust boundary
-_MAGIC = b"gpt2-tui compile artifacts\n"
+_MAGIC = b"gpt2-tui compile artifacts 2\n"  # 2: signed (version 1 files are ignored)
+KEY = "compile-artifacts.key"  # in the gpt2-tui cache (engine.paths.cache_root)
 Scope = Literal["model", "blocks"]
 
 
@@ -64,13 +74,56 @@ def _stamp(device_label: str) -> dict[str, str]:
     return {"torch": torch.__version__, "device": device_label}
 
 
+def signing_key(create: bool = False) -> bytes | None:
+    """This user's key for the run artifacts (None when there is none yet and not `create`);
+    Refused (an OSError) for a key file that is a link, not ours or readable by others."""
+    from engine.paths import cache_root
+
+    return runfiles.private_key(cache_root() / KEY, create=create)
+
+
+def _mac(key: bytes, signed: bytes) -> bytes:
+    return hmac.new(key, signed, hashlib.sha256).hexdigest().encode()
+
+
+def pack(stamp: dict[str, str], body: bytes, key: bytes) -> bytes:
+    """The artifacts file: magic, stamp, the HMAC of magic+stamp+body, body."""
+    stamp_line = json.dumps(stamp).encode()
+    return _MAGIC + stamp_line + b"\n" + _mac(key, _MAGIC + stamp_line + b"\n" + body) + b"\n" + body
+
+
+def unpack(data: bytes, device_label: str) -> tuple[bytes | None, str]:
+    """(the body torch may load, "") if this user's key signed `data` for this torch and
+    device, else (None, why not, in words)."""
+    if not data.startswith(_MAGIC):
+        return None, "not a signed gpt2-tui artifacts file"
+    stamp_line, _, rest = data[len(_MAGIC):].partition(b"\n")
+    mac, _, body = rest.partition(b"\n")
+    try:
+        key = signing_key()
+    except OSError as err:
+        return None, f"this user's signing key cannot be used: {err}"
+    if key is None or not hmac.compare_digest(mac, _mac(key, _MAGIC + stamp_line + b"\n" + body)):
+        return None, "not made by this user on this machine: its signature does not match"
+    try:
+        stamp = json.loads(stamp_line)
+    except ValueError:
+        stamp = None
+    if not isinstance(stamp, dict):
+        return None, "not a signed gpt2-tui artifacts file"
+    if stamp != _stamp(device_label):
+        return None, (f"made by torch {stamp.get('torch')} on {stamp.get('device')}, "
+                      f"this is torch {torch.__version__} on {device_label}")  # fmt: skip
+    return body, ""
+
+
 def save_artifacts(run_dir: Path, device_label: str) -> int | None:
-    """What this process compiled so far, into run_dir/ARTIFACTS (atomic, O_NOFOLLOW|O_EXCL
+    """What this process compiled so far, signed, into run_dir/ARTIFACTS (atomic, O_NOFOLLOW|O_EXCL
     temp file, then a rename); the bytes written, or None when torch had nothing to save."""
     saved = torch.compiler.save_cache_artifacts()
     if saved is None:
         return None
-    data = _MAGIC + json.dumps(_stamp(device_label)).encode() + b"\n" + saved[0]
+    data = pack(_stamp(device_label), saved[0], signing_key(create=True))  # type: ignore[arg-type]
     runfiles.atomic_write_bytes(Path(run_dir) / ARTIFACTS, data)  # O_EXCL temp, rename: never through a link
     return len(data)
 
@@ -84,7 +137,8 @@ def _read_bounded(path: Path) -> bytes | None:
 
 def load_artifacts(run_dir: Path, device_label: str) -> tuple[bool, str | None]:
     """Hot-load the run's artifacts into torch's caches before a compile: (loaded, one-line
-    reason it was ignored). A missing file is neither; a foreign or damaged one is ignored."""
+    reason it was ignored). A missing file is neither; one this user's key did not sign (a
+    planted or copied one), a foreign or a damaged one is ignored and never reaches torch."""
     path = Path(run_dir) / ARTIFACTS
     try:
         data = _read_bounded(path)
@@ -92,17 +146,9 @@ def load_artifacts(run_dir: Path, device_label: str) -> tuple[bool, str | None]:
         return False, f"compile artifacts {path} ignored ({err}); this segment compiles without them"
     if data is None:
         return False, None
-    head, _, rest = data.partition(b"\n")
-    stamp_line, _, body = rest.partition(b"\n")
-    try:
-        stamp = json.loads(stamp_line) if head + b"\n" == _MAGIC else None
-    except ValueError:
-        stamp = None
-    if not isinstance(stamp, dict):
-        return False, f"compile artifacts {path} ignored (not a gpt2-tui artifacts file); this segment compiles without them"
-    if stamp != _stamp(device_label):
-        return False, (f"compile artifacts {path} ignored: made by torch {stamp.get('torch')} on "
-                       f"{stamp.get('device')}, this is torch {torch.__version__} on {device_label}")  # fmt: skip
+    body, why = unpack(data, device_label)
+    if body is None:
+        return False, f"compile artifacts {path} ignored ({why}); this segment compiles without them"
     try:
         info = torch.compiler.load_cache_artifacts(body)
     except Exception as err:  # torch's own reader: damage is a miss, never an error

@@ -98,6 +98,10 @@ def test_compile_artifacts_saved_by_one_process_spare_the_next_its_compile(tmp_p
     (first,) = [e for e in _events(run) if isinstance(e, ev.Compiled)]
     assert first.source == "cold" and first.cache_misses > 0
 
+    (tmp_path / "machine-b").mkdir()  # another compile cache, this user's key: artifacts are this user's only
+    key = tmp_path / "machine-b" / compiling.KEY
+    key.write_bytes((tmp_path / "machine-a" / compiling.KEY).read_bytes())
+    key.chmod(0o600)
     _train(["--resume", str(run), "--max-steps", "4"], tmp_path / "machine-b")
     events = _events(run)
     second = [e for e in events if isinstance(e, ev.Compiled)][1]
@@ -114,12 +118,12 @@ def test_foreign_or_linked_artifacts_are_ignored_in_one_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     path = run / compiling.ARTIFACTS
-    path.write_bytes(compiling._MAGIC + json.dumps({"torch": "1.0", "device": "elsewhere"}).encode() + b"\n" + b"x")
+    path.write_bytes(compiling.pack({"torch": "1.0", "device": "elsewhere"}, b"x", compiling.signing_key(create=True)))
     loaded, note = compiling.load_artifacts(run, "cpu")
     assert not loaded and "torch 1.0 on elsewhere" in note and len(note.splitlines()) == 1
     path.write_bytes(b"garbage")
     loaded, note = compiling.load_artifacts(run, "cpu")
-    assert not loaded and "not a gpt2-tui artifacts file" in note
+    assert not loaded and "not a signed gpt2-tui artifacts file" in note
     path.unlink()
     path.symlink_to(tmp_path / "elsewhere.bin")
     (tmp_path / "elsewhere.bin").write_bytes(b"secret")
