@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from engine import console, files
 from engine import cli, events, settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     check = "--check" in (sys.argv[1:] if argv is None else argv)
     stale = []
     for page, text in ((CLI_PAGE, cli_markdown()), (EVENTS_PAGE, events_markdown())):
-        current = page.read_text(encoding="utf-8") if page.exists() else None
+        current = files.read_text(page, 4 << 20) if page.exists() else None
         if current == text:
             continue
         stale.append(page)
         if not check:
-            page.write_text(text, encoding="utf-8")
+            files.write_text(page, text)
     for page in stale:
-        print(f"{'out of date' if check else 'rewrote'}: {page.relative_to(ROOT)}")
+        console.out.line(f"{'out of date' if check else 'rewrote'}: {page.relative_to(ROOT)}")
     return 1 if check and stale else 0
 
 

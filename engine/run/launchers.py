@@ -73,10 +73,10 @@ def spawn_new(config: RunConfig, run_dir: Path, nproc: int = 1) -> tuple[subproc
     """The headless CLI on this config, in its own session: (the process, the config file it
     reads (the caller removes it once the run started), where its console starts in console.log)."""
     rundir.check_new(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    files.make_dir(run_dir)
     fd, name = tempfile.mkstemp(prefix="gpt2-tui-launch-", suffix=".toml")
-    with os.fdopen(fd, "w") as f:
-        f.write(config.model_copy(update={"out_dir": str(run_dir)}).to_toml())
+    os.close(fd)  # a name of our own in the temp directory; the config goes in atomically
+    files.write_text(Path(name), config.model_copy(update={"out_dir": str(run_dir)}).to_toml())
     proc, _, pos = _spawn(headless_command(Path(name), run_dir, nproc), run_dir, Path(name))
     return proc, Path(name), pos
 

@@ -52,7 +52,6 @@ ALLOWED: dict[str, str] = {
     "tui/screens/setup.py:SetupScreen.action_save_config.where.write": "mkdir of the runs' root before api.atomic_write_bytes writes the file",
     "tui/session.py:_proc_status": "reads the kernel's /proc/PID/status of a child this app spawned",
     "tui/session.py:RunSession.poll": "unlinks the mkstemp config file this session wrote for its child",
-    "tui/session.py:start_detached": "mkdir of the run dir rundir.check_new just checked; fdopen of its own mkstemp fd",
     # the measuring tools: write reports into the --out directory the user picks, read their own reports
     "bench/best.py:sweep": "mkdir of the measuring tool's own --out directory",
     "bench/compile_warmup.py:main": "mkdir of the measuring tool's own --out directory",

@@ -73,7 +73,7 @@ def test_a_few_nan_steps_are_skipped_and_the_run_goes_on(tmp_path, tiny_dataset,
     poison_loss.update({3, 4})
     seen = {}
     snap = lambda e: e.event == "step" and e.step in (2, 4) and seen.update(
-        {e.step: [p.detach().clone() for p in t.model.parameters()]})
+        {e.step: [p.detach().clone() for p in t.segment.model.parameters()]})
     t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(snap)], **{"train.max_steps": 8, "train.max_bad_steps": 3})
     assert t.run() == "completed"
     assert all(torch.equal(a, b) for a, b in zip(seen[2], seen[4]))  # steps 3-4 never reached the weights
@@ -82,7 +82,7 @@ def test_a_few_nan_steps_are_skipped_and_the_run_goes_on(tmp_path, tiny_dataset,
     assert nan_steps == [3, 4]
     assert [w.split(":")[0] for w in _warnings(events)] == ["step 3", "step 4"]
     assert events[-1].event == "run_finished" and events[-1].step == 8
-    assert distributed.weights_finite(t.model)
+    assert distributed.weights_finite(t.segment.model)
 
 
 def test_nan_for_max_bad_steps_stops_with_the_last_good_weights(tmp_path, tiny_dataset, poison_loss):
@@ -96,9 +96,9 @@ def test_nan_for_max_bad_steps_stops_with_the_last_good_weights(tmp_path, tiny_d
     msg = str(err.value)
     assert "\n" not in msg and "LR too high" in msg and "fp16 overflow" in msg and "bad data" in msg
     assert "step_000006.pt" in msg
-    saved = ckpt.load(t.ckpts.latest())
+    saved = ckpt.load(t.segment.ckpts.latest())
     assert saved["step"] == 6  # steps 4-6 were skipped: the weights are those after step 3
-    expected = good.model.state_dict()
+    expected = good.segment.model.state_dict()
     assert all(torch.equal(saved["model"][k], expected[k]) for k in expected)
     events = _events(t.run_dir)
     assert any("likely causes" in w for w in _warnings(events)) and events[-1].event == "run_failed"
@@ -108,17 +108,17 @@ def test_nan_weights_are_never_saved_as_latest_or_best(tmp_path, tiny_dataset):
     def poison(e):
         if e.event == "step" and e.step == 3:
             with torch.no_grad():
-                next(t.model.parameters()).fill_(float("nan"))
+                next(t.segment.model.parameters()).fill_(float("nan"))
 
     t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(poison)],
                  **{"train.max_steps": 20, "train.ckpt_interval": 1, "train.eval_interval": 1})  # fmt: skip
     with pytest.raises(guard.Diverged, match="NaN/Inf"):
         t.run()
-    assert [s for s, _ in t.ckpts.step_files()][-1] == 2
+    assert [s for s, _ in t.segment.ckpts.step_files()][-1] == 2
     for name in ("best.pt", "step_000002.pt"):
-        state = ckpt.load(t.ckpts.path / name)
+        state = ckpt.load(t.segment.ckpts.path / name)
         assert all(torch.isfinite(v).all() for v in state["model"].values())
-    assert t.ckpts.latest().name == "step_000002.pt"
+    assert t.segment.ckpts.latest().name == "step_000002.pt"
 
 
 def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_dataset, monkeypatch):
@@ -143,15 +143,15 @@ def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_data
 
     def setup():
         original_setup()
-        next(t.model.parameters()).register_hook(blow_up)
+        next(t.segment.model.parameters()).register_hook(blow_up)
 
     t.setup = setup
     assert t.run() == "completed"
     events = _events(t.run_dir)
-    assert _warnings(events) == [] and t.guard.total == 0
+    assert _warnings(events) == [] and t.segment.guard.total == 0
     norms = {e.step: e.grad_norm for e in events if e.event == "step"}
     assert not math.isfinite(norms[2]) and not math.isfinite(norms[3]) and math.isfinite(norms[4])
-    assert t.scaler.get_scale() == 65536.0 / 4  # halved once per skipped step
+    assert t.segment.scaler.get_scale() == 65536.0 / 4  # halved once per skipped step
 
 
 def test_cli_reports_divergence_in_one_line(tmp_path, tiny_dataset, capsys, poison_loss):
@@ -183,8 +183,8 @@ def test_full_disk_warns_keeps_the_old_checkpoints_and_retries(tmp_path, tiny_da
     assert [e.step for e in events if e.event == "checkpoint"] == [2, 6]
     (warning,) = _warnings(events)
     assert "step 4 could not be written (No space left on device" in warning and "retries" in warning
-    assert sorted(p.name for p in t.ckpts.path.iterdir()) == ["best.pt", "latest", "step_000002.pt", "step_000006.pt"]
-    assert ckpt.load(t.ckpts.latest())["step"] == 6
+    assert sorted(p.name for p in t.segment.ckpts.path.iterdir()) == ["best.pt", "latest", "step_000002.pt", "step_000006.pt"]
+    assert ckpt.load(t.segment.ckpts.latest())["step"] == 6
 
 
 @contextlib.contextmanager
@@ -387,9 +387,9 @@ def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fi
     assert "step_000002.pt" in msg
     (warning,) = [e.message for e in seen if e.event == "warning"]
     assert format_table(memory.estimate(t.config), holds_batch_2) in warning
-    assert [s for s, _ in t.ckpts.step_files()] == [2] and not list(t.ckpts.path.glob(".*"))
+    assert [s for s, _ in t.segment.ckpts.step_files()] == [2] and not list(t.segment.ckpts.path.glob(".*"))
     assert [e.event for e in seen][-1] == "run_failed"
-    assert all(p.grad is None for p in t.model.parameters())  # the failed step's memory is let go
+    assert all(p.grad is None for p in t.segment.model.parameters())  # the failed step's memory is let go
 
 
 def test_full_disk_under_events_jsonl_drops_lines_not_the_run(tmp_path, tiny_dataset, monkeypatch):
@@ -412,7 +412,7 @@ def test_full_disk_under_events_jsonl_drops_lines_not_the_run(tmp_path, tiny_dat
     t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(seen.append)], **{"train.max_steps": 3})
     monkeypatch.setattr(os, "write", full_for_events)
     assert t.run() == "completed"
-    assert seen[-1].event == "run_finished" and ckpt.load(t.ckpts.latest())["step"] == 3
+    assert seen[-1].event == "run_finished" and ckpt.load(t.segment.ckpts.latest())["step"] == 3
     assert (t.run_dir / rundir.EVENTS).stat().st_size == 0  # every line dropped whole, none half-written
 
 

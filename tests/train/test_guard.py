@@ -20,7 +20,7 @@ from engine import rundir
 from engine.config import resolve
 from engine.events import CallbackSink, read_events
 from engine.train.model import GPT
-from engine.run.owner import start
+from engine.run.owner import Run, start
 from engine.train.trainer import Trainer
 from gpt2_tui import main
 
@@ -28,7 +28,7 @@ MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "numpy")  # a device tensor reaching the host
 
 
-def _trainer(tmp_path: Path, data: Path, name: str = "run", sinks=(), **overrides) -> Trainer:
+def _trainer(tmp_path: Path, data: Path, name: str = "run", sinks=(), **overrides) -> Run:
     flags = {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | overrides
     return start(resolve("micro", None, flags), tmp_path / name, sinks=sinks)
 
@@ -52,15 +52,16 @@ def test_a_non_logging_step_reads_nothing_from_the_device(tmp_path, tiny_dataset
     t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 12, "train.log_interval": 4,
                                             "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
     per_step: dict[int, int] = {}
-    original = t.train_step
+    segment = t.segment
+    original = segment.train_step
 
     def train_step(lr):  # the reads from one step's start to the next one's start
         start = sum(host_reads.values())
         out = original(lr)
-        per_step[t.step + 1] = start
+        per_step[segment.step + 1] = start
         return out
 
-    t.train_step = train_step
+    segment.train_step = train_step
     assert t.run() == "completed"
     total_at = [per_step[s] for s in sorted(per_step)]
     reads = {s: b - a for s, a, b in zip(sorted(per_step), total_at, total_at[1:])}  # step s -> reads until s+1
@@ -91,16 +92,16 @@ def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_data
                  **{"train.max_steps": 8, "train.log_interval": 4, "train.max_bad_steps": 3,
                     "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
     weights: dict[int, list[torch.Tensor]] = {}
-    step = t.train_step
+    step = t.segment.train_step
 
     def train_step(lr):
         out = step(lr)
-        weights[t.step + 1] = [p.detach().clone() for p in t.model.parameters()]
+        weights[t.segment.step + 1] = [p.detach().clone() for p in t.segment.model.parameters()]
         return out
 
-    t.train_step = train_step
+    t.segment.train_step = train_step
     assert t.run() == "completed"
-    assert t.optimizer.defaults["fused"]  # the default on CPU: the skip is the kernel's found_inf
+    assert t.segment.optimizer.defaults["fused"]  # the default on CPU: the skip is the kernel's found_inf
     assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[3]))  # steps 2-3 never reached the weights
     assert not all(torch.equal(a, b) for a, b in zip(weights[3], weights[4]))
     warnings = [e.message for e in seen if e.event == "warning"]
@@ -179,4 +180,4 @@ def test_a_finite_loss_spike_is_skipped_and_stops_the_run_in_a_row(tmp_path, tin
                                             "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
     with pytest.raises(guard.Diverged, match="the loss spiked far above its recent level for 3 steps"):
         t.run()
-    assert ckpt.load(t.ckpts.latest())["step"] == 8  # steps 6-8 skipped: the weights of step 5, saved at the stop
+    assert ckpt.load(t.segment.ckpts.latest())["step"] == 8  # steps 6-8 skipped: the weights of step 5, saved at the stop
