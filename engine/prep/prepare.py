@@ -149,25 +149,25 @@ def _wanted(name: str) -> bool:
 def _collect_files(paths: list[Path]) -> tuple[list[Path], list[Skipped]]:
     """Files named directly are taken as they are; directories are walked for text files, and
     the others found there are returned as skipped. Hidden files and folders are left out unsaid."""
-    files: list[Path] = []
+    found: list[Path] = []
     skipped: list[Skipped] = []
     for path in paths:
         path = Path(path).expanduser()
         if not path.exists():
             raise UserError(f"input {path} does not exist; pass existing text files or directories")
         if path.is_file():
-            files.append(path)
+            found.append(path)
             continue
         for dirpath, dirnames, filenames in os.walk(path):
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
             for name in sorted(n for n in filenames if not n.startswith(".")):
                 if _wanted(name):
-                    files.append(Path(dirpath) / name)
+                    found.append(Path(dirpath) / name)
                 else:
                     skipped.append(Skipped(Path(dirpath) / name, "not a text type"))
     seen: set[Path] = set()
     unique = []
-    for file in files:
+    for file in found:
         key = file.resolve()
         if key not in seen:
             seen.add(key)
@@ -198,11 +198,11 @@ def _read_text(file: Path) -> str | Skipped:
     return text if text else Skipped(file, "empty")
 
 
-def _read_corpus(files: list[Path]) -> _Corpus:
+def _read_corpus(inputs: list[Path]) -> _Corpus:
     """UTF-8 text only: binary, undecodable, unreadable and empty files are skipped, with why."""
     texts: list[str] = []
     skipped: list[Skipped] = []
-    for file in files:
+    for file in inputs:
         got = _read_text(file)
         if isinstance(got, Skipped):
             skipped.append(got)
@@ -383,8 +383,8 @@ def prepare_report(
         tok = None
     else:
         tok = load_tokenizer(tokenizer)
-    files, passed_over = _collect_files(paths)
-    corpus = _read_corpus(files)
+    inputs, passed_over = _collect_files(paths)
+    corpus = _read_corpus(inputs)
     corpus.skipped = passed_over + corpus.skipped
     if not corpus.texts:
         named = f": {skipped_text(corpus.skipped, 3)}" if corpus.skipped else ""
@@ -511,8 +511,8 @@ def default_dataset(cache_dir: Path | None = None, progress: bool = True) -> Pat
     return _cached_build(cache_root(cache_dir) / name, stdlib_files, progress)
 
 
-def _cached_build(target: Path, files: Callable[[], list[Path]], progress: bool) -> Path:
-    """Build `target` from `files()` unless it already exists; the check is repeated under
+def _cached_build(target: Path, sources_of: Callable[[], list[Path]], progress: bool) -> Path:
+    """Build `target` from `sources_of()` unless it already exists; the check is repeated under
     the lock so concurrent callers build it once."""
     if (target / SIDECAR).is_file():
         return target
@@ -525,7 +525,7 @@ def _cached_build(target: Path, files: Callable[[], list[Path]], progress: bool)
         ) from exc
     with _locked(target.parent / f"{target.name}.lock"):
         if not (target / SIDECAR).is_file():
-            sources = files()
+            sources = sources_of()
             if not sources:
                 raise UserError(
                     f"the Python standard library source was not found at "
