@@ -23,6 +23,7 @@ from engine import rundir
 from bench.common import OUT_OF_MEMORY, BenchOptions, default_out, load_average, out_of_memory, time_config
 from engine.files import atomic_write_bytes
 from engine.text import human
+from engine import switch_matrix
 from engine.config import resolve
 from engine.errors import UserError
 from engine.run.configs import open_data
@@ -81,6 +82,9 @@ def sweep(preset: str, base: dict[str, Any], batches: list[int], modes: list[str
             over = base | {"train.batch_size": b, "speed.compile": mode != "eager"}
             if mode != "eager":
                 over["speed.compile_mode"] = mode
+                for rule in switch_matrix.refusals(over, switch_matrix.Target("cuda")):
+                    if "speed.compile_scope" in rule.settings:  # CUDA graphs refuse scope blocks: the whole model
+                        over |= rule.fixes[0]
             planned.append((b, mode, resolve(preset, None, over)))
     config0, dataset = open_data(planned[0][2])
     rundir.check_new(out)

@@ -8,7 +8,8 @@ Each part is a command of its own, run as a child process from the checkout unde
 budget; what it writes or prints becomes the part's figures, recorded with the command
 that gives them (its --out left out: the tool then picks a fresh directory):
 
-    tests     pytest tests/gpu/test_gpu.py: the CUDA code paths
+    tests     pytest tests/train/test_switch_matrix.py tests/gpu/test_gpu.py: every supported switch
+              combination on this GPU (engine/switch_matrix.py), then the CUDA code paths
     ladder    the speed ladder, gpt2 at B16 T1024 (ladder.py)
     best      every optimization on; micro-batch 16, 32 x compile default, reduce-overhead (best.py)
     memory    the estimator vs torch.cuda.max_memory_allocated, gpt2 and gpt2-medium (memory_check.py)
@@ -48,8 +49,9 @@ from bench.names import PARTS  # noqa: E402  (torch-free, for --help)
 # each time (attention, vocab, loss), so each compiles cold: ~60-90 s for gpt2 under inductor.
 # best: 4 compiled candidates (2 batches x default, reduce-overhead), ~80 s each cold (the
 # CUDA-graph mode also captures), plus 25 timed steps. About 22 minutes together cold; a
-# warm compile cache takes a fraction of that.
-BUDGET_S = {"tests": 120, "ladder": 600, "best": 400, "memory": 120, "overhead": 90}
+# warm compile cache takes a fraction of that. tests: the switch matrix first (every supported
+# uncompiled combination of the micro preset, and each compile mode x scope once), then test_gpu.py.
+BUDGET_S = {"tests": 600, "ladder": 600, "best": 400, "memory": 120, "overhead": 90}
 DOCTOR_BUDGET_S = 240  # its short runs: under a minute on CPU, a cold micro compile on CUDA
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: every part runs from here
 TAIL_LINES = 15  # of a failed or interrupted part's output, kept in the report
@@ -86,7 +88,8 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
     python = [sys.executable, "-m"]
     data = ["--data", str(Path(opts.data).resolve())] if opts.data else []  # the parts run from the checkout
     bench = [*python, "gpt2_tui", "bench", *data, *(["--vocab-size", str(opts.vocab_size)] if opts.vocab_size else [])]
-    tests: list[str] | str = [*python, "pytest", "tests/gpu/test_gpu.py", "-q", "-rfE", "-p", "no:cacheprovider"]
+    tests: list[str] | str = [*python, "pytest", "tests/train/test_switch_matrix.py", "tests/gpu/test_gpu.py", "-q",
+                              "-rfE", "-p", "no:cacheprovider"]  # fmt: skip
     if opts.dry_run:
         tiny = ["--preset", "micro", "--device", "cpu", "--steps", "1", "--warmup", "1"]
         ladder = [*bench, *tiny, "--skip", "compile"]
@@ -103,7 +106,7 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
                   "--compile", "off"]  # fmt: skip
         overhead = ["--preset", "nano", "--max-steps", "200", "--rounds", "2"]
     if importlib.util.find_spec("pytest") is None:
-        tests = ("skipped: pytest not installed here, and the part runs tests/gpu/test_gpu.py with it "
+        tests = ("skipped: pytest not installed here, and the part runs tests/train/test_switch_matrix.py and tests/gpu/test_gpu.py with it "
                  "(docs/gpu/README.md says how to bring it)")  # fmt: skip
     missing = [m for m in ("textual", "textual_plotext", "plotext", "rich") if importlib.util.find_spec(m) is None]
     dashboard: list[str] | str = [*python, "tui.overhead", *overhead, *data]

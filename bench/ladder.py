@@ -36,7 +36,8 @@ from engine.train.data import Dataset
 from engine.errors import UserError
 from engine.run.requests import Control
 from engine import device as devices
-from engine.device import cpu_half_reason, describe as describe_device, idle_data_switches, pick as pick_device
+from engine import switch_matrix
+from engine.device import cpu_half_reason, describe as describe_device, pick as pick_device
 from bench.fresh import time_compile_cache
 from bench.common import (OUT_OF_MEMORY, BenchOptions, FirstStep, default_out, load_average, out_of_memory)
 from engine.settings import ladder
@@ -133,14 +134,6 @@ class LadderResult(BaseModel):
 # ---------------------------------------------------------------- the ladder
 
 
-def _tf32_reason(device: torch.device) -> str | None:
-    if device.type != "cuda":
-        return "TF32 needs a CUDA GPU (Ampere or newer)"
-    if torch.cuda.get_device_capability(device) < (8, 0):
-        return "TF32 needs an Ampere or newer GPU (compute capability 8.0+)"
-    return None
-
-
 def _fused_adamw_reason(device: torch.device) -> str | None:
     try:
         p = torch.nn.Parameter(torch.zeros(2, device=device))
@@ -152,16 +145,17 @@ def _fused_adamw_reason(device: torch.device) -> str | None:
 
 
 def applicable(name: str, value: Any, device: torch.device, vocab: int) -> tuple[Any, str | None]:
-    """(the value to set, or why this switch cannot work here)."""
-    if name == "speed.precision" and value == "tf32":
-        return value, _tf32_reason(device)
+    """(the value to set, or why this switch cannot work here: engine/switch_matrix.py's IDLE
+    entries, for this device as a Target)."""
+    target = switch_matrix.Target(device.type, devices.has_bf16(device.type))  # type: ignore[arg-type]
+    idle = switch_matrix.idle(name, value, target)
+    if idle is not None:
+        return value, idle
     if name == "speed.precision" and value == "amp":
         amp = devices.half_precision(device.type)  # the engine's own decision: emulated bf16 counts as none
         return amp, cpu_half_reason(amp) if device.type == "cpu" else None
     if name == "optim.fused" and value:
         return value, _fused_adamw_reason(device)
-    if name in ("data.pin_memory", "data.prefetch") and value:
-        return value, idle_data_switches(device.type).get(name)
     if name == "model.pad_vocab" and value and vocab % 64 == 0:
         return value, f"vocab {vocab} is already a multiple of 64"
     return value, None

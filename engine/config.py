@@ -16,6 +16,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from engine.errors import Invalid, Refusal, UserError
+from engine.switch_matrix import check_config
 
 Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 Attention = Literal["flash", "manual"]
@@ -35,7 +36,6 @@ MAX_WIDTH = 2**17  # embedding width, heads
 MAX_CONTEXT = 2**20  # tokens per sequence
 MAX_VOCAB = 2**32  # uint32 token files
 MAX_BATCH = 2**16  # sequences per micro-batch, micro-batches per step
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # compile modes that capture CUDA graphs
 MAX_STEPS = 10**12  # any step count or interval
 MAX_COUNT = 10**6  # evals' batches, kept checkpoints, bad steps in a row
 MAX_SAMPLE_TOKENS = 2**16
@@ -268,19 +268,17 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _cuda_graphs_without_accumulation(self) -> RunConfig:
-        """reduce-overhead and max-autotune replay CUDA graphs whose outputs (the .grad tensors
-        allocated during capture) are overwritten by the next replay: accumulating gradients
-        over micro-batches reads overwritten memory (torch/_inductor/cudagraph_trees.py names
-        this case). Refused here, so the CLI, the form and a live toggle all refuse it."""
-        mode, accum = self.speed.compile_mode, self.train.grad_accum
-        if self.speed.compile and mode in CUDA_GRAPH_MODES and accum > 1:
-            raise Invalid(
-                f"compile mode {mode} with grad accumulation {accum}: its CUDA graphs overwrite the accumulated gradients",
-                {"speed.compile_mode": "max-autotune-no-cudagraphs"}, {"speed.compile_mode": "default"},
-                {"train.grad_accum": 1},
-            )
+    def _supported_switches(self) -> RunConfig:
+        """The switch combinations engine/switch_matrix.py refuses wherever this config's device
+        may be (CUDA graphs with grad accumulation, with compile scope blocks, with FSDP2):
+        refused here, so the CLI, the form and a live toggle all refuse them."""
+        check_config(self.switch_values(), self.speed.device)
         return self
+
+    def switch_values(self) -> dict[str, Any]:
+        """{dotted setting: value} of every setting (what engine/switch_matrix.py reads)."""
+        return {f"{section}.{name}": value for section, fields in self.model_dump().items()
+                if isinstance(fields, dict) for name, value in fields.items()}  # fmt: skip
 
     @property
     def seq_len(self) -> int:

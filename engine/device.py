@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import torch
 
-from engine import files
+from engine import files, switch_matrix
 from engine.errors import UserError
 
 Kind = Literal["cuda", "mps", "cpu"]
@@ -130,8 +130,9 @@ def precision(name: str, device_kind: str) -> str:
     bf16 = has_bf16(device_kind)
     if name == "auto":
         return half_precision(device_kind) if device_kind == "cuda" else "fp32"
-    if name == "bf16" and not bf16:
-        raise UserError("this GPU has no bf16 support", {"speed.precision": "fp16 (with its GradScaler) or tf32"})
+    for rule in switch_matrix.refusals({"speed.precision": name}, switch_matrix.Target(device_kind, bf16)):  # type: ignore[arg-type]
+        why = rule.refusal({"speed.precision": name})
+        raise UserError(why.problem, *why.fixes)
     return name
 
 
@@ -300,17 +301,17 @@ def _compiler_problem(env: str, name: str, what: str) -> str | None:
 
 
 def idle_data_switches(device_kind: str) -> dict[str, str]:
-    """The data switches that do nothing on this device kind -> why. Both overlap host work
-    with an accelerator's: pinned buffers let the copy run beside the step, the prefetch
-    thread builds the next batch while the GPU computes. On CPU the host is the device: the
-    thread only takes cores from the math (measured in docs/benchmarks.md), so the batch is
-    built inline there. The trainer, the estimator, the ladder and the form all ask here."""
-    out = {}
-    if device_kind != "cuda":
-        out["data.pin_memory"] = "pinned memory needs CUDA"
-    if device_kind == "cpu":
-        out["data.prefetch"] = "the prefetch thread needs an accelerator: on CPU it takes cores from the math"
-    return out
+    """The data switches that do nothing on this device kind -> why (engine/switch_matrix.py
+    IDLE: pinned buffers and the prefetch thread overlap host work with an accelerator's). The
+    trainer, the estimator, the ladder and the form all ask here."""
+    idle = switch_matrix.idle_switches(switch_matrix.Target(device_kind))  # type: ignore[arg-type]
+    return {k: v for k, v in idle.items() if k.startswith("data.")}
+
+
+def target(caps: Capabilities, device: str = "auto") -> switch_matrix.Target:
+    """This machine as engine/switch_matrix.py's Target, for a `speed.device` value."""
+    k = caps.device if device == "auto" else device.split(":")[0]
+    return switch_matrix.Target(k, caps.bf16 if k == caps.device else True, max(1, caps.gpus))  # type: ignore[arg-type]
 
 
 def disabled(caps: Capabilities) -> dict[str, str]:
@@ -323,6 +324,10 @@ def disabled(caps: Capabilities) -> dict[str, str]:
     return out
 
 
+def _field_words(dotted: str, value: Any) -> str:
+    return f"{dotted.split('.')[1].replace('_', ' ')} {value}"
+
+
 def refuse(values: dict[str, Any], caps: Capabilities) -> dict[str, str]:
     """Chosen values this machine can't run -> the reason, per field."""
     out = {}
@@ -331,9 +336,10 @@ def refuse(values: dict[str, Any], caps: Capabilities) -> dict[str, str]:
         out["speed.device"] = "no CUDA GPU here; choose auto or cpu"
     if device == "mps" and not caps.mps:
         out["speed.device"] = "this machine has no MPS; choose auto or cpu"
-    on_cuda = device == "cuda" or (device == "auto" and caps.cuda)
-    if values.get("speed.precision") == "bf16" and on_cuda and not caps.bf16:
-        out["speed.precision"] = "this GPU has no bf16; choose fp16 (with its GradScaler) or tf32"
+    for rule in switch_matrix.refusals(values, target(caps, device)):  # the switch matrix, on this machine
+        for dotted in rule.settings:
+            if dotted in values:
+                out.setdefault(dotted, rule.refusal(values).words(_field_words, verb="choose "))
     if values.get("speed.compile") and caps.compile_reason:
         out["speed.compile"] = caps.compile_reason
     return out

@@ -102,32 +102,82 @@ def _field(fn: Callable[[], Any], errors: type[BaseException] | tuple[type[BaseE
         return None
 
 
-def visible_indices(nv: Any, count: int, env: str | None = None) -> list[int]:
-    """NVML indices of the GPUs CUDA_VISIBLE_DEVICES exposes (all when unset or unreadable).
+def _torch_uuids() -> list[str] | None:
+    """The UUIDs of the GPUs this process's CUDA sees, in CUDA's order, when torch has CUDA up
+    already (asking costs no context then); None otherwise."""
+    import sys
 
-    NVML ignores that variable, so a job pinned to GPU 3 would otherwise watch GPU 0.
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        return [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return None
+
+
+def cuda_order(nv: Any, count: int, order: str | None = None) -> list[int]:
+    """NVML indices in CUDA's device order (CUDA_DEVICE_ORDER). NVML enumerates by PCI bus id,
+    as CUDA does under PCI_BUS_ID; CUDA's default, FASTEST_FIRST, puts faster devices first
+    (ties by PCI bus id), approximated here by compute capability, higher first: the same
+    order on a machine of one GPU model."""
+    order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") if order is None else order
+    indices = list(range(count))
+    if order.strip().upper() == "PCI_BUS_ID":
+        return indices
+
+    def capability(i: int) -> tuple[int, int]:
+        cc = _field(lambda: nv.nvmlDeviceGetCudaComputeCapability(nv.nvmlDeviceGetHandleByIndex(i)),
+                    (nv.NVMLError, AttributeError))  # an older binding lacks it: PCI order
+        return tuple(cc) if cc else (0, 0)  # type: ignore[return-value]
+
+    return sorted(indices, key=lambda i: tuple(-c for c in capability(i)))
+
+
+def visible_indices(nv: Any, count: int, env: str | None = None, order: str | None = None,
+                    uuids: list[str] | None = None) -> list[int]:  # fmt: skip
+    """NVML indices of the GPUs CUDA exposes, in CUDA's order (all when CUDA_VISIBLE_DEVICES
+    is unset or unreadable).
+
+    NVML ignores CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, so a job pinned to GPU 3 would
+    otherwise watch GPU 0. Exact when torch has CUDA up in this process (`uuids`: each visible
+    GPU's UUID, matched to NVML's); else the variable's entries are read as CUDA ordinals
+    (`cuda_order`) or UUID prefixes.
     """
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES") if env is None else env
-    if spec is None or not spec.strip():
-        return list(range(count))
-    out: list[int] = []
-    uuids: dict[str, int] | None = None
-    for item in (s.strip() for s in spec.split(",")):
-        if item.isdigit():
-            if int(item) < count:
-                out.append(int(item))
-            continue
-        if uuids is None:
-            uuids = {}
+    uuids = _torch_uuids() if uuids is None and env is None else uuids
+    nvml_uuids: dict[str, int] | None = None
+
+    def by_uuid() -> dict[str, int]:
+        nonlocal nvml_uuids
+        if nvml_uuids is None:
+            nvml_uuids = {}
             for i in range(count):
                 u = _field(lambda i=i: _text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))), nv.NVMLError)
                 if u:
-                    uuids[u] = i
-        hit = [i for u, i in uuids.items() if item and u.startswith(item)]
+                    nvml_uuids[u] = i
+        return nvml_uuids
+
+    if uuids:
+        known = by_uuid()
+        hits = [next((i for u, i in known.items() if u.removeprefix("GPU-") == w.removeprefix("GPU-")), None) for w in uuids]
+        if all(h is not None for h in hits):
+            return [h for h in hits if h is not None]
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES") if env is None else env
+    ordinals = cuda_order(nv, count, order)
+    if spec is None or not spec.strip():
+        return ordinals
+    out: list[int] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if item.isdigit():
+            if int(item) >= count:
+                break  # CUDA stops at the first invalid entry
+            out.append(ordinals[int(item)])
+            continue
+        hit = [i for u, i in by_uuid().items() if item and u.startswith(item)]
         if not hit:
             break  # CUDA stops at the first invalid entry
         out.append(hit[0])
-    return out or list(range(count))
+    return out or ordinals
 
 
 class NvmlReader:

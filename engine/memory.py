@@ -255,13 +255,13 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         # (embeddings, tied head, ln_f), params gathered in fp32. The root stays gathered
         # through forward and backward; a block is gathered while it runs, the next prefetched,
         # and its unsharded gradient exists until reduce-scattered.
-        # Mixed precision (engine.train.distributed.mixed_precision_policy): gathered in bf16/fp16, the
-        # unsharded gradient reduce-scattered in fp32.
+        # Mixed precision (engine.train.distributed.mixed_precision_policy, per block): blocks gathered
+        # in bf16/fp16, the root in fp32, the unsharded gradient reduce-scattered in fp32.
         params, grads, optim = -(-params // world_size), -(-grads // world_size), -(-optim // world_size)
         root = 4 * config.model.model_copy(update={"n_layer": 0}).n_params(s.V)
         block = (4 * N - root) // s.L
         gathered = 2 if low else 4  # bytes a gathered parameter takes
-        shard_extra = (root + 2 * block) * gathered // 4 + block
+        shard_extra = root + 2 * block * gathered // 4 + block
         notes.append("FSDP2: the root unit gathered throughout, two gathered blocks and one block's fp32 "
                      f"gradient (modelled; gathered in {precision if low else 'fp32'})")  # fmt: skip
     elif world_size > 1:

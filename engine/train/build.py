@@ -23,14 +23,27 @@ def precision_context(precision: str, device: torch.device) -> tuple[Callable[[]
     """(autocast factory, GradScaler or None) for a resolved precision; on CUDA, TF32 matmuls
     follow the precision (off only for fp32) and the peak-memory counter starts here."""
     if device.type == "cuda":
-        tf32 = precision != "fp32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+        set_tf32(precision != "fp32")
         torch.cuda.reset_peak_memory_stats(device)
     dtype = devices.autocast_dtype(precision)
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     return autocast, scaler
+
+
+def set_tf32(on: bool) -> None:
+    """TF32 matmuls and convolutions on or off. Where torch has the fp32_precision API (2.9+,
+    whose allow_tf32 flags print a deprecation warning) it is set alone: torch refuses reading
+    a mix of the two APIs. Older torch: set_float32_matmul_precision and cudnn's flag."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision"):
+        value = "tf32" if on else "ieee"
+        matmul.fp32_precision = value
+        conv = getattr(cudnn, "conv", None)
+        (conv if conv is not None and hasattr(conv, "fp32_precision") else cudnn).fp32_precision = value
+    else:
+        torch.set_float32_matmul_precision("high" if on else "highest")
+        cudnn.allow_tf32 = on
 
 
 def model(config: RunConfig, device: torch.device, init_state: Mapping[str, torch.Tensor] | None) -> GPT:

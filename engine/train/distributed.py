@@ -98,9 +98,11 @@ def init(device: str = "auto") -> Context:
             )
         torch.cuda.set_device(local_rank)
     backend = "nccl" if use_cuda else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s()))
-    # host-side flags and timings go over gloo so they never force a GPU sync
-    _control_group = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+    timeout = timedelta(seconds=timeout_s())
+    dist.init_process_group(backend, timeout=timeout)
+    # host-side flags and timings go over gloo so they never force a GPU sync; the same timeout
+    # (new_group's default is gloo's 30 minutes, not the world group's)
+    _control_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
     return current()
 
 
@@ -148,31 +150,37 @@ def place(device: torch.device, ctx: Context) -> torch.device:
 
 def choose(parallel: str, config: Any, ctx: Context, device: torch.device) -> Parallel | None:
     """None alone; else the configured kind, or for "auto": DDP unless the estimator says
-    a full replica does not fit this GPU while a 1/W shard does."""
+    a full replica does not fit this GPU while a 1/W shard does, against the budget the launch's
+    fit check uses (engine.device.budget: the memory free now), and never a sharding the switch
+    matrix refuses with these switches (engine/switch_matrix.py: FSDP2 with CUDA graphs)."""
     if not ctx.enabled:
         return None
     if parallel in ("ddp", "fsdp"):
         return parallel  # type: ignore[return-value]
     if device.type != "cuda":
         return "ddp"
-    from engine import memory
-    from engine.device import memory_bytes
+    from engine import memory, switch_matrix
+    from engine.device import budget
 
-    total = memory_bytes(str(device))
-    if total is None:
+    target = switch_matrix.Target("cuda", gpus=ctx.world_size)
+    if switch_matrix.refusals({**config.switch_values(), "speed.parallel": "fsdp"}, target):
         return "ddp"
-    if memory.estimate(config, ctx.world_size, "ddp").fits(total):
+    available, _what = budget(device.type)
+    if available is None:
         return "ddp"
-    return "fsdp" if memory.estimate(config, ctx.world_size, "fsdp").fits(total) else "ddp"
+    if memory.estimate(config, ctx.world_size, "ddp").fits(available):
+        return "ddp"
+    return "fsdp" if memory.estimate(config, ctx.world_size, "fsdp").fits(available) else "ddp"
 
 
 def shard(model: torch.nn.Module, device: torch.device, ctx: Context, precision: str = "fp32") -> torch.nn.Module:
     """FSDP2: each transformer block is one unit, the root (embeddings, tied head) another.
 
     In place: the parameters become DTensors, so this comes before the optimizer is made.
-    Mixed precision (bf16/fp16) gathers the parameters in that dtype (half the all-gather
-    bytes; autocast would cast them anyway) and reduce-scatters gradients in fp32, so the
-    sharded fp32 master weights and their optimizer state see fp32 gradients.
+    Mixed precision (bf16/fp16) gathers each block's parameters in that dtype (half the
+    all-gather bytes; autocast would cast them anyway) and reduce-scatters gradients in fp32,
+    so the sharded fp32 master weights and their optimizer state see fp32 gradients. The root
+    stays fp32 (the policy is per block), so the residual stream is fp32 as under DDP.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -184,19 +192,26 @@ def shard(model: torch.nn.Module, device: torch.device, ctx: Context, precision:
     more = {"mp_policy": policy} if policy is not None else {}
     for block in model.transformer.h:  # type: ignore[union-attr]
         fully_shard(block, mesh=mesh, **more)
-    fully_shard(model, mesh=mesh, **more)
+    # the root (embeddings, final LayerNorm, tied head) keeps FSDP2's default fp32 policy: bf16
+    # embeddings there would start the residual stream in bf16, unlike DDP and one GPU, where
+    # autocast runs the matmuls in bf16 and the residual adds stay fp32
+    fully_shard(model, mesh=mesh)
     return model
 
 
 def mixed_precision_policy(precision: str) -> Any:
-    """FSDP2's MixedPrecisionPolicy for a run's precision: params gathered in bf16/fp16,
-    gradients reduced in fp32; None for fp32/tf32 (FSDP2's default: everything fp32)."""
+    """FSDP2's MixedPrecisionPolicy of a block for a run's precision: params gathered in
+    bf16/fp16, gradients reduced in fp32, the block's input (the residual stream) left in fp32
+    as autocast leaves it under DDP (cast_forward_inputs=False); None for fp32/tf32 (FSDP2's
+    default: everything fp32)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from engine.device import autocast_dtype
 
     dtype = autocast_dtype(precision)
-    return None if dtype is None else MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    if dtype is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
 
 
 def replicate(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -14,13 +14,19 @@ from engine.config import ModelConfig, Precision
 # Dense datasheet peaks in TFLOP/s ("-": no such mode); the first name pattern (a regex on
 # torch.cuda.get_device_name()) that matches wins. bf16/fp16: tensor cores, fp32 accumulation;
 # tf32: tensor-core tf32; fp32: the plain CUDA-core rate (fp32 with TF32 disabled).
+# H800 (the export H100, NVLink cut, same SMs and clocks): NVIDIA's H800 datasheet, the H100's
+# figures. A10: NVIDIA A10 datasheet (bf16/fp16 125, tf32 62.5, fp32 31.2; halves of its sparse
+# 250/125). A10G (AWS G5; no NVIDIA datasheet): the figures AWS and NVIDIA's A10G spec give,
+# bf16/fp16 70, tf32 35 dense (140/70 sparse), fp32 31.2.
 # pattern            bf16    fp16    tf32    fp32
 _PEAK_TABLE = r"""
-H100.*PCIe           756     756     378     51.2
+H[18]00.*PCIe        756     756     378     51.2
 H100 NVL|H200 NVL    835     835     418     60
-H100|H200|GH200      989     989     494     67
+H100|H200|GH200|H800 989     989     494     67
 A100                 312     312     156     19.5
 A800                 312     312     156     19.5
+A10G                 70      70      35      31.2
+A10\b                125     125     62.5    31.2
 L40S                 362     362     183     91.6
 L40\b                181     181     90.5    90.5
 \bL4\b               121     121     60      30.3

@@ -193,3 +193,16 @@ def test_gpu_event_round_trips_through_json():
     line = e.model_dump_json()
     assert '"event":"gpu"' in line
     assert GpuEvent.model_validate_json(line) == e
+
+
+def test_visible_indices_follow_cuda_device_order():
+    """NVML numbers GPUs by PCI bus id; CUDA's default order (FASTEST_FIRST) puts the faster
+    first. CUDA_VISIBLE_DEVICES=0 on a box with an old card in PCI slot 0 and a new one in
+    slot 1 means the new card, unless CUDA_DEVICE_ORDER=PCI_BUS_ID."""
+    nv = fake_pynvml(count=2)
+    nv.nvmlDeviceGetCudaComputeCapability = lambda h: [(7, 0), (9, 0)][h[1]]  # a V100, then an H100
+    assert visible_indices(nv, 2, "0", order="PCI_BUS_ID") == [0]
+    assert visible_indices(nv, 2, "0", order="FASTEST_FIRST") == [1]
+    assert visible_indices(nv, 2, "", order="FASTEST_FIRST") == [1, 0]
+    # torch's own UUIDs of the visible GPUs (CUDA up in this process) decide exactly
+    assert visible_indices(nv, 2, "1", order="FASTEST_FIRST", uuids=["GPU-0000-1"]) == [1]

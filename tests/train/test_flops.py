@@ -26,3 +26,14 @@ def test_unknown_devices_and_precisions_are_unknown_not_guessed():
     assert peak_flops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 there
     assert peak_flops("NVIDIA H100 PCIe", "bf16") != peak_flops("NVIDIA H100 80GB HBM3", "bf16")  # two parts
     assert mfu(1000.0, 10**9, None) is None
+
+
+def test_peak_table_knows_h800_a10_and_a10g_apart_from_their_neighbours():
+    """NVIDIA's datasheets (H800 = H100's figures; A10) and the A10G's published spec: dense peaks."""
+    T = 1e12
+    assert peak_flops("NVIDIA H800", "bf16") == 989 * T and peak_flops("NVIDIA H800", "tf32") == 494 * T
+    assert peak_flops("NVIDIA H800 PCIe", "bf16") == 756 * T
+    assert peak_flops("NVIDIA A10", "bf16") == 125 * T and peak_flops("NVIDIA A10", "tf32") == 62.5 * T
+    assert peak_flops("NVIDIA A10", "fp32") == 31.2 * T
+    assert peak_flops("NVIDIA A10G", "fp16") == 70 * T and peak_flops("NVIDIA A10G", "tf32") == 35 * T
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312 * T  # A10's pattern leaves the A100 alone
