@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from engine import events as ev
 from engine import rundir
 from engine import files as runfiles
-from engine.text import fmt_params, shown
+from engine.text import fmt_params, loss_text, shown
 
 RunStateName = Literal["running", "finished", "stopped", "failed", "writer gone"]
 DEFAULT_ROOT = Path("runs")
@@ -302,7 +302,7 @@ def step_text(r: RunSummary) -> str:
 
 
 def loss_text(r: RunSummary) -> str:
-    return "-" if r.best_val_loss is None else f"{r.best_val_loss:.4f}"
+    return "-" if r.best_val_loss is None else loss_text(r.best_val_loss)
 
 
 def speed_text(r: RunSummary) -> str:
