@@ -45,7 +45,7 @@ def test_fit_shape_halves_the_batch_then_the_steps() -> None:
     start = bench.Shape(32, 5, 20)
     assert bench.fit_shape(start, 0.01, 0.5, 8, 480, fit_steps=True) == (start, True)  # fits as it is
     assert bench.fit_shape(start, 100.0, 0.5, 8, 480, fit_steps=False) == (bench.Shape(1, 5, 20), False)
-    got, fits = bench.fit_shape(start, 10.0, 0.5, 8, 480, fit_steps=True)
+    got, fits = bench.fit_shape(start, 100.0, 0.5, 8, 480, fit_steps=True)
     assert fits and got.steps == bench.MIN_STEPS and got.warmup == 1 and got.batch_size < 32
-    assert 8 * (0.5 + 4 * 10.0 * got.batch_size / 32) <= bench.FIT_SHARE * 480
+    assert 8 * (0.5 + 4 * 100.0 * got.batch_size / 32) <= bench.FIT_SHARE * 480
     assert bench.fit_shape(start, 1.0, 0.5, 8, 480, fit_steps=True, probe_batch=4)[0].batch_size == 8  # per-row cost
