@@ -48,4 +48,5 @@ def test_fit_shape_halves_the_batch_then_the_steps() -> None:
     got, fits = bench.fit_shape(start, 100.0, 0.5, 8, 480, fit_steps=True)
     assert fits and got.steps == bench.MIN_STEPS and got.warmup == 1 and got.batch_size < 32
     assert 8 * (0.5 + 4 * 100.0 * got.batch_size / 32) <= bench.FIT_SHARE * 480
-    assert bench.fit_shape(start, 1.0, 0.5, 8, 480, fit_steps=True, probe_batch=4)[0].batch_size == 8  # per-row cost
+    assert bench.fit_shape(start, 1.0, 0.5, 8, 480, fit_steps=True)[0].batch_size == 32  # 1 s at B32
+    assert bench.fit_shape(start, 1.0, 0.5, 8, 480, fit_steps=True, probe_batch=4)[0].batch_size == 4  # 1 s at B4
