@@ -88,6 +88,15 @@ class BenchConfig(BaseModel):
         None, gt=0, description="seconds the whole ladder may take; None: CPU_BUDGET_S on a CPU, no bound elsewhere"
     )
 
+    fit_batch: bool = Field(
+        True, description="with a time budget and no batch_size: a smaller micro-batch, picked from a measured first "
+        "step, when the preset's would not let every rung run within the budget (fit_shape)"
+    )
+    fit_steps: bool = Field(
+        False, description="with a time budget: fewer timed and warm-up steps too, when a smaller batch is not enough "
+        "(the CLI sets it when --steps was not given)"
+    )
+
     def budget_for(self, device: torch.device) -> float | None:
         return self.budget_s if self.budget_s is not None else (CPU_BUDGET_S if device.type == "cpu" else None)
 
@@ -114,6 +123,7 @@ class RungResult(BaseModel):
 
 class LadderResult(BaseModel):
     preset: str
+    shape_note: str = ""  # how fit_shape picked the batch and steps from a measured first step, if it did
     device: str = ""
     device_name: str = ""
     torch_version: str = torch.__version__
@@ -215,6 +225,64 @@ def plan(bench: BenchConfig, device: torch.device, vocab: int) -> list[PlannedRu
     return rungs
 
 
+MIN_STEPS = 3  # timed steps per rung that fit_shape never goes below: the median of 3 intervals
+FIT_SHARE = 0.7  # the share of the budget left after the probe that fit_shape plans the rungs to fill
+CPU_COMPILE_S = 60.0  # what fit_shape sets aside for a compiled rung's compile on a CPU (nano: 20-60 s on 2 cores)
+
+
+class Shape(NamedTuple):
+    batch_size: int
+    warmup: int
+    steps: int
+
+
+def fit_shape(
+    start: Shape, step_s: float, startup_s: float, rungs: int, left_s: float, fit_steps: bool, reserve_s: float = 0.0,
+    probe_batch: int | None = None,
+) -> tuple[Shape, bool]:
+    """(the largest shape whose `rungs` rungs fit, whether it does): each rung costs `startup_s`
+    plus its warm-up and timed steps, a step taking `step_s` at `probe_batch` (default `start`'s
+    batch size), scaled by batch size; they must fill at most FIT_SHARE of `left_s` less
+    `reserve_s`. The batch halves first (down to an eighth of the preset's), then, with
+    `fit_steps`, the steps shrink (to 1 warm-up + MIN_STEPS), then the batch halves again to 1.
+    `start` itself when it fits; the smallest shape, and False, when nothing does."""
+    room = FIT_SHARE * (left_s - reserve_s)
+    per = step_s / (probe_batch or start.batch_size)
+
+    def cost(s: Shape) -> float:
+        return rungs * (startup_s + (s.warmup + s.steps) * per * s.batch_size)
+
+    def halvings(b: int, floor: int) -> list[int]:
+        out = []
+        while b > floor:
+            b = max(floor, b // 2)
+            out.append(b)
+        return out
+
+    candidates = [start] + [start._replace(batch_size=b) for b in halvings(start.batch_size, max(1, start.batch_size // 8))]
+    low = candidates[-1].batch_size
+    if fit_steps:
+        short = Shape(low, min(start.warmup, 1), min(start.steps, MIN_STEPS))
+        candidates += [short] + [short._replace(batch_size=b) for b in halvings(low, 1)]
+    else:
+        candidates += [start._replace(batch_size=b) for b in halvings(low, 1)]
+    fitting = next((c for c in candidates if cost(c) <= room), None)
+    return (fitting, True) if fitting is not None else (candidates[-1], False)
+
+
+def _probe(
+    bench: BenchConfig, base: dict[str, Any], baseline: dict[str, Any], dataset: Dataset, run_dir: Path, batch: int
+) -> tuple[float, float]:
+    """(seconds of a baseline step at `batch`, seconds of a rung's start-up, its slow first step
+    included): two steps of the ladder's slowest rung, the baseline, with the real Trainer (a
+    first step alone overstates the rest several times over)."""
+    two = {"train.max_steps": 2, "train.log_interval": 1, "train.batch_size": batch}
+    config, ds = open_data(resolve(bench.preset, None, base | baseline | two))
+    timing, _ = time_compile_cache(None, config, ds, run_dir)
+    step_s = timing.step_times_s[-1]
+    return step_s, max(0.0, timing.startup_s - step_s)
+
+
 def run_ladder(
     bench: BenchConfig,
     out: Path,
@@ -222,12 +290,18 @@ def run_ladder(
     on_step: Callable[[str, ev.Step], None] | None = None,
     on_rung: Callable[[RungResult], None] | None = None,
     command: str = "",
+    say: Callable[[str], None] | None = None,
 ) -> LadderResult:
-    """Climb the ladder; results are filled in rung by rung (on_rung sees each as it lands).
+    """Climb the ladder; results are filled in rung by rung (on_rung sees each as it lands;
+    `say` gets a line as each starts, and how the shape was picked).
 
-    Bad input (preset, data, sizes, --skip, --out) is found before anything is written.
-    A rung that fails (out of memory, a kernel missing) is recorded and the ladder goes on.
+    With a time budget (a CPU's by default), the batch size (and with fit_steps the steps) is
+    picked from a measured first step of the baseline so that every rung runs within it
+    (fit_shape); the result's shape_note says so. Bad input (preset, data, sizes, --skip,
+    --out) is found before anything is written. A rung that fails (out of memory, a kernel
+    missing) is recorded and the ladder goes on.
     """
+    tell = say or (lambda line: None)
     base = base_overrides(bench)
     device = pick_device(bench.device)
     probe, dataset = open_data(resolve(bench.preset, None, base))  # validates everything up front
@@ -238,20 +312,46 @@ def run_ladder(
         if overrides is not None:
             resolve(bench.preset, None, base | overrides)
     rundir.check_new(out)
+    budget = bench.budget_for(device)
+    t0 = time.monotonic()
+    shape_note = ""
+    runnable = [p for p in the_plan if p.overrides is not None]
+    if budget is not None and bench.batch_size is None and bench.fit_batch and runnable and not (stop and stop.is_set()):
+        out.mkdir(parents=True, exist_ok=True)
+        start = Shape(probe.train.batch_size, bench.warmup, bench.steps)
+        small = max(1, start.batch_size // 8)  # cheap to measure however slow the preset's batch is here
+        tell(f"measuring two baseline steps at batch size {small} to fit the ladder in its {budget:g} s budget")
+        step_s, startup_s = _probe(bench, base, runnable[0].overrides or {}, dataset, out / "shape-probe", small)
+        compiled = any((p.overrides or {}).get("speed.compile") for p in runnable)
+        reserve = CPU_COMPILE_S if compiled and device.type == "cpu" else 0.0
+        left = budget - (time.monotonic() - t0)
+        fitted, fits = fit_shape(start, step_s, startup_s, len(runnable), left, bench.fit_steps, reserve, small)
+        measured = f"a measured baseline step took {step_s:.2f} s at batch size {small}"
+        how = f"batch size {fitted.batch_size}, {fitted.warmup} + {fitted.steps} steps per rung"
+        if not fits:
+            shape_note = (f"{measured}: {how}, the smallest shape, and still not all {len(runnable)} rungs may fit "
+                          f"the {budget:g} s budget: rungs past it are skipped (raise --budget)")  # fmt: skip
+        elif fitted != start:
+            shape_note = (f"{measured}: {how}, so all {len(runnable)} rungs fit the {budget:g} s budget "
+                          "(--batch-size and --steps choose)")  # fmt: skip
+        if fitted != start:
+            bench = bench.model_copy(update={"batch_size": fitted.batch_size, "warmup": fitted.warmup, "steps": fitted.steps})
+            base = base_overrides(bench)
+            probe, _ = open_data(resolve(bench.preset, None, base))
+        if shape_note:
+            tell(shape_note)
 
     result = LadderResult(
         preset=bench.preset, device=str(device), device_name=describe_device(device),  # known before any rung runs
         load=load_average(), batch_size=probe.train.batch_size,
         block_size=probe.seq_len, grad_accum=probe.train.grad_accum, vocab_size=vocab, n_params=param_count(probe),
         tokens_per_step=probe.tokens_per_step, steps=bench.steps, warmup=bench.warmup, command=command,
-        rungs=[RungResult(name=s.name, label=s.label) for s, _, _, _ in the_plan],
+        rungs=[RungResult(name=s.name, label=s.label) for s, _, _, _ in the_plan], shape_note=shape_note,
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     warm_intervals = -(-bench.warmup // bench.log_interval)
     baseline: float | None = None
     prev: float | None = None
-    budget = bench.budget_for(device)
-    t0 = time.monotonic()
     deadline = None if budget is None else t0 + budget
     last_rung_s: float | None = None  # the wall time of the rung before: the next one's prediction
     for i, (spec, overrides, skip_reason, notes) in enumerate(the_plan):
@@ -268,6 +368,8 @@ def run_ladder(
             r.status, r.reason = "skipped", (f"would outlast the ladder's time budget of {budget:g} s (--budget): "
                                              f"the rung before took {last_rung_s:.0f} s, {left:.0f} s are left")  # fmt: skip
         else:
+            tell(f"  {spec.label}: measuring {bench.warmup} + {bench.steps} steps"
+                 + ("" if left is None else f" ({left:.0f} s of the budget left)"))
             began = time.monotonic()
             _run_rung(r, bench, base | overrides, dataset, out / f"{i}-{spec.name}", result, warm_intervals,
                       stop, on_step, deadline)  # fmt: skip
@@ -379,6 +481,7 @@ def header_lines(result: LadderResult) -> list[str]:
         f"{result.date}, load average at start {result.load}",
         f"median of {result.steps} timed steps after {result.warmup} warm-up steps per rung "
         "(device-synchronized); 'first step' includes compilation; 'startup' is trainer start to first step done",
+        *([f"shape: {result.shape_note}"] if result.shape_note else []),
     ]
 
 
@@ -416,6 +519,7 @@ def run(args: BenchOptions, command: str) -> int:
         vocab_size=args.vocab_size or GPT2_VOCAB, batch_size=args.batch_size, block_size=args.block_size,
         grad_accum=args.grad_accum, steps=args.steps or 20, warmup=args.warmup,
         log_interval=args.log_interval or 1, skip=args.skip, compile_cache=args.compile_cache, budget_s=args.budget,
+        fit_steps=args.steps is None,
     )  # fmt: skip
     out = args.out or default_out(preset)
 
@@ -427,7 +531,7 @@ def run(args: BenchOptions, command: str) -> int:
             print(f"  {r.label}: {r.status} ({r.reason})", flush=True)
 
     print(f"speed ladder: preset {preset}, {bench.warmup} + {bench.steps} steps per rung -> {out}", flush=True)
-    result = run_ladder(bench, out, on_rung=progress, command=command)
+    result = run_ladder(bench, out, on_rung=progress, command=command, say=lambda line: print(line, flush=True))
     print()
     print(to_text(result))
     print(f"\nwrote {out / 'ladder.md'} and {out / 'ladder.json'}")

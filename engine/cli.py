@@ -218,7 +218,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError("--resume takes its config and directory from the run; drop --preset/--config/--out")
         if "model.init_from" in overrides:
             raise UserError("--init-from starts a new run; a --resume continues from its checkpoint: drop --init-from")
-        config, run_dir = resumed_config(args.resume, overrides), args.resume
+        config, run_dir = resumed_config(args.resume, overrides, args.resume_from), args.resume
         if args.resume_from:  # named, so checked here, before anything runs
             from engine.train.checkpoint import CheckpointDir
 
@@ -295,6 +295,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         from engine.train.data import check_dir
 
         check_dir(Path(config.data.path).expanduser())  # a path that is no dataset: one line, not a guess
+    size = memory.size_text(config)  # the model's own size, and what the dataset's vocab makes of it
     config = memory.with_dataset_vocab(config)
     est = memory.estimate(config, args.world_size, args.sharding)
     if device_bytes is None:
@@ -303,7 +304,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         out.json(est.model_dump(mode="json"), indent=2)
     else:
-        out.line(text.format_table(est, device_bytes))
+        out.line(text.format_table(est, device_bytes, size))
         if est.target == "cpu":  # a half precision this CPU emulates: fits, but far slower than fp32
             slow = device.cpu_half_reason(device.precision(config.speed.precision, "cpu"))
             if slow:
@@ -414,10 +415,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
 def cmd_toggle(args: argparse.Namespace) -> int:
     """Ask a live run for new switches: checked here first (as a launch is), applied by the
     run at its next step boundary, which checks again (engine/run/toggle.py)."""
-    from engine.run import toggle
+    from engine.run import requests, toggle
     from engine import rundir
     from engine.config import overlay
-    from engine.text import change_text
+    from engine.text import change_text, short, value_text
     from engine.run.segments import changed, switches
 
     config = rundir.load_config(args.run_dir)
@@ -430,6 +431,18 @@ def cmd_toggle(args: argparse.Namespace) -> int:
             f"no live run writes {args.run_dir}; change a stopped run's switches as you resume it: "
             f"{program()} train --resume {args.run_dir} {' '.join(as_flags(overrides))}"
         )
+    waiting = requests.pending(args.run_dir)  # asked, not yet taken by the run
+    after = config
+    for asked_before in waiting:
+        try:
+            after = overlay(after.model_dump(mode="json", exclude_none=True), asked_before)
+        except UserError:
+            continue  # the run refuses that one itself
+    if waiting and toggle.already_on(after, overrides) is not None:
+        what = "; ".join(", ".join(f"{short(n)} -> {value_text(v)}" for n, v in p.items()) for p in waiting)
+        raise UserError(f"already pending: {path_text(args.run_dir)} has not yet taken the toggle{'s' * (len(waiting) > 1)} "
+                        f"asked before ({what}), which already asks for this; it applies at the next step boundary "
+                        f"(`{program()} attach {path_text(args.run_dir)}` shows the new segment)")
     diff = changed(switches(config), switches(toggle.check(config, overrides)))
     if not diff:
         raise UserError(f"{args.run_dir} already runs with those switches; nothing to change")
@@ -493,8 +506,26 @@ def guarded(body: Callable[[], int]) -> int:
 def parse(parser: Parser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     args, rest = parser.parse_known_args(argv)
     if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        parser.error(f"unrecognized arguments: {' '.join(rest)}{did_you_mean(parser, args, rest)}")
     return args, rest
+
+
+def did_you_mean(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> str:
+    """'; did you mean --batch-size?' for the first unknown flag close to one of the command's
+    own flags (difflib), else ''."""
+    import difflib
+
+    command = parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, "command", None) in action.choices:
+            command = action.choices[args.command]
+    flags = [s for a in command._actions for s in a.option_strings if s.startswith("--")]
+    for word in rest:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
+            if close:
+                return f"; did you mean {close[0]}?"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

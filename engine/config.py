@@ -372,8 +372,19 @@ def read_toml(path: Path, what: str = "config") -> dict[str, Any]:
 
 
 def preset_names() -> list[str]:
+    """The presets, smallest model first (parameters at GPT-2's vocab; name breaks a tie):
+    micro, nano, ... gpt2-xl, the order the form, `--help` and refusals list them in."""
     files = resources.files("presets").iterdir()
-    return sorted(p.name.removesuffix(".toml") for p in files if p.name.endswith(".toml"))
+    names = [p.name.removesuffix(".toml") for p in files if p.name.endswith(".toml")]
+    return sorted(names, key=lambda name: (_preset_params(name), name))
+
+
+def _preset_params(name: str) -> int:
+    try:
+        model = tomllib.loads(resources.files("presets").joinpath(f"{name}.toml").read_text()).get("model", {})
+        return ModelConfig.model_validate(model).n_params(DataConfig().vocab_size)
+    except (ValueError, TypeError, AttributeError):
+        return MAX_STEPS  # an unreadable preset goes last; loading it names the problem
 
 
 def load_preset(name: str) -> dict[str, Any]:

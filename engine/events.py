@@ -293,7 +293,15 @@ def settled_step_time(times: list[float]) -> float | None:
     return statistics.median(times[len(times) // 2 :]) if times else None
 
 
-ETA_MIN_REPORTS = 3  # the first report carries the warm-up (compile); from the third, the settled median skips it
+# The settle window: the first report carries the warm-up (compile); from the third, the settled
+# median skips it. A segment with fewer step reports has no settled speed: "too short to settle".
+SETTLE_MIN_REPORTS = 3
+ETA_MIN_REPORTS = SETTLE_MIN_REPORTS
+
+
+def settles(times: list[float]) -> bool:
+    """Whether these step reports are enough for a settled step time (SETTLE_MIN_REPORTS)."""
+    return len(times) >= SETTLE_MIN_REPORTS
 
 
 def eta_seconds(times: list[float], step: int, max_steps: int | None) -> float | None:

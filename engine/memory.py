@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine.config import RunConfig
 from engine.errors import UserError
-from engine.text import MiB, fix_flags, human, params_text
+from engine.text import MiB, fix_flags, fmt_params, human, params_text
 
 Sharding = Literal["ddp", "fsdp"]
 Target = Literal["cuda", "mps", "cpu"]
@@ -126,11 +126,18 @@ def param_count(config: RunConfig) -> int:
 
 
 def size_text(config: RunConfig) -> str:
-    """The size a run of `config` gets, with its vocab (run_vocab's rule): the form's preset list,
-    `estimate` and the ladder all show this."""
+    """The model's own size with the vocab it assumes (the model's, else GPT-2's 50257), and where
+    the run's dataset has another vocab (run_vocab's rule), the size the run gets with it:
+    '124.5M params (vocab 50257; 92.1M with this dataset's 8192-token vocab)'. The form's preset
+    list, `estimate` and the ladder all show this."""
     sized = with_dataset_vocab(config)
-    assert sized.model.vocab_size is not None
-    return params_text(param_count(sized), sized.model.vocab_size)
+    run = sized.model.vocab_size
+    assert run is not None
+    own = config.model.vocab_size or config.data.vocab_size  # the preset's own: GPT-2's 50257 unless it sets one
+    if own == run:
+        return params_text(param_count(sized), run)
+    full = config.model.model_copy(update={"vocab_size": own}).n_params()
+    return f"{fmt_params(full)} params (vocab {own}; {fmt_params(param_count(sized))} with this dataset's {run}-token vocab)"
 
 
 def _param_tensors(s: _Shape) -> int:

@@ -103,6 +103,11 @@ def fmt_params(n: int | None) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.0f}K"
 
 
+def loss_text(loss: float) -> str:
+    """A loss as people read it: 4 significant digits (10.83, 3.412, 0.8123); more are noise."""
+    return f"{loss:.4g}"
+
+
 def params_text(n_params: int, vocab: int) -> str:
     """'124.5M params (vocab 50257)': a parameter count means little without the vocab it assumes."""
     return f"{fmt_params(n_params)} params (vocab {vocab})"
@@ -175,18 +180,18 @@ def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
         case "step":
             mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
             return (
-                f"step {e.step:>6}/{max_steps} | loss {e.loss:.4f} | lr {e.lr:.2e} | "
+                f"step {e.step:>6}/{max_steps} | loss {loss_text(e.loss)} | lr {e.lr:.2e} | "
                 f"norm {e.grad_norm:.3f} | {1000 * e.step_time_s:.1f} ms | "
                 f"{e.tokens_per_s:,.0f} tok/s | mfu {mfu} | mem {human(e.mem_bytes)}"
             ) + (f" | eta {duration_text(eta)}" if eta else "")
         case "eval":
-            return f"eval step {e.step}: val loss {e.val_loss:.4f}"
+            return f"eval step {e.step}: val loss {loss_text(e.val_loss)}"
         case "checkpoint":
             return f"checkpoint step {e.step}: {e.path}{' (best)' if e.best else ''}"
         case "warning":
             return f"warning: {e.message}"
         case "run_finished":
-            best = "-" if e.best_val_loss is None else f"{e.best_val_loss:.4f}"
+            best = "-" if e.best_val_loss is None else loss_text(e.best_val_loss)
             line = f"run {e.reason} at step {e.step}; best val loss {best}"
             s = e.summary
             if s:
@@ -226,16 +231,17 @@ def verdict(est: Any, device_bytes: int | None) -> str:
     return f"does not fit: peak {human(est.peak_bytes)} > {human(device_bytes)} available"
 
 
-def format_table(est: Any, device_bytes: int | None) -> str:
+def format_table(est: Any, device_bytes: int | None, model_size: str | None = None) -> str:
     """An engine.memory.MemoryEstimate as a plain-text table: each part's full size, what of
-    it is alive at the peak, the phases, the peak and the verdict."""
+    it is alive at the peak, the phases, the peak and the verdict. `model_size`: the model's size in
+    words (engine.memory.size_text), else the estimate's parameter count and vocab."""
     rows = [("part", "size", "at peak")]
     for name, size in est.components.items():
         if size or est.breakdown.get(name):
             rows.append((name, human(size), human(est.breakdown.get(name, 0))))
     w0, w1 = (max(len(r[i]) for r in rows) + 2 for i in (0, 1))
     lines = [
-        f"{params_text(est.n_params, est.vocab_size)}, "
+        f"{model_size or params_text(est.n_params, est.vocab_size)}, "
         f"micro-batch {est.batch_size} x {est.seq_len} tokens, "
         f"grad accum {est.grad_accum}, {est.precision} on {est.target}"
         + (f", {est.world_size} ranks ({est.sharding})" if est.world_size > 1 else "")

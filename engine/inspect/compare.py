@@ -22,7 +22,7 @@ from engine import events as ev
 from engine import rundir
 from engine import files as runfiles
 from engine.errors import UserError
-from engine.text import human, path_text, ratio_text, short, value_text
+from engine.text import human, loss_text, path_text, ratio_text, short, value_text
 from engine.text import shown as cell
 from engine.run.segments import SWITCHES, SegmentReader, SegmentSummary, speedup
 
@@ -104,7 +104,7 @@ class Row:
     segment: SegmentSummary
     vs_prev: float | None  # against the segment before, same run (None for a run's first)
     vs_first: float | None  # against the first row of the table
-    best_val_loss: float | None  # the run's, on its first row only
+    best_val_loss: float | None  # this segment's best (SegmentSummary.best_val_loss), not the run's
 
 
 def labels(run_dirs: Sequence[str]) -> list[str]:
@@ -114,14 +114,15 @@ def labels(run_dirs: Sequence[str]) -> list[str]:
 
 
 def rows(runs: Sequence[tuple[str, Sequence[SegmentSummary], float | None]]) -> list[Row]:
-    """(label, segments, best val loss) per run -> rows in order."""
+    """(label, segments, best val loss) per run -> rows in order; each row's best val is its
+    segment's own (the run's best is RunComparison.best_val_loss)."""
     out: list[Row] = []
     first: SegmentSummary | None = None
     for label, segs, best in runs:
         for i, s in enumerate(segs):
             first = first or s
             prev = speedup(s, segs[i - 1]) if i else None
-            out.append(Row(label, s, prev, speedup(s, first), best if i == 0 else None))
+            out.append(Row(label, s, prev, speedup(s, first), s.best_val_loss))
     return out
 
 
@@ -152,12 +153,23 @@ def cells(r: Row) -> list[str]:
     return [
         cell(r.run), f"{s.from_step}-{s.to_step}", s.reason,
         "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s",
-        "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}",
+        speed_text(s),
         "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}", compile_text(s),
         "-" if s.mfu is None else f"{100 * s.mfu:.1f}%",
         human(s.peak_mem_bytes), ratio_text(r.vs_prev), ratio_text(r.vs_first),
-        "" if r.best_val_loss is None else f"{r.best_val_loss:.4f}", "",
+        "" if r.best_val_loss is None else loss_text(r.best_val_loss), "",
     ]  # fmt: skip
+
+
+TOO_SHORT = "too short to settle"
+
+
+def speed_text(s: SegmentSummary) -> str:
+    """The ms/step cell: the settled step time, or why there is none (a segment of fewer step
+    reports than the settle window, events.SETTLE_MIN_REPORTS, has no speed and no ratio)."""
+    if s.too_short_to_settle:
+        return TOO_SHORT
+    return "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}"
 
 
 def compile_text(s: SegmentSummary) -> str:

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from engine import events as ev
 from engine import rundir
 from engine import files as runfiles
-from engine.text import fmt_params, shown
+from engine.text import fmt_params, loss_text, shown
 
 RunStateName = Literal["running", "finished", "stopped", "failed", "writer gone"]
 DEFAULT_ROOT = Path("runs")
@@ -301,8 +301,8 @@ def step_text(r: RunSummary) -> str:
     return f"{r.step}/{r.max_steps if r.max_steps is not None else '?'}"
 
 
-def loss_text(r: RunSummary) -> str:
-    return "-" if r.best_val_loss is None else f"{r.best_val_loss:.4f}"
+def best_loss_text(r: RunSummary) -> str:
+    return "-" if r.best_val_loss is None else loss_text(r.best_val_loss)
 
 
 def speed_text(r: RunSummary) -> str:
@@ -318,7 +318,7 @@ COLUMNS = ("name", "model", "state", "step", "best val", "tok/s", "started", "de
 
 def row(r: RunSummary) -> tuple[str, ...]:
     """One run as the cells of COLUMNS (the CLI table and the Runs screen share them)."""
-    cells = (r.name, model_text(r), r.state, step_text(r), loss_text(r), speed_text(r), started_text(r), r.device_name or "-")
+    cells = (r.name, model_text(r), r.state, step_text(r), best_loss_text(r), speed_text(r), started_text(r), r.device_name or "-")
     return tuple(shown(c) for c in cells)  # names and fields come from files: printable, one line
 
 

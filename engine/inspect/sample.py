@@ -9,6 +9,7 @@ import torch
 
 from engine.train import checkpoint as ckpt
 from engine import rundir
+from engine.text import loss_text
 from engine.config import RunConfig, build
 from engine.errors import UserError
 from engine.train.model import GPT
@@ -27,7 +28,7 @@ class Loaded(NamedTuple):
 def source_text(loaded: Loaded) -> str:
     """'sampling from runs/x/checkpoints/step_000300.pt (step 300, val loss 4.1234)': which
     weights made the text, since a run directory stands for its latest checkpoint."""
-    loss = "" if loaded.val_loss is None else f", val loss {loaded.val_loss:.4f}"
+    loss = "" if loaded.val_loss is None else f", val loss {loss_text(loaded.val_loss)}"
     return f"sampling from {loaded.path} (step {loaded.step}{loss})"
 
 

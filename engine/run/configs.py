@@ -33,9 +33,43 @@ def new_config(
     return config.model_copy(update={"out_dir": str(run_dir)}), run_dir
 
 
-def resumed_config(run_dir: Path, overrides: dict[str, Any]) -> RunConfig:
-    """The run's own config with the flags given at resume on top."""
-    return overlay(rundir.load_config(run_dir).model_dump(mode="json", exclude_none=True), overrides)
+def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | None = None) -> RunConfig:
+    """The run's own config with the flags given at resume on top, its lr schedule kept
+    (keep_schedule), or UserError when the run already trained to its max steps and the flags
+    ask for no more (unless `resume_from` names an earlier checkpoint)."""
+    own = rundir.load_config(run_dir)
+    config = keep_schedule(own, overlay(own.model_dump(mode="json", exclude_none=True), overrides), overrides)
+    if resume_from is None:
+        from engine.text import path_text, program
+        from engine.train.checkpoint import CheckpointDir
+
+        step = CheckpointDir(run_dir / rundir.CHECKPOINTS).latest_step()
+        n = config.train.max_steps
+        if step is not None and step >= n:
+            where = path_text(run_dir)
+            raise UserError(f"{where} already trained to step {step}, its max steps {n}: nothing is left to train; "
+                            f"to train further give a larger --max-steps: {program()} train --resume {where} "
+                            f"--max-steps {2 * n}")  # fmt: skip
+    return config
+
+
+def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    """The one rule for a resume's lr schedule: the steps already planned keep their lr. The
+    cosine ends where the run's plan put it (its decay_steps, else the max steps it was started
+    with), written into the config (optim.decay_steps) so a later resume keeps it too; steps past
+    it train at min_lr, which a note says. `--decay-steps M` at resume re-plans."""
+    if "optim.decay_steps" in overrides or config.optim.decay_steps is not None:
+        kept = config
+    else:
+        end = own.optim.decay_steps or own.train.max_steps
+        kept = overlay(config.model_dump(mode="json", exclude_none=True), {"optim.decay_steps": end})
+    end, n = kept.optim.decay_steps or kept.train.max_steps, kept.train.max_steps
+    notes = list(config.notes)
+    if n > end and "optim.decay_steps" not in overrides:
+        notes.append(f"the schedule keeps its decay to step {end}; steps after it train at min_lr {kept.optim.min_lr:g}; "
+                     f"pass --decay-steps {n} to re-plan")  # fmt: skip
+    kept._notes = notes
+    return kept
 
 
 def with_pretrained_shape(

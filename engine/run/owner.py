@@ -328,9 +328,14 @@ class Run:
 
     def _toggle(self, segment: Trainer, toggles: list[Request]) -> Ending | None:
         """Check each toggle as a launch would, in order, on top of the ones accepted before it;
-        a refusal is a warning and the run trains on; any accepted: save and hand over."""
+        one asking for the switches the run already has (after those) is dropped as "already
+        on"; a refusal is a warning and the run trains on; any accepted: save and hand over."""
         accepted, config = [], segment.config
         for r in toggles:
+            same = toggle.already_on(config, r.switches)
+            if same is not None:  # a repeated toggle: no new segment, no second save of this step
+                self._drop([r], segment.step, same)
+                continue
             try:
                 config = toggle.check(config, r.switches)
             except UserError as err:

@@ -255,3 +255,21 @@ def post(run_dir: Path, request: Request) -> None:
         finally:
             os.close(fd)
     raise OSError(errno.EAGAIN, f"could not post to {path}")
+
+
+def pending(run_dir: Path) -> list[dict[str, Any]]:
+    """The switches of each toggle waiting in a run's mailbox, oldest first ({dotted switch:
+    value} per request): what a UI shows as pending and checks a new toggle against, so that
+    the same toggle is not asked twice. Read only (the run still takes them); a mailbox that
+    is absent, a link, not a regular file or too large holds none."""
+    try:
+        data = runfiles.read_bounded(Path(run_dir) / MAILBOX, READ_CAP)
+    except OSError:
+        return []
+    out = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        if line.strip():
+            r = parse(line)
+            if r.problem is None and r.kind == "toggle" and r.switches:
+                out.append(dict(r.switches))
+    return out

@@ -9,6 +9,7 @@ segment per `run_started`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -87,6 +88,9 @@ class SegmentSummary(BaseModel):
     compiled: bool | None = None  # False: compile was on but nothing ran compiled (eager)
     compile_s: float | None = None  # seconds torch spent compiling
     compile_source: str | None = None  # cold | warm disk | run artifacts
+    # fewer step reports than the settle window (events.SETTLE_MIN_REPORTS): no settled speed, no ratio
+    too_short_to_settle: bool = False
+    best_val_loss: float | None = None  # the best val loss of this segment's evals (not the run's)
 
 
 class _Open:
@@ -102,9 +106,11 @@ class _Open:
         self.tokens_per_step: float | None = None
         self.peak: int | None = None
         self.compiled: ev.Compiled | None = None
+        self.best_val: float | None = None
 
     def summary(self) -> SegmentSummary:
-        settled = ev.settled_step_time(self.times)
+        short = bool(self.times) and not ev.settles(self.times)
+        settled = None if short else ev.settled_step_time(self.times)
         tok_s = self.tokens_per_step / settled if settled and self.tokens_per_step else None
         s = self.started
         util = mfu(tok_s, s.flops_per_token, s.peak_flops, s.world_size) if tok_s and s else None
@@ -113,7 +119,7 @@ class _Open:
             reason=self.reason, first_step_time_s=self.times[0] if self.times else None,
             settled_step_time_s=settled, tokens_per_s=tok_s, mfu=util, peak_mem_bytes=self.peak,
             compiled=c.compiled if (c := self.compiled) else None, compile_s=c.compile_s if c else None,
-            compile_source=c.source if c else None,
+            compile_source=c.source if c else None, too_short_to_settle=short, best_val_loss=self.best_val,
         )  # fmt: skip
 
 
@@ -158,7 +164,11 @@ class SegmentReader:
                     cur.peak = max(cur.peak or 0, e.mem_bytes)
             case ev.Compiled() if cur is not None:
                 cur.compiled = e
-            case ev.Eval() | ev.Checkpoint() | ev.RunFinished() | ev.RunFailed() if cur is not None:
+            case ev.Eval() if cur is not None:
+                cur.to_step = max(cur.to_step, e.step)
+                if math.isfinite(e.val_loss):
+                    cur.best_val = e.val_loss if cur.best_val is None else min(cur.best_val, e.val_loss)
+            case ev.Checkpoint() | ev.RunFinished() | ev.RunFailed() if cur is not None:
                 cur.to_step = max(cur.to_step, e.step if e.step is not None else cur.to_step)
 
     def current_step_times(self) -> list[float]:

@@ -18,7 +18,8 @@ from typing import Any
 from engine.config import RunConfig, overlay
 from engine.run.requests import Request, post
 from engine.errors import UserError
-from engine.run.segments import SWITCHES
+from engine.text import short, value_text
+from engine.run.segments import SWITCHES, switches
 
 
 def ask(overrides: dict[str, Any]) -> Request:
@@ -36,6 +37,21 @@ def request(run_dir: Path, overrides: dict[str, Any]) -> Request:
     asked = ask(overrides)
     post(run_dir, asked)
     return asked
+
+
+def already_on(config: RunConfig, overrides: dict[str, Any]) -> str | None:
+    """Why a toggle asks for nothing new, or None: every switch it names already has the value
+    it asks for in `config` (the run's switches now, after any toggle accepted before it). The
+    run drops such a request with this reason and starts no segment; the CLI refuses to ask."""
+    if not overrides or set(overrides) - set(SWITCHES):
+        return None  # empty or unknown: check() words that refusal
+    try:
+        asked = switches(overlay(config.model_dump(mode="json", exclude_none=True), overrides))
+    except UserError:
+        return None  # an invalid value: check() refuses it
+    if asked != switches(config):
+        return None
+    return "already on: the run trains with " + ", ".join(f"{short(n)} {value_text(asked[n])}" for n in overrides)
 
 
 def check(config: RunConfig, overrides: dict[str, Any], held: int | None = None) -> RunConfig:

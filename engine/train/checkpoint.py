@@ -108,6 +108,12 @@ class CheckpointDir:
             runfiles.atomic_write_bytes(self.path / "latest", f"step_{step:06d}.pt\n".encode())
         return aside
 
+    def latest_step(self) -> int | None:
+        """The step of the latest checkpoint (what a resume continues from), None without one."""
+        path = self.latest()
+        match = _STEP_FILE.match(path.name) if path is not None else None
+        return int(match.group(1)) if match else None
+
     def latest(self) -> Path | None:
         try:
             name = runfiles.read_bounded(self.path / "latest", POINTER_CAP).decode(errors="replace").strip()

@@ -18,7 +18,7 @@ import torch
 
 from engine.config import RunConfig
 from engine.errors import UserError
-from engine.text import program
+from engine.text import loss_text, program
 
 
 class Diverged(UserError):
@@ -190,7 +190,7 @@ def bad_steps(g: StepGuard, step: int, skipped: int) -> Verdict:
     what = "a loss spike far above its recent level" if finite else "not finite"
     which = "the update was skipped" if skipped == 1 else f"{skipped} updates since the last report were skipped"
     return Verdict(
-        f"step {step}: loss {r.loss:.6g}, grad norm {r.norm:.6g}: {what}; {which} "
+        f"step {step}: loss {loss_text(r.loss)}, grad norm {r.norm:.6g}: {what}; {which} "
         f"({r.streak} in a row; the run stops at {g.max_bad_steps})"
     )
 

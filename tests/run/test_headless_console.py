@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine import events as ev
-from engine.text import SAMPLE_CHARS, duration_text, printable
+from engine.text import SAMPLE_CHARS, duration_text, loss_text, printable
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
@@ -117,11 +117,11 @@ def test_sample_names_the_checkpoint_and_step_on_stderr(run: tuple[Path, str], c
     latest = run_dir / "checkpoints" / "step_000008.pt"
     assert main(["sample", str(run_dir), "--prompt", "def ", "--max-new-tokens", "8", "--seed", "1"]) == 0
     got = capsys.readouterr()
-    assert got.err == f"sampling from {latest} (step 8, val loss {val[8]:.4f})\n"
+    assert got.err == f"sampling from {latest} (step 8, val loss {loss_text(val[8])})\n"
     assert got.out.startswith("def ") and "sampling" not in got.out  # stdout: the text alone
     older = run_dir / "checkpoints" / "step_000004.pt"
     assert main(["sample", str(older), "--max-new-tokens", "4", "--seed", "1"]) == 0
-    assert capsys.readouterr().err == f"sampling from {older} (step 4, val loss {val[4]:.4f})\n"
+    assert capsys.readouterr().err == f"sampling from {older} (step 4, val loss {loss_text(val[4])})\n"
 
 
 def test_duration_text() -> None:

@@ -345,7 +345,7 @@ def test_one_parameter_count_rule_with_its_vocab_everywhere(tiny_dataset: Path, 
 
     gpt2 = resolve("gpt2")
     embedded = memory.size_text(gpt2)  # no dataset: the embedded corpus's vocab
-    assert embedded == "92.1M params (vocab 8192)"
+    assert embedded == "124.5M params (vocab 50257; 92.1M with this dataset's 8192-token vocab)"
     full = memory.size_text(resolve("gpt2", overrides={"model.vocab_size": 50257}))
     assert full == "124.5M params (vocab 50257)"
 
