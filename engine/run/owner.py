@@ -88,6 +88,10 @@ class Run:
         (a resume: one writer) or create (a new run) the directory. Under torchrun every rank
         opens: rank 0 names the directory and builds what is shared before the others read it."""
         device.check(config.speed.device, config.speed.precision, config.speed.compile)
+        if config.speed.compile:  # a new run in a process that compiled before (the app's second run)
+            from engine.train import compiling
+
+            compiling.reset()  # starts from no graphs: never at Dynamo's recompile limit, never eager unnoticed
         if config.train.log:  # --log: a missing package is refused before a byte is written
             from engine.run import loggers
 

@@ -430,7 +430,11 @@ class Trainer:
         """After a compiled segment's first steps: what the compile cost, and (rank 0) what
         it built saved with the run, for its resume, its next toggle to compile, a new machine."""
         warmup, self._warmup = self._warmup, None
-        self.emit(warmup.read(self.step))
+        compiled = warmup.read(self.step)
+        self.emit(compiled)
+        if not compiled.compiled:  # Dynamo gave up (recompile limit, a graph break everywhere): eager
+            self.emit(ev.Warning_(message=f"compile is on but nothing was compiled by step {self.step}: this segment "
+                                          "runs eager, at eager speed; restart the app or the run to compile again"))  # fmt: skip
         if not self.dist.is_main:
             return
         try:
