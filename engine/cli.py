@@ -314,13 +314,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0 if fits else 1
 
 
-def cmd_prepare(args: argparse.Namespace) -> int:
-    import signal
+def _term_as_interrupt() -> None:
+    """SIGTERM raises KeyboardInterrupt, so a build's cleanup (prepare's and export's hidden
+    `.OUT.tmp-PID-HEX` directory) runs as on Ctrl-C; a kill -9's is swept by the next build."""
 
     def terminated(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # prepare's cleanup (its hidden temp directory) runs, as on Ctrl-C
+        raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminated)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    _term_as_interrupt()
     if args.hf_dataset:
         return cmd_prepare_hub(args)
     hub_only = [f for f, v in (("--config", args.hf_config), ("--data-files", args.data_files), ("--max-tokens", args.max_tokens)) if v]
@@ -383,6 +388,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """`export RUN --hf DIR`: the run's weights and tokenizer as a transformers GPT-2 directory."""
     from engine.inspect import export
 
+    _term_as_interrupt()
     hf_dir = export.export_run(args.run, args.hf, args.which)
     out.line(f"wrote {path_text(hf_dir)}: transformers.GPT2LMHeadModel.from_pretrained({str(hf_dir)!r}) loads it")
     return 0

@@ -7,13 +7,14 @@ A `RunConfig` is the whole truth about a run: it is written to the run directory
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from engine.errors import Invalid, Refusal, UserError
 from engine.switch_matrix import check_config
@@ -352,23 +353,56 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 CONFIG_CAP = 16 << 20  # a config file is a few hundred bytes
+_TOML_TYPES = {bool: "a boolean", str: "a string", int: "an integer", float: "a float", list: "an array", dict: "a table"}
+
+
+@functools.cache
+def _adapter(annotation: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(annotation)
+
+
+def check_file_types(data: dict[str, Any], source: str, model: type[BaseModel] | None = None, prefix: str = "") -> dict[str, Any]:
+    """Values read from a TOML file are taken as written: a boolean is not a number, a string is
+    not a number or a boolean (`n_layer = true`, `batch_size = "8"`, `preload = "off"` are
+    refused, where pydantic's lax mode took them for 1, 8 and false). One line naming the key,
+    what it holds and what it should. Unknown keys and bounds are build()'s to judge; flags are
+    typed by argparse and never pass through here. Returns `data`."""
+    import json
+
+    for key, value in data.items():
+        field = (model or RunConfig).model_fields.get(key)
+        if field is None:
+            continue
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if isinstance(value, dict):
+                check_file_types(value, source, annotation, f"{prefix}{key}.")
+            continue
+        try:
+            _adapter(annotation).validate_json(json.dumps(value, default=str), strict=True)
+        except (ValidationError, ValueError) as err:
+            got = next((n for t, n in _TOML_TYPES.items() if isinstance(value, t)), type(value).__name__)
+            msg = err.errors()[0]["msg"] if isinstance(err, ValidationError) else "not a valid value"
+            shown = json.dumps(value, default=str)
+            raise UserError(f"{source}: {prefix}{key} = {shown[:60]} is {got}; {msg[0].lower()}{msg[1:]}: fix the file") from None
+    return data
+
 
 
 def read_toml(path: Path, what: str = "config") -> dict[str, Any]:
     from engine import files
 
     try:
-        return files.read_toml(path, CONFIG_CAP, follow_links=True)  # the user's own file: a link is theirs
-    except tomllib.TOMLDecodeError:
-        raise
+        data = files.read_toml(path, CONFIG_CAP, follow_links=True)  # the user's own file: a link is theirs
     except FileNotFoundError:
         raise UserError(f"{what} file {path} does not exist; check the path") from None
+    except tomllib.TOMLDecodeError as err:  # a ValueError: before the catch-all below
+        raise UserError(f"{what} file {path} is not valid TOML: {err}; fix the file") from None
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {what} file {path}: {err}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise UserError(f"{what} file {path} is not valid TOML: {err}; fix the file") from None
     except RecursionError:  # tomllib recurses per nested array/table: thousands deep exhaust the stack
         raise UserError(f"{what} file {path} nests arrays or tables too deeply to read; fix the file") from None
+    return check_file_types(data, f"{what} file {path}")
 
 
 def preset_names() -> list[str]:
@@ -394,7 +428,7 @@ def load_preset(name: str) -> dict[str, Any]:
     if name not in preset_names():
         raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(preset_names())}")
     text = resources.files("presets").joinpath(f"{name}.toml").read_text()
-    return tomllib.loads(text) | {"preset": name}
+    return check_file_types(tomllib.loads(text), f"preset {name}") | {"preset": name}
 
 
 def set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:

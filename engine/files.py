@@ -359,6 +359,40 @@ def replace(src: Path | str, dst: Path | str) -> None:
     os.replace(src, dst)
 
 
+def build_dir_name(out: Path) -> Path:
+    """The hidden `.OUT.tmp-PID-HEX` directory a build of `out` (prepare, export) fills before
+    renaming it into place: its pid says whether the build still lives (sweep_dead_builds)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's, alive
+        return True
+    return True
+
+
+def sweep_dead_builds(out: Path) -> None:
+    """A build killed midway (kill -9, power) leaves its `.NAME.tmp-PID-HEX` folder beside `out`
+    forever: remove the ones of `out` whose process is gone (a live build's is left alone)."""
+    import re
+
+    out = Path(out)
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.tmp-(\d+)-[0-9a-f]+")
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        m = pattern.fullmatch(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
+            remove_tree(p)
+
+
 def link_or_copy(src: Path, dst: Path) -> None:
     """Make `dst` the same content as `src` atomically (a hard link costs no second write)."""
     tmp = temp_name(dst)
@@ -451,6 +485,30 @@ class AppendLog:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def not_own_files(directory: Path) -> list[str]:
+    """What in a work directory this process resumes (a `.partial` prepare) is not its own plain
+    file: the directory itself a link, or an entry that is a link, a directory, a special file, or
+    a hard link to a file elsewhere (writing it would write there). Empty when all is plain, or
+    when nothing is at `directory`."""
+    directory = Path(directory)
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(st.st_mode):
+        return [directory.name + (" (a symbolic link)" if stat.S_ISLNK(st.st_mode) else " (not a directory)")]
+    found = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        est = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(est.st_mode):
+            found.append(f"{entry.name} (a symbolic link)")
+        elif not stat.S_ISREG(est.st_mode):
+            found.append(f"{entry.name} (not a regular file)")
+        elif est.st_nlink > 1:
+            found.append(f"{entry.name} (a hard link)")
+    return found
 
 
 # ---------------------------------------------------------------- the run directory itself

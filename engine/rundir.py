@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 
 from engine import files as runfiles, text
-from engine.config import RunConfig, build
+from engine.config import RunConfig, build, check_file_types
 from engine.errors import UserError
 from engine.text import program
 
@@ -29,9 +29,10 @@ WRITER = "writer.pid"  # "host pid since" of the process writing the run, while 
 WRITER_LOCK = "writer.lock"  # flock'ed too (older versions lock only this); the run dir's own flock is the lock
 LAUNCH_LOG = "console.log"  # the app's detached launch writes the run's console here before it starts
 MAILBOX = "requests.jsonl"  # engine.run.requests's; named here for the link check
+METRICS_CSV, TENSORBOARD, WANDB = "metrics.csv", "tensorboard", "wandb"  # engine.run.loggers' (--log csv|tensorboard|wandb)
 # where a run writes: a link at any of these names is refused before anything is written
 WRITTEN = (CONFIG, EVENTS, WRITER, WRITER_LOCK, TOKENIZER, MAILBOX, LAUNCH_LOG, CHECKPOINTS, f"{CHECKPOINTS}/latest",
-           f"{CHECKPOINTS}/best.pt")  # fmt: skip
+           f"{CHECKPOINTS}/best.pt", METRICS_CSV, TENSORBOARD, WANDB)  # fmt: skip
 PID_CAP = 4096  # writer.pid is one short line
 _NOT_CONTENT = frozenset({LAUNCH_LOG, WRITER, WRITER_LOCK})  # what a fresh --out may already hold
 # kernel file systems that look like directories but hold no files of ours
@@ -201,7 +202,7 @@ def load_config(path: Path) -> RunConfig:
         raise UserError(f"config file {path / CONFIG} is not valid TOML: {err}; fix the file") from None
     except ValueError as err:  # nested too deeply, not UTF-8
         raise UserError(f"config file {path / CONFIG} cannot be read ({str(err)[:200]}); fix the file") from None
-    return build(data)
+    return build(check_file_types(data, f"config file {path / CONFIG}"))
 
 
 def tokenizer_of(path: Path) -> Path | None:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import json
 import errno
+import math
 import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,14 +180,29 @@ def _read_config(directory: Path) -> dict[str, Any]:
     return data
 
 
-def _unsupported(cfg: Mapping[str, Any]) -> str | None:
+def _number(cfg: Mapping[str, Any], key: str, file: Path, default: Any = None, kind: type = int) -> Any:
+    """A config.json number as JSON wrote it: an int (or, for `kind` float, any finite number);
+    a string, a bool, inf/NaN or a fraction where a count belongs is one line naming the key."""
+    value = cfg.get(key, default)
+    if key not in cfg and default is None:
+        raise UserError(f"{file} lacks the GPT-2 shape field {key}; pass a transformers GPT-2 directory")
+    ok = not isinstance(value, bool) and (
+        isinstance(value, int) if kind is int else isinstance(value, (int, float)) and math.isfinite(value))
+    if not ok:
+        what = "a whole number" if kind is int else "a finite number"
+        raise UserError(f"{file}: {key} is {str(value)[:40]!r} ({type(value).__name__}), not {what}; "
+                        "pass an intact transformers GPT-2 directory")  # fmt: skip
+    return value
+
+
+def _unsupported(cfg: Mapping[str, Any], file: Path) -> str | None:
     """Why a GPT-2 config computes something our model does not, or None."""
     if cfg.get("model_type") not in (None, "gpt2"):
         return f"model_type {cfg.get('model_type')!r} is not gpt2"
     checks = [
         (cfg.get("activation_function", "gelu_new") in ("gelu_new", "gelu_pytorch_tanh"), "activation_function"),
-        (abs(float(cfg.get("layer_norm_epsilon", 1e-5)) - 1e-5) < 1e-12, "layer_norm_epsilon"),
-        (cfg.get("n_inner") in (None, 4 * int(cfg.get("n_embd", 768))), "n_inner"),
+        (abs(_number(cfg, "layer_norm_epsilon", file, 1e-5, float) - 1e-5) < 1e-12, "layer_norm_epsilon"),
+        (cfg.get("n_inner") in (None, 4 * _number(cfg, "n_embd", file, 768)), "n_inner"),
         (cfg.get("scale_attn_weights", True) is True, "scale_attn_weights"),
         (cfg.get("scale_attn_by_inverse_layer_idx", False) is False, "scale_attn_by_inverse_layer_idx"),
         (cfg.get("tie_word_embeddings", True) is True, "tie_word_embeddings"),
@@ -203,20 +218,17 @@ def read_shape(directory: Path) -> dict[str, int]:
     """The ModelConfig shape fields (n_layer, n_head, n_embd, block_size, vocab_size) a
     transformers GPT-2 config.json decides."""
     cfg = _read_config(directory)
-    problem = _unsupported(cfg)
+    file = directory / CONFIG
+    problem = _unsupported(cfg, file)
     if problem:
-        raise UserError(f"{directory / CONFIG}: {problem}, which our model does not compute; pass a GPT-2 model")
-    try:
-        shape = {
-            "n_layer": int(cfg["n_layer"]),
-            "n_head": int(cfg["n_head"]),
-            "n_embd": int(cfg["n_embd"]),
-            "block_size": int(cfg.get("n_positions", cfg.get("n_ctx"))),
-            "vocab_size": int(cfg["vocab_size"]),
-        }
-    except (KeyError, TypeError, ValueError) as err:
-        raise UserError(f"{directory / CONFIG} lacks a GPT-2 shape field ({err}); pass a transformers GPT-2 directory") from None
-    return shape
+        raise UserError(f"{file}: {problem}, which our model does not compute; pass a GPT-2 model")
+    return {
+        "n_layer": _number(cfg, "n_layer", file),
+        "n_head": _number(cfg, "n_head", file),
+        "n_embd": _number(cfg, "n_embd", file),
+        "block_size": _number(cfg, "n_positions" if "n_positions" in cfg else "n_ctx", file),
+        "vocab_size": _number(cfg, "vocab_size", file),
+    }
 
 
 def shape_config(
@@ -279,7 +291,13 @@ def load_state(directory: Path, model: ModelConfig) -> dict[str, torch.Tensor]:
         short = key.removeprefix("transformer.")
         if short not in hf:
             raise UserError(f"{file} lacks {short}; pass a complete GPT-2 model directory")
-        value = hf.pop(short).to(torch.float32)
+        value = hf.pop(short)
+        if value.dim() != meta.dim():  # checked before .t() and the vocab padding, which assume it
+            raise UserError(
+                f"{file}: {short} has shape {tuple(value.shape)}, config.json says {tuple(meta.shape)}; "
+                "the directory is inconsistent"
+            )
+        value = value.to(torch.float32)
         if short.endswith(_CONV1D):
             value = value.t()
         if short == "wte.weight" and Vp > V:
@@ -429,9 +447,10 @@ def export(
     tok_cfg, eot = _tokenizer_config(tokenizer, model.block_size) if tokenizer is not None else (None, None)
     tensors = hf_state(state, model)
     files.make_dir(out.parent)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    files.make_new_dir(tmp)
+    files.sweep_dead_builds(out)  # an export killed outright (kill -9) left its temp directory: gone now
+    tmp = files.build_dir_name(out)
     try:
+        files.make_new_dir(tmp)
         st.save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         files.write_text(tmp / CONFIG, json.dumps(hf_config(model, eot), indent=2) + "\n")
         gen = {"do_sample": True} | ({"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {})

@@ -76,6 +76,7 @@ def _need_datasets() -> Any:
         import datasets
     except ImportError:
         raise UserError("--hf-dataset needs the datasets package; pip install gpt2-tui[datasets]") from None
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its error logs would be a second line (ours names the record)
     return datasets
 
 
@@ -225,6 +226,8 @@ def prepare_hub(
     rundir.make_dir(out.parent)
     work = out.parent / f".{out.name}.partial"
     lock = FileLock(out.parent / f".{out.name}.partial.lock")
+    if files.links_in(out.parent, (Path(lock.lock_file).name,)):  # filelock opens it with O_TRUNC: never through a link
+        raise UserError(f"{lock.lock_file} is a symbolic link; a prepare writes only its own files: delete it and run the command again")
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -234,37 +237,15 @@ def prepare_hub(
         done = state["documents"]
         counts = {"train": state["train_tokens"], "val": state["val_tokens"]}
         bar, task = _progress(progress, max_tokens)
-        with bar, files.open_append(work / "train.bin") as ftrain, files.open_append(work / "val.bin") as fval:
-            outs = {"train": ftrain, "val": fval}
-            bar.update(task, completed=sum(counts.values()))
-            rows = itertools.islice(iter(ds), done, None)
-            encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster
-            index = done
-            stop = False
-            for chunk in _chunked(_texts(rows, source), commit_chars):
-                encoded = encode([t or "" for t in chunk], add_special_tokens=False)
-                parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
-                for text, enc in zip(chunk, encoded):
-                    if text:  # an empty or missing text is no document (its index still counts)
-                        ids = ([eot] if eot is not None else []) + enc.ids
-                        if max_tokens is not None:
-                            ids = ids[: max_tokens - sum(counts.values())]
-                        split = "val" if is_val(index, val_fraction, seed) else "train"
-                        parts[split].append(np.asarray(ids, dtype=dtype))
-                        counts[split] += len(ids)
-                    index += 1
-                    if max_tokens is not None and sum(counts.values()) >= max_tokens:
-                        stop = True
-                        break
-                for split, arrays in parts.items():
-                    if arrays:
-                        outs[split].write(np.concatenate(arrays).tobytes())
-                    outs[split].flush()
-                    os.fsync(outs[split].fileno())
-                _save_state(work, state | {"documents": index, "train_tokens": counts["train"], "val_tokens": counts["val"]})
-                bar.update(task, completed=sum(counts.values()))
-                if stop:
-                    break
+        try:
+            with bar, files.open_append(work / "train.bin") as ftrain, files.open_append(work / "val.bin") as fval:
+                index, counts = _tokenize(ds, source, tok, eot, dtype, state, counts, val_fraction, seed, max_tokens,
+                                          commit_chars, work, {"train": ftrain, "val": fval}, bar, task)  # fmt: skip
+        except (UserError, _BadRecord) as err:
+            files.remove_tree(work)  # the same stream fails the same way: a partial kept would only block the fix
+            if isinstance(err, UserError):
+                raise
+            raise UserError(str(err)) from None
         if counts["train"] == 0 or counts["val"] == 0:
             missing = "train" if counts["train"] == 0 else "val"
             files.remove_tree(work)
@@ -288,9 +269,74 @@ def prepare_hub(
     return HubReport(info, index, done, time.perf_counter() - t0)
 
 
+class _BadRecord(Exception):
+    """A record the stream could not read (a broken JSON line, a damaged parquet file), as one line."""
+
+
+def _rows(ds: Any, done: int, source: HubSource) -> Iterator[Any]:
+    """The stream's rows after the first `done`; a failure to read one becomes _BadRecord (an
+    error the network raises, OSError, stays as it is: a rerun resumes past it)."""
+    index = done
+    try:
+        for row in itertools.islice(iter(ds), done, None):
+            yield row
+            index += 1
+    except (OSError, UserError):
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow, json and datasets raise many kinds
+        why = " ".join(str(err).split())[:200]
+        raise _BadRecord(f"--hf-dataset {source.name}: record {index + 1} cannot be read ({type(err).__name__}: {why}); "
+                         "fix or drop it in the files, then run the command again") from None  # fmt: skip
+
+
+def _tokenize(ds: Any, source: HubSource, tok: Any, eot: int | None, dtype: np.dtype, state: dict[str, Any],
+              counts: dict[str, int], val_fraction: float, seed: int, max_tokens: int | None, commit_chars: int,
+              work: Path, outs: dict[str, Any], bar: Any, task: Any) -> tuple[int, dict[str, int]]:  # fmt: skip
+    """Encode the stream from the state's document on, appending to the token files and saving
+    the state after each chunk; returns the documents done and the tokens per split."""
+    from engine.prep.prepare import token_array
+
+    done = state["documents"]
+    bar.update(task, completed=sum(counts.values()))
+    rows = _rows(ds, done, source)
+    vocab = tok.get_vocab_size()
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster
+    index = done
+    stop = False
+    for chunk in _chunked(_texts(rows, source), commit_chars):
+        encoded = encode([t or "" for t in chunk], add_special_tokens=False)
+        parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+        for text, enc in zip(chunk, encoded):
+            if text:  # an empty or missing text is no document (its index still counts)
+                ids = ([eot] if eot is not None else []) + enc.ids
+                if max_tokens is not None:
+                    ids = ids[: max_tokens - sum(counts.values())]
+                split = "val" if is_val(index, val_fraction, seed) else "train"
+                parts[split].append(token_array(ids, vocab, dtype))
+                counts[split] += len(ids)
+            index += 1
+            if max_tokens is not None and sum(counts.values()) >= max_tokens:
+                stop = True
+                break
+        for split, arrays in parts.items():
+            if arrays:
+                outs[split].write(np.concatenate(arrays).tobytes())
+            outs[split].flush()
+            os.fsync(outs[split].fileno())
+        _save_state(work, state | {"documents": index, "train_tokens": counts["train"], "val_tokens": counts["val"]})
+        bar.update(task, completed=sum(counts.values()))
+        if stop:
+            break
+    return index, counts
+
+
 def _open_work(work: Path, fingerprint: dict[str, Any], tokenizer: Path, dtype: np.dtype) -> dict[str, Any]:
     """The partial directory's state: a fresh one, or the saved one of an interrupted run with
     the same settings (token files cut back to what its state counted)."""
+    foreign = files.not_own_files(work)
+    if foreign:  # planted: a link there would be truncated and filled, then published
+        raise UserError(f"{work} holds {', '.join(foreign[:3])}, not files of its own (links or special files); "
+                        f"a prepare writes only its own files: delete {work} and run the command again")  # fmt: skip
     if work.is_dir() and (work / STATE).is_file():
         try:
             state = files.read_json(work / STATE, files.MiB)
@@ -341,12 +387,15 @@ def bpe_tokenizer(source: HubSource, vocab_size: int, into: Path, sample_chars: 
     _first_row(ds, source)
     texts: list[str] = []
     size = 0
-    for text in _texts(iter(ds), source):
-        if text:
-            texts.append(text)
-            size += len(text)
-            if size >= sample_chars:
-                break
+    try:
+        for text in _texts(_rows(ds, 0, source), source):
+            if text:
+                texts.append(text)
+                size += len(text)
+                if size >= sample_chars:
+                    break
+    except _BadRecord as err:
+        raise UserError(str(err)) from None
     path = Path(into) / "tokenizer.json"
     train_tokenizer(texts, vocab_size).save(str(path))
     return path

@@ -6,26 +6,32 @@ preceded by ``<|endoftext|>`` (llm.c's convention), so the model sees where docu
 start and sampling can be prompted with EOT alone. Whole documents go to train or val,
 chosen by a seeded shuffle, so val text is never seen in training.
 
+Memory follows a piece, not a file: every input is read in blocks and decoded as it is read,
+and a document is trained on and encoded in pieces of PIECE_CHARS characters, each ending
+where GPT-2's pre-tokenizer never joins (so the tokens are the whole document's).
+
 Writes are all-or-nothing: the dataset is built in a temporary directory beside ``out``
 and renamed into place, and every input is checked before anything is written.
 """
 
 from __future__ import annotations
 
+import codecs
+import errno
 import gzip
 import importlib.util
 import json
 import os
-import re
-import secrets
+import stat
 import sys
 import sysconfig
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -43,7 +49,10 @@ TEXT_SUFFIXES = frozenset(
     ".txt .text .md .markdown .rst .py .pyi .json .jsonl .toml .yaml .yml .ini .cfg .csv .tsv "
     ".c .h .cc .cpp .hpp .cu .cuh .rs .go .java .js .ts .html .htm .css .xml .tex .sh .sql".split()
 )
-MAX_GUNZIP_BYTES = 2 << 30  # one .gz input's text, at most (the corpus is held in RAM)
+MAX_GUNZIP_BYTES = 2 << 30  # one input's text, at most (a gzip bomb is read only this far)
+READ_BYTES = 1 << 20  # an input is read and decoded in blocks of this many bytes
+PIECE_CHARS = 1 << 16  # a document is trained on and encoded in pieces of about this many characters
+MAX_CUT_SLACK = PIECE_CHARS // 2  # how far from its mark a document's val tail may start (to end a line)
 SKIPPED_NAMED = 10  # skipped files named in a summary; the rest are counted
 _SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", ".tox"})
 _ENCODE_CHUNK_CHARS = 1 << 20  # text per encode_batch call: big enough for the thread pool
@@ -55,14 +64,6 @@ class Skipped:
 
     path: Path
     reason: str
-
-
-@dataclass
-class _Corpus:
-    """Documents read from the inputs, and the files passed over."""
-
-    texts: list[str]
-    skipped: list[Skipped]
 
 
 @dataclass
@@ -148,16 +149,25 @@ def _wanted(name: str) -> bool:
 
 def _collect_files(paths: list[Path]) -> tuple[list[Path], list[Skipped]]:
     """Files named directly are taken as they are; directories are walked for text files, and
-    the others found there are returned as skipped. Hidden files and folders are left out unsaid."""
+    the others found there are returned as skipped. Hidden files and folders are left out unsaid.
+    A named input that is neither a regular file nor a directory (a device, a FIFO, a link to
+    one, a link loop) is refused in one line: reading it would never end."""
     found: list[Path] = []
     skipped: list[Skipped] = []
     for path in paths:
         path = Path(path).expanduser()
-        if not path.exists():
-            raise UserError(f"input {path} does not exist; pass existing text files or directories")
-        if path.is_file():
+        try:
+            st = os.stat(path)  # follows the user's own links
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UserError(f"input {path} is a symbolic link loop; pass text files or directories") from None
+            raise UserError(f"input {path} does not exist; pass existing text files or directories") from None
+        if stat.S_ISREG(st.st_mode):
             found.append(path)
             continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise UserError(f"input {path} is not a regular file or a directory (a device, a FIFO or a socket); "
+                            "pass text files or directories")  # fmt: skip
         for dirpath, dirnames, filenames in os.walk(path):
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
             for name in sorted(n for n in filenames if not n.startswith(".")):
@@ -165,76 +175,198 @@ def _collect_files(paths: list[Path]) -> tuple[list[Path], list[Skipped]]:
                     found.append(Path(dirpath) / name)
                 else:
                     skipped.append(Skipped(Path(dirpath) / name, "not a text type"))
-    seen: set[Path] = set()
+    seen: set[str] = set()
     unique = []
     for file in found:
-        key = file.resolve()
+        key = os.path.realpath(file)  # never raises on a loop (Path.resolve does): the read says why
         if key not in seen:
             seen.add(key)
             unique.append(file)
     return unique, skipped
 
 
-def _read_text(file: Path) -> str | Skipped:
-    """A file's text (gunzipped when it ends in .gz), or why it is not text."""
+class _Binary(ValueError):
+    """A NUL byte: not text."""
+
+
+class _TooBig(ValueError):
+    """More text than one input may hold."""
+
+
+@contextmanager
+def _raw(file: Path) -> Iterator[BinaryIO]:
+    """A regular file's bytes (a device, a FIFO is refused: files.open_regular), gunzipped
+    when its name ends in .gz."""
+    if file.suffix.lower() == ".gz":
+        with files.open_read(file, follow_links=True) as raw, gzip.GzipFile(fileobj=raw) as f:
+            yield f  # type: ignore[misc]
+    else:
+        with files.open_read(file, MAX_GUNZIP_BYTES, follow_links=True) as f:  # the user's corpus: a link is theirs
+            yield f
+
+
+def _decoded(file: Path) -> Iterator[str]:
+    """A file's text, decoded block by block as it is read: never the whole file in memory
+    (a gzip bomb, a 2 GiB corpus). _Binary, _TooBig, UnicodeDecodeError or the read's error."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    total = 0
+    with _raw(file) as f:
+        while True:
+            block = f.read(READ_BYTES)
+            if not block:
+                break
+            total += len(block)
+            if total > MAX_GUNZIP_BYTES:
+                raise _TooBig(file)
+            if b"\x00" in block:
+                raise _Binary(file)
+            text = decoder.decode(block)
+            if text:
+                yield text
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
+
+
+@dataclass
+class _Doc:
+    """One input document: its file, its length in characters, where its val tail starts."""
+
+    path: Path
+    chars: int
+    cut: int = 0
+
+
+def _scan(file: Path) -> _Doc | Skipped:
+    """A file's length in characters (read through once, in blocks), or why it is not text."""
+    chars = 0
     try:
-        if file.suffix.lower() == ".gz":
-            with files.open_read(file, follow_links=True) as raw, gzip.GzipFile(fileobj=raw) as f:  # read in a bounded amount: a gzip bomb must not fill the RAM
-                data = f.read(MAX_GUNZIP_BYTES + 1)
-            if len(data) > MAX_GUNZIP_BYTES:
-                return Skipped(file, f"unpacks to more than {MAX_GUNZIP_BYTES >> 30} GiB; gunzip it yourself if you mean it")
-        else:
-            data = files.read_bounded(file, MAX_GUNZIP_BYTES, follow_links=True)  # the user's corpus: a link is theirs
+        for text in _decoded(file):
+            chars += len(text)
+    except _TooBig:
+        return Skipped(file, f"unpacks to more than {MAX_GUNZIP_BYTES >> 30} GiB; gunzip it yourself if you mean it")
     except (gzip.BadGzipFile, EOFError, zlib.error):
         return Skipped(file, "not a valid gzip file")
+    except _Binary:
+        return Skipped(file, "binary")
+    except UnicodeDecodeError:
+        return Skipped(file, "not UTF-8")
     except OSError as exc:
         return Skipped(file, f"unreadable: {exc.strerror or type(exc).__name__}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return Skipped(file, "binary" if b"\x00" in data else "not UTF-8")
-    if "\x00" in text:
-        return Skipped(file, "binary")
-    return text if text else Skipped(file, "empty")
+    return _Doc(file, chars) if chars else Skipped(file, "empty")
 
 
-def _read_corpus(inputs: list[Path]) -> _Corpus:
+def _read_corpus(inputs: list[Path]) -> tuple[list[_Doc], list[Skipped]]:
     """UTF-8 text only: binary, undecodable, unreadable and empty files are skipped, with why."""
-    texts: list[str] = []
+    docs: list[_Doc] = []
     skipped: list[Skipped] = []
     for file in inputs:
-        got = _read_text(file)
-        if isinstance(got, Skipped):
-            skipped.append(got)
-        else:
-            texts.append(got)
-    return _Corpus(texts, skipped)
+        got = _scan(file)
+        (skipped if isinstance(got, Skipped) else docs).append(got)  # type: ignore[arg-type]
+    return docs, skipped
 
 
-def _cut(text: str, val_fraction: float) -> int:
+def _text_of(doc: _Doc) -> Iterator[tuple[int, str]]:
+    """(offset in characters, text) blocks of a document read again; a file that no longer reads
+    as it did (changed under prepare) is one line."""
+    pos = 0
+    try:
+        for text in _decoded(doc.path):
+            yield pos, text
+            pos += len(text)
+    except (OSError, ValueError, EOFError, zlib.error) as exc:
+        raise UserError(f"{path_text(doc.path)} changed or became unreadable while prepare read it ({type(exc).__name__}); "
+                        "run prepare again") from None  # fmt: skip
+
+
+def _window(doc: _Doc, lo: int, hi: int) -> str:
+    """Characters lo..hi of a document (read up to hi, no further)."""
+    parts = []
+    for pos, text in _text_of(doc):
+        if pos + len(text) > lo:
+            parts.append(text[max(0, lo - pos): hi - pos])
+        if pos + len(text) >= hi:
+            break
+    return "".join(parts)
+
+
+def _cut(doc: _Doc, val_fraction: float) -> int:
     """Where a document's held-out tail starts: near (1 - f) of its length, at a line end when
-    one is close, else at a space, else right there (BPE does not mind a cut word)."""
-    n = len(text)
+    one is close, else at a space, else right there (BPE does not mind a cut word). Close is
+    within f/2 of the length, at most MAX_CUT_SLACK characters: only that window is held."""
+    n = doc.chars
     target = round(n * (1 - val_fraction))
-    slack = max(1, round(n * val_fraction / 2))
+    slack = min(max(1, round(n * val_fraction / 2)), MAX_CUT_SLACK)
     lo, hi = max(0, target - slack), min(n, target + slack)
+    window = _window(doc, lo, hi)
     for sep in ("\n", " "):
-        near = [i + 1 for i in (text.rfind(sep, lo, target), text.find(sep, target, hi)) if i >= 0]
+        near = [lo + i + 1 for i in (window.rfind(sep, 0, target - lo), window.find(sep, target - lo, hi - lo)) if i >= 0]
         if near:
             return min(near, key=lambda c: abs(c - target))
     return target
 
 
-def split_by_tokens(texts: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Train and val texts: the last `val_fraction` of every document is held out (as nanoGPT
+def _split_at(buffer: str) -> int:
+    """Where to end a piece of a long document so that tokenizing the pieces gives the tokens
+    of the whole: before a line break that follows a non-space (GPT-2's pre-tokenizer never
+    joins across one), else before any line break, else at PIECE_CHARS."""
+    i = PIECE_CHARS
+    while True:
+        i = buffer.rfind("\n", PIECE_CHARS // 2, i)
+        if i <= 0:
+            break
+        if not buffer[i - 1].isspace():
+            return i
+    i = buffer.rfind("\n", PIECE_CHARS // 2, PIECE_CHARS)
+    return i if i > 0 else PIECE_CHARS
+
+
+def _pieces(doc: _Doc, start: int, end: int) -> Iterator[str]:
+    """Characters start..end of a document in pieces of about PIECE_CHARS, read as they are
+    needed: what the BPE trains on and the encoder encodes, so prepare's memory is a few
+    pieces' worth whatever the file's size."""
+    buffer = ""
+    for pos, text in _text_of(doc):
+        if pos + len(text) <= start:
+            continue
+        buffer += text[max(0, start - pos): end - pos]
+        while len(buffer) >= PIECE_CHARS:
+            at = _split_at(buffer)
+            yield buffer[:at]
+            buffer = buffer[at:]
+        if pos + len(text) >= end:
+            break
+    if buffer:
+        yield buffer
+
+
+@dataclass
+class _Split:
+    """The documents in their seeded order, each with its part for this split (start, end)."""
+
+    parts: list[tuple[_Doc, int, int]]
+
+    @property
+    def chars(self) -> int:
+        return sum(end - start for _, start, end in self.parts)
+
+    def texts(self) -> Iterator[str]:
+        for doc, start, end in self.parts:
+            yield from _pieces(doc, start, end)
+
+
+def split_by_tokens(docs: list[_Doc], val_fraction: float, seed: int) -> tuple[_Split, _Split]:
+    """Train and val parts: the last `val_fraction` of every document is held out (as nanoGPT
     holds out the end of its one stream), so one file is a dataset and neither split is one
     accidental file; documents come in a seeded order. The BPE trains on the train parts only."""
-    order = np.random.default_rng(seed).permutation(len(texts))
-    cuts = [(texts[i], _cut(texts[i], val_fraction)) for i in order]
-    train = [t[:c] for t, c in cuts if c > 0]
-    val = [t[c:] for t, c in cuts if c < len(t)]
-    if not train or not val:
-        size = sum(map(len, texts))
+    order = np.random.default_rng(seed).permutation(len(docs))
+    ordered = [docs[i] for i in order]
+    for doc in ordered:
+        doc.cut = _cut(doc, val_fraction)
+    train = _Split([(d, 0, d.cut) for d in ordered if d.cut > 0])
+    val = _Split([(d, d.cut, d.chars) for d in ordered if d.cut < d.chars])
+    if not train.parts or not val.parts:
+        size = sum(d.chars for d in docs)
         raise UserError(f"the text is too short to hold out {val_fraction:.0%} of it for val ({size} characters); "
                         "pass more text (or a larger --val-fraction)")  # fmt: skip
     return train, val
@@ -272,7 +404,7 @@ def _pre_tokenizer():  # -> tokenizers.pre_tokenizers.PreTokenizer
     ])  # fmt: skip
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokenizer
+def train_tokenizer(texts: Iterable[str], vocab_size: int):  # -> tokenizers.Tokenizer
     """A byte-level BPE of `vocab_size` entries (EOT among them) trained on `texts` (prepare_hub
     uses it too). Trained on a worker thread while this (main) thread waits in short slices: the
     Rust training does not return to Python until it ends, so waiting here is what lets
@@ -295,7 +427,8 @@ def train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokeniz
 
     def work() -> None:
         try:
-            tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+            length = len(texts) if isinstance(texts, list) else None
+            tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
         except BaseException as err:  # handed to the waiting thread
             failed.append(err)
 
@@ -311,37 +444,53 @@ def train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokeniz
 # --------------------------------------------------------------------------- encoding
 
 
-def _chunks(texts: list[str]) -> Iterator[list[str]]:
-    chunk: list[str] = []
+def token_array(ids: list[int], vocab: int, dtype: str | np.dtype) -> np.ndarray:
+    """Token ids as the token file's dtype; a tokenizer whose ids reach past its own vocab (a
+    hand-edited tokenizer.json) is one line, never a uint16 overflow (prepare_hub uses it too)."""
+    arr = np.asarray(ids, dtype=np.int64)
+    if arr.size and (int(arr.max()) >= vocab or int(arr.min()) < 0):
+        bad = int(arr.max()) if int(arr.max()) >= vocab else int(arr.min())
+        raise UserError(f"the tokenizer gave token id {bad}, outside its vocab of {vocab} ids: its tokenizer.json is "
+                        "inconsistent; pass another tokenizer (or none, to train one)")  # fmt: skip
+    return arr.astype(dtype)
+
+
+def _chunks(split: _Split) -> Iterator[list[tuple[bool, str]]]:
+    """(starts a document, text) pieces, about _ENCODE_CHUNK_CHARS of text per chunk."""
+    chunk: list[tuple[bool, str]] = []
     size = 0
-    for text in texts:
-        chunk.append(text)
-        size += len(text)
-        if size >= _ENCODE_CHUNK_CHARS:
-            yield chunk
-            chunk, size = [], 0
+    for doc, start, end in split.parts:
+        first = True
+        for text in _pieces(doc, start, end):
+            chunk.append((first, text))
+            first = False
+            size += len(text)
+            if size >= _ENCODE_CHUNK_CHARS:
+                yield chunk
+                chunk, size = [], 0
     if chunk:
         yield chunk
 
 
-def _encode_to_file(
-    tokenizer, texts: list[str], eot_id: int | None, dtype: str, file: Path, bar: _Progress
-) -> int:
-    """Encode documents in chunks (encode_batch runs on the Rust thread pool) and append
-    them to a token file. Returns the number of tokens written."""
+def _encode_to_file(tokenizer, split: _Split, eot_id: int | None, dtype: str, file: Path, bar: _Progress) -> int:
+    """Encode a split's documents, piece by piece in chunks (encode_batch runs on the Rust
+    thread pool), and append them to a token file, EOT before each document. Returns the
+    number of tokens written."""
     # Documents are text, never control tokens: a literal "<|endoftext|>" in a file (this
     # very module has one) must stay text, not become an EOT that splits the document.
     tokenizer.encode_special_tokens = True
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets: faster
+    vocab = tokenizer.get_vocab_size()
     prefix = [] if eot_id is None else [eot_id]
     written = 0
     with files.open_new(file) as f:  # in the build's own temp directory
-        for chunk in _chunks(texts):
-            encodings = encode(chunk, add_special_tokens=False)
-            ids = np.concatenate([np.asarray(prefix + enc.ids, dtype=dtype) for enc in encodings])
+        for chunk in _chunks(split):
+            encodings = encode([text for _, text in chunk], add_special_tokens=False)
+            ids = token_array([i for (first, _), enc in zip(chunk, encodings) for i in (prefix if first else []) + enc.ids],
+                              vocab, dtype)  # fmt: skip
             f.write(ids.tobytes())
             written += len(ids)
-            bar.update(sum(len(t) for t in chunk))
+            bar.update(sum(len(t) for _, t in chunk))
     return written
 
 
@@ -384,19 +533,19 @@ def prepare_report(
     else:
         tok = load_tokenizer(tokenizer)
     inputs, passed_over = _collect_files(paths)
-    corpus = _read_corpus(inputs)
-    corpus.skipped = passed_over + corpus.skipped
-    if not corpus.texts:
-        named = f": {skipped_text(corpus.skipped, 3)}" if corpus.skipped else ""
+    docs, unread = _read_corpus(inputs)
+    skipped = passed_over + unread
+    if not docs:
+        named = f": {skipped_text(skipped, 3)}" if skipped else ""
         raise UserError(
-            f"no readable UTF-8 text among the inputs ({len(corpus.skipped)} files skipped{named}); "
+            f"no readable UTF-8 text among the inputs ({len(skipped)} files skipped{named}); "
             f"pass text files (.txt .md .py ...) or directories holding them"
         )
-    train_texts, val_texts = split_by_tokens(corpus.texts, val_fraction, seed)
+    train, val = split_by_tokens(docs, val_fraction, seed)
 
     rundir.make_dir(out.parent)
-    _sweep_dead_builds(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    files.sweep_dead_builds(out)
+    tmp = files.build_dir_name(out)
     try:
         files.make_new_dir(tmp)  # not mkdtemp: its 0700 mode would make a shared cache unreadable to others
     except OSError as exc:
@@ -405,8 +554,8 @@ def prepare_report(
         if tok is None:
             # tokenizers' own bars (show_progress) also write newlines to stdout; the training
             # releases the GIL, so rich's spinner thread keeps ticking meanwhile
-            with _Progress(f"training a {vocab_size}-token BPE on {len(train_texts)} documents", None, progress):
-                tok = train_tokenizer(train_texts, vocab_size)
+            with _Progress(f"training a {vocab_size}-token BPE on {len(train.parts)} documents", None, progress):
+                tok = train_tokenizer(train.texts(), vocab_size)
             tok.save(str(tmp / "tokenizer.json"))
         else:
             files.copy_file(Path(tokenizer).expanduser(), tmp / "tokenizer.json", files.TOKENIZER_CAP, follow_links=True)
@@ -415,10 +564,10 @@ def prepare_report(
         if eot_id is None:
             _say(f"note: the tokenizer has no {EOT} token; documents are joined without one", progress)
         dtype = dtype_for_vocab(vocab)
-        with _Progress("encoding", sum(map(len, train_texts + val_texts)), progress) as bar:
+        with _Progress("encoding", train.chars + val.chars, progress) as bar:
             counts = {
-                name: _encode_to_file(tok, texts, eot_id, dtype, tmp / f"{name}.bin", bar)
-                for name, texts in (("train", train_texts), ("val", val_texts))
+                name: _encode_to_file(tok, split, eot_id, dtype, tmp / f"{name}.bin", bar)
+                for name, split in (("train", train), ("val", val))
             }
         sidecar = {
             "format": FORMAT_NAME,
@@ -445,36 +594,12 @@ def prepare_report(
     info = open_dataset(out, preload=False).info
     return PrepareReport(
         info=info,
-        train_docs=len(train_texts),
-        val_docs=len(val_texts),
-        skipped=corpus.skipped,
+        train_docs=len(train.parts),
+        val_docs=len(val.parts),
+        skipped=skipped,
         seconds=time.perf_counter() - t0,
         warnings=report_warnings(info, vocab_size if tokenizer is None else None),
     )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's, alive
-        return True
-    return True
-
-
-def _sweep_dead_builds(out: Path) -> None:
-    """A build killed midway (kill -9, power) leaves its `.NAME.tmp-PID-HEX` folder beside `out`
-    forever: remove the ones of `out` whose process is gone (a live build's is left alone)."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.tmp-(\d+)-[0-9a-f]+")
-    try:
-        entries = list(out.parent.iterdir())
-    except OSError:
-        return
-    for p in entries:
-        m = pattern.fullmatch(p.name)
-        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
-            files.remove_tree(p)
 
 
 # --------------------------------------------------------------------------- default dataset
@@ -484,11 +609,11 @@ def stdlib_files() -> list[Path]:
     """The running Python's standard-library *.py sources, minus tests and vendored tools."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
-    files = []
+    found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in skip)
-        files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
-    return files
+        found.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
+    return found
 
 
 @contextmanager

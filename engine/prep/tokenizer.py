@@ -25,6 +25,11 @@ def load_tokenizer(path: Path, keep_special_text: bool = False) -> Tokenizer:
         reason = " ".join(str(err).split())[:160]
         raise UserError(f"tokenizer {path} cannot be loaded: it cannot be read as one ({reason}); pass a "
                         "tokenizer.json saved by the `tokenizers` library") from None  # fmt: skip
+    ids = tok.get_vocab(with_added_tokens=True).values()
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if ids and max(ids) >= size:  # token files are sized by the vocab: such an id would overflow them
+        raise UserError(f"tokenizer {path} gives token id {max(ids)}, outside its vocab of {size} ids: it is inconsistent "
+                        "(hand-edited?); pass a tokenizer.json saved by the `tokenizers` library")  # fmt: skip
     if keep_special_text:
         tok.encode_special_tokens = True
     return tok

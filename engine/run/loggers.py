@@ -17,15 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import files
+from engine import files, rundir
 from engine import events as ev
 from engine import text as words
 from engine.config import LOGGERS  # the setting train.log (--log) names them once
 from engine.errors import UserError
 
 _PACKAGE = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger -> the module it needs
-CSV_FILE = "metrics.csv"
-TB_DIR = "tensorboard"
+CSV_FILE = rundir.METRICS_CSV  # named in rundir.WRITTEN: a link planted there is refused before the run writes
+TB_DIR = rundir.TENSORBOARD
 CSV_COLUMNS = (
     "time", "event", "step", "loss", "val_loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
     "mfu", "mem_bytes", "tokens", "text",
@@ -97,6 +97,7 @@ class TensorBoardSink:
 
     def emit(self, e: ev._Event) -> None:
         if self._w is None:
+            files.make_dir(self.path, parents=False)  # a real directory in the run's, never a planted link
             self._w = self._writer_class(log_dir=str(self.path))
         match e:
             case ev.RunStarted():
@@ -138,6 +139,8 @@ class WandbSink:
     def _start(self, config: dict[str, Any]) -> None:
         directory = os.environ.get("WANDB_DIR") or str(self._run_dir)
         files.make_dir(directory)  # the directory wandb writes in: made here, not a link
+        if not os.environ.get("WANDB_DIR"):  # in the run directory: wandb's own folder made here, never a planted link
+            files.make_dir(self._run_dir / rundir.WANDB, parents=False)
         self._run = self._wandb.init(
             project=os.environ.get("WANDB_PROJECT", "gpt2-tui"),
             name=self._run_dir.name,

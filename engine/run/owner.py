@@ -30,7 +30,7 @@ from engine.run import toggle
 from engine.run.configs import open_data, pretrained, with_pretrained_shape
 from engine.run.requests import Control, Mailbox, Request
 from engine.run.segments import opening, switches
-from engine.train import distributed
+from engine.train import distributed, guard
 from engine.train.data import Dataset
 from engine.train.trainer import Ending, Trainer
 
@@ -149,6 +149,28 @@ class Run:
             rundir.discard_new(self.run_dir, self._made)
             self._made = None
 
+    def _discard_logged(self) -> None:
+        """A new run that failed before it saved anything (out of memory in its first eval or
+        step): its log and the loggers' files go with what create() wrote, as for a refusal in
+        set-up; nothing is left to resume. A resumed run keeps all (discard_new)."""
+        if not (self.dist.is_main and self._made is not None and self._logging):
+            return
+        from engine import files
+
+        ours = [sink for sink in self.sinks if sink is self._log or type(sink).__module__ == "engine.run.loggers"]
+        for sink in ours:  # the console's and the app's sinks stay: they say how the run ended
+            sink.close()
+            self.sinks.remove(sink)
+        self._log = None
+
+        for name in (rundir.EVENTS, rundir.METRICS_CSV):
+            files.remove(self.run_dir / name)
+        for name in (rundir.TENSORBOARD, rundir.WANDB):
+            if (self.run_dir / name).is_dir():
+                files.remove_tree(self.run_dir / name)
+        self._logging = False
+        self.discard_new()
+
     def release(self) -> None:
         if self.dist.is_main:
             rundir.release_writer(self.run_dir)
@@ -182,7 +204,12 @@ class Run:
                     raise
                 self._open_log(segment)
                 self._open_segment(segment, why, applied)
-                ending = segment.train()
+                try:
+                    ending = segment.train()
+                except guard.OutOfMemory:
+                    if segment.ckpts.latest() is None:  # a new run out of memory before its first checkpoint
+                        self._discard_logged()
+                    raise
                 if ending.reason != "toggle":
                     return ending.reason
                 applied = ending.applied

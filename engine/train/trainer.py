@@ -471,11 +471,14 @@ class Trainer:
             )
 
     def _loop_or_oom(self) -> Ending:
-        """The loop, with a CUDA out-of-memory turned into a clean stop that says what fits."""
+        """The loop, with an out-of-memory (CUDA's, or the CPU allocator's: guard.is_out_of_memory)
+        turned into a clean stop that says what fits."""
         try:
             return self._loop()
-        except torch.OutOfMemoryError:
-            pass  # leave the except block first, so the traceback's frames (and their tensors) can go
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+            if not guard.is_out_of_memory(err):
+                raise
+            del err  # leave the except block first, so the traceback's frames (and their tensors) can go
         self.optimizer.zero_grad(set_to_none=True)
         message, table = guard.out_of_memory(self.config, self.device, self.device_label, self.step, self.ckpts.latest())
         self.emit(ev.Warning_(message=f"{message}\nestimated memory:\n{table}"))

@@ -219,14 +219,14 @@ def test_cli_arguments(corpus: Path, tmp_path: Path, capsys) -> None:
 
 def test_cached_build_is_built_once_under_concurrency(corpus: Path, tmp_path: Path, monkeypatch) -> None:
     calls = []
-    real = prep.prepare
+    real = prep.prepare_report
 
     def counting(*args, **kwargs):
         calls.append(1)
         time.sleep(0.3)  # widen the race window
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(prep, "prepare", counting)
+    monkeypatch.setattr(prep, "prepare_report", counting)
     files = sorted(p for p in corpus.rglob("*") if p.is_file())
     target = tmp_path / "cache" / "demo"
     results: list[Path] = []
