@@ -90,6 +90,8 @@ class GPT2App(PlainApp):
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True), Binding("f1", "help", "Help", show=False)]
     # below 100 columns the screen gets the class -narrow: app.tcss tightens the footer
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # below 32 rows the screen gets the class -short: the dashboard's log takes fewer rows
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(self, config: RunConfig | None = None, attach_dir: Path | None = None):
         super().__init__()

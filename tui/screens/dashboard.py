@@ -150,13 +150,16 @@ class DashboardScreen(Screen):
         with TabbedContent(id="tabs"):
             with TabPane("Charts", id="tab-charts"):
                 with VerticalScroll(id="charts-scroll"):
-                    yield MetricChart("loss", [Line("loss", "raw", "gray"), Line("ema", "EMA", "cyan"),
-                                               Line("val", "val", "orange", scatter=True)], id="chart-loss")  # fmt: skip
-                    with Grid(id="chart-grid"):
-                        yield MetricChart("lr", [Line("lr", "lr", "green")], id="chart-lr")
-                        yield MetricChart("grad norm (pre-clip)", [Line("grad_norm", "norm", "magenta")], id="chart-norm")
+                    # the two the product exists for, side by side on the first screen at any size
+                    # from 80x24: the loss, and the step time where the compile warm-up settles
+                    with Grid(id="chart-top"):
+                        yield MetricChart("loss", [Line("loss", "raw", "gray"), Line("ema", "EMA", "cyan"),
+                                                   Line("val", "val", "orange", scatter=True)], id="chart-loss")  # fmt: skip
                         yield MetricChart("s/step", [Line("step_time", "s/step", "yellow")], unit=" s", id="chart-steptime")
+                    with Grid(id="chart-grid"):
                         yield MetricChart("tok/s", [Line("tokens_per_s", "tok/s", "blue")], id="chart-toks")
+                        yield MetricChart("grad norm (pre-clip)", [Line("grad_norm", "norm", "magenta")], id="chart-norm")
+                        yield MetricChart("lr", [Line("lr", "lr", "green")], id="chart-lr")
                         yield MetricChart("MFU %", [Line("mfu", "MFU", "cyan")], id="chart-mfu",
                                           unmeasured="no peak FLOP/s is known for this device")  # fmt: skip
                         yield MetricChart("memory GiB", [Line("mem", "GiB", "red")], id="chart-mem",
@@ -211,6 +214,7 @@ class DashboardScreen(Screen):
             self.query_one("#log", RichLog).clear()
             for chart in self.query(MetricChart):
                 chart._drawn = None
+        self._fit_top()
         self.redraw()
         cpu, wall = time.thread_time(), time.perf_counter()
         last = getattr(self, "_last_clock", None)
@@ -224,6 +228,18 @@ class DashboardScreen(Screen):
             self.interval = want
             self._timer.stop()
             self._timer = self.set_interval(self.interval, self.tick)
+
+    def _fit_top(self) -> None:
+        """The loss and s/step charts as tall as the charts' view (at least 10 rows): on the
+        first screen at any size, the others below them (a scroll away)."""
+        view = self.query_one("#charts-scroll", VerticalScroll).scrollable_content_region.height
+        top = self.query_one("#chart-top", Grid)
+        want = max(10, view)
+        if view and top.styles.height != want:
+            top.styles.height = want
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._fit_top)
 
     def redraw(self) -> None:
         state = self.state
