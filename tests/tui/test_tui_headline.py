@@ -14,6 +14,11 @@ The apps run for real (Pilot); waits are bounded polls (tests/pilot_wait.py).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +82,80 @@ def test_values_cut_off_by_a_zoom_get_an_off_scale_mark() -> None:
     clamped, marks = off_scale(xs, ys, 1.0, 3.0)
     assert max(clamped) == 3.0 and min(clamped) == 1.0
     assert marks == [(3, 3.0, "▲18.7"), (50, 1.0, "▼0.1")]
+
+
+# ------------------------------------------------------------------ item 3: a dead writer, seen
+
+
+LONG = {"train.max_steps": 100000, "train.ckpt_interval": 100000, "train.eval_interval": 100000,
+        "train.sample_tokens": 0, "train.log_interval": 1}  # fmt: skip
+GONE_WITHIN_S = 5.0
+
+
+def test_the_dashboard_that_launched_a_run_says_writer_gone_after_kill_9(tiny_dataset: Path, tmp_path: Path) -> None:
+    """F5's kind of run (its own process, launched by this app): kill -9 of that process turns
+    the dashboard's state from RUNNING to WRITER GONE within a few seconds, with the elapsed
+    time stopped at the last event and no ETA."""
+    from conftest import micro_config
+
+    run_dir = tmp_path / "own"
+    config = micro_config(tiny_dataset, **LONG)
+
+    async def go() -> None:
+        app = GPT2App()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            app.launch(config, run_dir, detached=True)
+            await until(pilot, lambda: isinstance(app.screen, DashboardScreen), "the dashboard")
+            session = app.session
+            state = session.state
+            try:
+                await until(pilot, lambda: state.step >= 2 and state.state == "running", "steps tailed")
+                status = app.screen.query_one("#status")
+                assert "RUNNING" in str(status.render())
+                os.kill(session.process.pid, signal.SIGKILL)
+                killed = time.monotonic()
+                await until(pilot, lambda: session.state.state == "writer gone", "the writer seen gone", timeout=30)
+                took = time.monotonic() - killed
+                await until(pilot, lambda: "WRITER GONE" in str(status.render()), "the status line", timeout=5)
+                assert took <= GONE_WITHIN_S, f"WRITER GONE after {took:.1f} s"
+                assert session.state.eta() is None
+                assert session.state.elapsed() == session.state.elapsed(time.time() + 100)  # stopped
+            finally:
+                if session.process.poll() is None:
+                    session.process.kill()
+                    session.process.wait()
+
+    asyncio.run(go())
+
+
+def test_an_attached_dashboard_says_writer_gone_after_kill_9(tiny_dataset: Path, tmp_path: Path) -> None:
+    """The same rule for a run attached to (started from a shell): its lock's holder."""
+    run_dir = tmp_path / "theirs"
+    cmd = [sys.executable, "-m", "engine.cli", "train", "--preset", "micro", "--data", str(tiny_dataset),
+           "--out", str(run_dir), "--max-steps", "100000", "--ckpt-interval", "100000", "--eval-interval", "100000"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+
+    async def go() -> None:
+        app = GPT2App(attach_dir=run_dir)
+        async with app.run_test(size=(120, 40)) as pilot:
+            state = app.session.state
+            await until(pilot, lambda: state.step >= 2, "steps tailed")
+            assert app.session.state.state == "running"
+            proc.kill()
+            proc.wait()
+            killed = time.monotonic()
+            await until(pilot, lambda: app.session.state.state == "writer gone", "the writer seen gone", timeout=30)
+            assert time.monotonic() - killed <= GONE_WITHIN_S
+
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "writer.pid").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the headless run did not start"
+            time.sleep(0.1)
+        asyncio.run(go())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -80,6 +80,15 @@ class Building:
     time: float = field(default_factory=time.time)
 
 
+@dataclass
+class Writer:
+    """Not an engine event: whether a process still writes the run (its lock's holder,
+    tui/session.py), looked at before the events were read, so a run that ended well has
+    its run_finished read first. A live run whose writer is gone died without finishing."""
+
+    alive: bool
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
@@ -113,6 +122,7 @@ class RunState:
         self.log_count = 0  # lines ever logged
         self.building_since: float | None = None  # the default dataset being built (no event says so)
         self.stop_since: float | None = None  # a stop asked for from this app (no event says so)
+        self.writer_lost = False  # no process writes the run any more (no event says so: Writer)
         self.segment_steps = 0  # step reports since the last run_started
         self.segments = SegmentReader()  # the segment table and the charts' markers read it
         self.segment_events: list[ev.Segment] = []  # as they came (the dashboard toasts live toggles)
@@ -137,13 +147,20 @@ class RunState:
         return bool(self._setting("speed", "compile", False)) and self.segment_steps == 0
 
     @property
+    def gone(self) -> bool:
+        """Not over by its events, but no process writes it any more (kill -9, a crash)."""
+        return self.live and self.writer_lost
+
+    @property
     def state(self) -> str:
-        """failed / completed / stopped once over; else stopping, building dataset, waiting,
-        paused, compiling or running."""
+        """failed / completed / stopped once over; writer gone when it died without saying so;
+        else stopping, building dataset, waiting, paused, compiling or running."""
         if self.failed:
             return "failed"
         if self.finished:
             return self.finished.reason
+        if self.writer_lost:
+            return "writer gone"
         if self.stop_since is not None:
             return "stopping"
         if self.started is None:
@@ -166,7 +183,7 @@ class RunState:
     def resuming(self) -> None:
         """The run is being continued: no longer over, waiting for its next run_started."""
         self.started = self.finished = self.failed = self.stop_since = None
-        self.paused = False
+        self.paused = self.writer_lost = False
         self.version += 1
 
     def note_stop(self, t: float | None = None) -> None:
@@ -184,7 +201,7 @@ class RunState:
         """Time the run has been running: pauses do not count."""
         if self.t0 is None:
             return 0.0
-        end = (self.last_event_time if not self.live else (now or time.time())) or self.t0
+        end = (self.last_event_time if not self.live or self.writer_lost else (now or time.time())) or self.t0
         pausing = max(0.0, end - self._paused_at) if self._paused_at is not None else 0.0
         return max(0.0, end - self.t0 - self.paused_s - pausing)
 
@@ -195,13 +212,18 @@ class RunState:
 
     def eta(self) -> float | None:
         """Time left at the current segment's settled speed (the console's rule)."""
-        if not self.live or self.stop_since is not None:
+        if not self.live or self.stop_since is not None or self.writer_lost:
             return None
         return ev.eta_seconds(self.segments.current_step_times(), self.step, self.max_steps)
 
     # ----------------------------------------------------------------- feeding
 
     def feed(self, e: Any) -> None:
+        if isinstance(e, Writer):
+            if self.writer_lost == e.alive:
+                self.writer_lost = not e.alive
+                self.version += 1
+            return
         if isinstance(e, Building):
             self.building_since = e.time if e.on else None
             self.version += 1

@@ -37,6 +37,7 @@ from tui.plain import PlainTable
 MIN_INTERVAL = 0.5  # s between redraws: at most 2 Hz
 MAX_INTERVAL = 10.0
 TOAST_WITHIN_S = 60.0  # a toggle's segment event this recent is news (older: an attached run's history)
+LIVENESS_S = 1.0  # s between looks at whether a tailed run's writer still lives (whatever the redraw rate)
 UI_SHARE = 0.03  # aim: the UI thread busy (GIL held, a core taken) at most this share of the time
 
 
@@ -80,8 +81,7 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     mfu = "unknown" if last is None or last.mfu is None else f"{100 * last.mfu:.1f}%"
     where = state.started.device_name if state.started else "-"
     label = state_label(state, now)
-    if session.mode == "attached" and state.live and state.stop_since is None and rundir.writer_alive(session.run_dir) is False:
-        # (a stop asked from here ends the writer before its run_finished is read: STOPPING then)
+    if state.gone:  # the one liveness rule, looked at as the events are read (RunSession.poll)
         label = "WRITER GONE (died without finishing; --resume it)"
     line1 = (
         f"{label}  step {state.step}/{total or '?'}  ETA {clock_text(state.eta())}  "
@@ -194,6 +194,8 @@ class DashboardScreen(Screen):
         table = self.query_one("#ckpts", DataTable)
         table.add_columns("step", "val loss", "size", "age", "")
         self._timer = self.set_interval(MIN_INTERVAL, self.tick)
+        if self.session.tail is not None:
+            self.set_interval(LIVENESS_S, self._check_writer)
         self.tick()
 
     # ----------------------------------------------------------------- feeding
@@ -228,6 +230,11 @@ class DashboardScreen(Screen):
             self.interval = want
             self._timer.stop()
             self._timer = self.set_interval(self.interval, self.tick)
+
+    def _check_writer(self) -> None:
+        """A dead writer is news at once, not at the next (maybe 10 s away) redraw."""
+        if self.session.writer_died():
+            self.tick()
 
     def _fit_top(self) -> None:
         """The loss and s/step charts as tall as the charts' view (at least 10 rows): on the
