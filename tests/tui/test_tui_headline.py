@@ -159,3 +159,81 @@ def test_an_attached_dashboard_says_writer_gone_after_kill_9(tiny_dataset: Path,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------------------------ item 1: a pending toggle, seen
+
+
+def test_a_toggle_posted_but_not_yet_applied_shows_as_pending_and_is_not_asked_twice(tmp_path: Path) -> None:
+    """A run of ours (this process holds its lock, so `o` posts to its mailbox) that has not
+    reached its next step boundary yet: after Apply, `o` again shows the change as pending, and
+    the same change again is refused on screen, no second request posted; once the run
+    acknowledges the request in its events, it is no longer pending."""
+    import json
+    import shutil
+
+    from textual.widgets import Switch
+
+    from engine import events as ev
+    from engine import rundir
+    from tui.screens.toggle import ToggleScreen
+
+    run_dir = tmp_path / "ours"
+    shutil.copytree(DATA / "tui-run", run_dir)
+    lines = (run_dir / rundir.EVENTS).read_text().splitlines(keepends=True)
+    (run_dir / rundir.EVENTS).write_text("".join(ln for ln in lines if '"run_finished"' not in ln))
+    mailbox = run_dir / rundir.MAILBOX
+
+    def asked() -> list[dict]:
+        return [json.loads(ln) for ln in mailbox.read_text().splitlines()] if mailbox.exists() else []
+
+    notes: list[str] = []
+
+    async def open_switches(pilot, app) -> ToggleScreen:
+        await pilot.press("o")
+        await until(pilot, lambda: isinstance(app.screen, ToggleScreen), "the switches screen")
+        await pilot.pause()
+        return app.screen
+
+    async def go() -> None:
+        app = GPT2App(attach_dir=run_dir)
+        original = app.notify
+        app.notify = lambda message, *a, **k: (notes.append(str(message)), original(message, *a, **k))[1]  # type: ignore[method-assign]
+        async with app.run_test(size=(120, 40)) as pilot:
+            state = app.session.state
+            await until(pilot, lambda: state.step >= 30 and "steering pid" in str(app.screen.query_one("#status").render()),
+                        "the run read, steerable")  # fmt: skip
+            screen = await open_switches(pilot, app)
+            assert not screen.query("#toggle-pending")
+            screen.query_one("#sw-data-preload", Switch).value = False
+            await pilot.pause()
+            await pilot.press("a")
+            await until(pilot, lambda: not isinstance(app.screen, ToggleScreen), "applied")
+            assert [r["switches"] for r in asked()] == [{"data.preload": False}]
+
+            screen = await open_switches(pilot, app)  # before the run's next step boundary
+            pending = str(screen.query_one("#toggle-pending").render())
+            assert "preload on -> off (pending)" in pending, pending
+            screen.query_one("#sw-data-preload", Switch).value = False
+            await pilot.pause()
+            verdict = str(screen.query_one("#toggle-verdict").render())
+            assert "already pending: preload on -> off (pending)" in verdict, verdict
+            await pilot.press("a")
+            await pilot.pause()
+            assert isinstance(app.screen, ToggleScreen) and any("already pending" in n for n in notes), notes
+            assert len(asked()) == 1  # no second request
+            await pilot.press("escape")
+
+            rid = asked()[0]["id"]  # the run takes it: its acknowledgement ends the pending state
+            ack = ev.RequestAck(step=30, id=rid, kind="toggle", status="dropped", reason="test")
+            with open(run_dir / rundir.EVENTS, "a") as f:
+                f.write(ack.model_dump_json() + "\n")
+            await until(pilot, lambda: not state.pending_toggles, "the acknowledgement read")
+            screen = await open_switches(pilot, app)
+            assert not screen.query("#toggle-pending")
+
+    rundir.claim_writer(run_dir)  # this process writes the run: its mailbox is read (by nobody, here)
+    try:
+        asyncio.run(go())
+    finally:
+        rundir.release_writer(run_dir)

@@ -123,6 +123,7 @@ class RunState:
         self.building_since: float | None = None  # the default dataset being built (no event says so)
         self.stop_since: float | None = None  # a stop asked for from this app (no event says so)
         self.writer_lost = False  # no process writes the run any more (no event says so: Writer)
+        self.pending_toggles: dict[str, dict[str, Any]] = {}  # request id -> switches: posted here, not yet acknowledged
         self.segment_steps = 0  # step reports since the last run_started
         self.segments = SegmentReader()  # the segment table and the charts' markers read it
         self.segment_events: list[ev.Segment] = []  # as they came (the dashboard toasts live toggles)
@@ -191,6 +192,20 @@ class RunState:
         if self.live and self.stop_since is None:
             self.stop_since = t or time.time()
             self.version += 1
+
+    def note_toggle(self, request_id: str, switches: dict[str, Any]) -> None:
+        """This app asked the run for these switches (a toggle request): pending until the run
+        acknowledges the request (applied or dropped) in its events, or ends."""
+        if self.live:
+            self.pending_toggles[request_id] = dict(switches)
+            self.version += 1
+
+    def pending_switches(self) -> dict[str, Any]:
+        """{dotted: value} asked for and not yet acknowledged (a later request's value wins)."""
+        out: dict[str, Any] = {}
+        for switches in self.pending_toggles.values():
+            out |= switches
+        return out
 
     def settled_step_time(self) -> float | None:
         """The current segment's settled step time: the figure the Segments tab, the summary
@@ -275,12 +290,16 @@ class RunState:
                 self.paused = False
                 self._pause_ends(e.time)
                 self._log(describe(e), e.time)
+            case ev.RequestAck():
+                self.pending_toggles.pop(e.id, None)
             case ev.RunFinished():
+                self.pending_toggles.clear()
                 self.finished, self.paused = e, False
                 self._pause_ends(e.time)
                 self.step = e.step
                 self._log(describe(e).splitlines()[0], e.time)
             case ev.RunFailed():
+                self.pending_toggles.clear()
                 self.failed = e
                 self._pause_ends(e.time)
                 self._log(describe(e), e.time, "error")

@@ -449,9 +449,14 @@ class DashboardScreen(Screen):
             self.notify(str(err), severity="error")
             return
         world, parallel = (started.world_size, started.parallel) if started else (1, "ddp")
+        def send(request: Any) -> None:  # posted: pending until the run acknowledges it
+            self.session.steer(request)
+            self.state.note_toggle(request.id, request.switches)
+
         self.app.push_screen(ToggleScreen(self.session.run_dir, config, world_size=world,
                                           sharding="fsdp" if parallel == "fsdp" else "ddp",
-                                          steerable=lambda: self._steerable("toggle"), send=self.session.steer))  # fmt: skip
+                                          steerable=lambda: self._steerable("toggle"), send=send,
+                                          pending=self.state.pending_switches()))  # fmt: skip
 
     def action_logy(self) -> None:
         self.logy = not self.logy
