@@ -237,3 +237,39 @@ def test_a_toggle_posted_but_not_yet_applied_shows_as_pending_and_is_not_asked_t
         asyncio.run(go())
     finally:
         rundir.release_writer(run_dir)
+
+
+# ------------------------------------------------------------------ item 4: keys typed early
+
+
+def burst(app, keys: list[str]) -> None:
+    """Keys as a terminal delivers a fast burst: all read at once, none waiting for the one
+    before to be handled (Pilot's press waits for each; a typist does not)."""
+    from textual import events
+
+    for k in keys:
+        app.post_message(events.Key(k, {"tab": "\t", "backspace": "\x7f"}.get(k, k)))
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["complete-form", "first-paint-split"])
+def test_keys_typed_from_the_first_paint_reach_their_field_in_order(split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tab Tab Z right at startup, then 8 backspaces and "65536" in one burst: every key lands
+    in the field the Tabs reached (the dataset), in order: "65536". Also with the form's first
+    paint split as a real terminal gets it (stand-in selects, rows mounted after the frame)."""
+    import tui.screens.setup as setup
+    from engine.config import resolve
+
+    monkeypatch.setattr(setup, "paint_first", lambda headless: split)
+
+    async def go() -> None:
+        app = GPT2App(resolve("nano"))
+        async with app.run_test(size=(120, 40)) as pilot:
+            burst(app, ["tab", "tab", "Z"])
+            burst(app, ["backspace"] * 8 + list("65536"))
+            await until(pilot, lambda: app.screen.query("#dataset") and app.screen.query_one("#dataset").value == "65536",
+                        "the burst typed into the dataset field", timeout=10)  # fmt: skip
+            await pilot.pause(0.5)
+            assert app.screen.focused is app.screen.query_one("#dataset")
+            assert app.screen.query_one("#dataset").value == "65536"
+
+    asyncio.run(go())
