@@ -273,3 +273,25 @@ def test_keys_typed_from_the_first_paint_reach_their_field_in_order(split: bool,
             assert app.screen.query_one("#dataset").value == "65536"
 
     asyncio.run(go())
+
+
+# ------------------------------------------------------------------ item 5: the data-stall advice
+
+
+@pytest.mark.parametrize("preload,device,want,never", [
+    (True, "cpu", "preload is on; prefetch does nothing on CPU", "--prefetch"),
+    (False, "cpu", "try --preload)", "--prefetch"),
+    (True, "cuda:0", "preload is on", "--preload"),
+])  # fmt: skip
+def test_the_data_stall_alert_advises_only_what_can_help(preload: bool, device: str, want: str, never: str) -> None:
+    from engine import events as ev
+    from tui.models.runstate import RunState
+
+    s = RunState()
+    cfg = {"train": {"max_steps": 100, "batch_size": 1, "grad_accum": 1}, "data": {"preload": preload, "prefetch": True,
+           "pin_memory": True}}  # fmt: skip
+    s.feed(ev.RunStarted(config=cfg, n_params=1, device=device, device_name="X", precision="fp32", flops_per_token=1))
+    s.feed(ev.Step(step=1, loss=5.0, lr=1e-3, grad_norm=0.5, step_time_s=1.0, data_time_s=0.5, tokens_per_s=1.0,
+                   mfu=None, mem_bytes=None, tokens=1))  # fmt: skip
+    (alert,) = [ln.text for ln in s.log if "data loading" in ln.text]
+    assert want in alert and never not in alert, alert

@@ -367,10 +367,22 @@ class RunState:
                         and not self._setting("data", "pin_memory", True))  # fmt: skip
         # unpinned, .to(device) waits for the GPU to finish the step before: that wait lands in data time
         why = ("; pinned memory is off, so this includes GPU time: the copy to the GPU waits for the step "
-               "before it (try --pin-memory to measure it right)" if unpinned else " (try --preload/--prefetch)")  # fmt: skip
+               "before it (try --pin-memory to measure it right)" if unpinned else self._data_advice())  # fmt: skip
         self._alert(
             "data", share > DATA_SHARE, f"step {e.step}: data loading is {100 * share:.0f}% of the step time{why}", e.time,
         )  # fmt: skip
+
+    def _data_advice(self) -> str:
+        """What may help a data stall on this run: only switches that are off and do something
+        on its device (preload: always; prefetch: only with an accelerator, on CPU the batch is
+        built inline whatever it says)."""
+        accel = bool(self.started and not self.started.device.startswith("cpu"))
+        flags = [f for f, off in (("--preload", not self._setting("data", "preload", True)),
+                                  ("--prefetch", accel and not self._setting("data", "prefetch", True))) if off]  # fmt: skip
+        if flags:
+            return f" (try {'/'.join(flags)})"
+        return " (preload is on" + ("" if accel else "; prefetch does nothing on CPU") + \
+            ": the batch itself is the cost; vectorized batching, or a larger model per token, shrinks its share)"
 
     def _setting(self, section: str, key: str, default: Any) -> Any:
         """The run's setting, or `default` when its run_started line lacks it (RunStarted.setting)."""
