@@ -17,6 +17,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
+
+def _hold_keys() -> None:
+    """Keys typed while the app starts (a second or more of imports) reach it as typed: the
+    terminal leaves line mode now, not when Textual starts, so the kernel neither edits them
+    (a backspace erasing the Tab before it) nor echoes them. Restored at exit (Textual puts
+    back what it found: this mode)."""
+    if len(sys.argv) > 2 and sys.argv[1] != "attach" or len(sys.argv) == 2 and sys.argv[1].startswith("-"):
+        return  # a headless command (--help, --config alone is the app: handled below)
+    try:
+        import atexit
+        import termios
+
+        fd = sys.stdin.fileno()
+        if not sys.stdin.isatty():
+            return
+        before = termios.tcgetattr(fd)
+        now = termios.tcgetattr(fd)
+        now[3] &= ~(termios.ICANON | termios.ECHO)
+        termios.tcsetattr(fd, termios.TCSANOW, now)
+        atexit.register(termios.tcsetattr, fd, termios.TCSANOW, before)
+    except Exception:  # no terminal to hold (a pipe, another OS): Textual's own start then
+        pass
+
+
+if __name__ == "__main__" or Path(sys.argv[0]).name in ("gpt2-tui", "gpt2_tui.py"):
+    _hold_keys()
+
 from bench import cli as bench_cli
 from engine import cli
 from engine.console import out, route_warnings

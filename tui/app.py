@@ -9,11 +9,13 @@ worker thread behind it (tui/screens/setup.py).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
@@ -48,6 +50,8 @@ EXTRA_SCREENS: list[tuple[str, str, Callable[[], Screen], str]] = [
     ("f8", "Ladder", open_ladder, "the speed ladder: what each optimization buys on this machine"),
 ]
 
+KEY_WAIT_S = 0.5  # the longest a key waits for the one before it to be handled (one dropped on the way)
+KEY_POLL_S = 0.005  # how often a waiting key looks again
 STOP_POLL_S = 0.2  # how often a quit that waits for the run's checkpoint looks at the thread
 QUIT_NOW_STATUS = 3  # the exit status when the user chose to quit without the run's checkpoint
 
@@ -87,9 +91,17 @@ class Inbox:
 class GPT2App(PlainApp):
     CSS_PATH = "app.tcss"
     TITLE = "gpt2-tui"
-    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True), Binding("f1", "help", "Help", show=False)]
-    # below 100 columns the screen gets the class -narrow: app.tcss tightens the footer
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", priority=True), Binding("f1", "help", "Help", show=False),
+        # Tab moves the focus in the app's own turn, as it reads the key (a priority binding),
+        # not once the focused widget has passed the key back up: the key after it goes to the
+        # field it moved to, and that field's Focus comes before that key (on_event, below)
+        Binding("tab", "focus_next", "Focus next", show=False, priority=True),
+        Binding("shift+tab", "focus_previous", "Focus previous", show=False, priority=True),
+    ]    # below 100 columns the screen gets the class -narrow: app.tcss tightens the footer
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # below 32 rows the screen gets the class -short: the dashboard's log takes fewer rows
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(self, config: RunConfig | None = None, attach_dir: Path | None = None):
         super().__init__()
@@ -99,6 +111,10 @@ class GPT2App(PlainApp):
         self.sessions: list[RunSession] = []  # every run opened here (a quit must stop the in-process ones)
         self.stopping = False  # quit asked: waiting for the in-process run's checkpoint
         self.inbox = Inbox(self)
+        self._keys: deque[events.Key] = deque()  # keys read while the one before is still being handled
+        self._key_flight: events.Key | None = None  # the key being handled (forwarded, bubbling)
+        self._key_since = 0.0
+        self._key_polling = False
         for key, title, factory, _ in EXTRA_SCREENS:
             self.bind(key, f"open_extra('{title}')", description=title)
 
@@ -118,6 +134,52 @@ class GPT2App(PlainApp):
                 # it, the form lays out and renders once for a frame Textual then drops, and
                 # again for the frame that shows (0.2-0.4 s of the first paint on a 2-core VM)
                 self.call_later(self.push_screen, form)
+
+    # ----------------------------------------------------------------- keys, in order
+
+    async def on_event(self, event: events.Event) -> None:
+        """Keys are handled one at a time, in the order typed. Textual forwards each key to the
+        widget focused when the app reads it, and a key that widget does not take (backspace in
+        an Input: a binding) travels back up to the app as a message of its own; in a burst
+        (typed fast, or while the form mounts) the next key was forwarded meanwhile, so
+        8 backspaces and "65536" came out as the digits first, then the backspaces eating them.
+        Here a key waits until the one before it was taken (stopped) or reached the app."""
+        if isinstance(event, events.Key):
+            if not event.is_forwarded:
+                if not getattr(event, "_in_turn", False):
+                    self._keys.append(event)
+                    await self._next_key()
+                    return
+            elif event is self._key_flight:  # back at the app, its last stop: handled after this
+                await super().on_event(event)
+                self._key_flight = None
+                if self._keys:
+                    self.call_later(self._next_key)
+                return
+        await super().on_event(event)
+
+    def _key_done(self) -> bool:
+        key = self._key_flight
+        return key is None or key._stop_propagation or time.monotonic() - self._key_since > KEY_WAIT_S
+
+    async def _next_key(self) -> None:
+        while self._keys and self._key_done():
+            key = self._keys.popleft()
+            key._in_turn = True  # type: ignore[attr-defined]
+            focus_first = getattr(self.screen, "focus_first", None)
+            if focus_first is not None and self.screen.focused is None:  # the form, before its first frame
+                focus_first()
+            self._key_flight, self._key_since = key, time.monotonic()
+            await super().on_event(key)
+            if not key.is_forwarded:  # taken by a priority binding (Tab, ctrl+q) in the app's own turn
+                self._key_flight = None
+        if self._keys and not self._key_polling:
+            self._key_polling = True
+            self.set_timer(KEY_POLL_S, self._poll_keys)
+
+    async def _poll_keys(self) -> None:
+        self._key_polling = False
+        await self._next_key()
 
     # ----------------------------------------------------------------- runs
 

@@ -35,7 +35,7 @@ from engine.api import Control, Request, post
 from engine.api import UserError
 from engine.api import path_text
 from engine.api import spawn_new, spawn_resume, train_in_thread
-from tui.models.runstate import Building, RunState
+from tui.models.runstate import Building, RunState, Writer
 from tui.models.tail import EventTail
 
 CONSOLE_LOG = rundir.LAUNCH_LOG
@@ -142,6 +142,7 @@ class RunSession:
         if self.tail is None:
             return []
         exited = self.process is not None and self.process.poll() is not None  # before reading: all it wrote is there
+        dead = self.state.live and self._writer_dead(exited)  # likewise: a run that ended well is read ending
         resets = self.tail.resets
         events = self.tail.read_new()
         if self.tail.resets != resets:  # the file was truncated or replaced: start the view over
@@ -154,10 +155,31 @@ class RunSession:
             building = BUILD_LINE in self.console_text()
             if building != (self.state.building_since is not None):
                 events.insert(0, Building(building))
+        if dead != self.state.writer_lost:
+            events.append(Writer(alive=not dead))
         if self._config_file is not None and self.state.started:
             self._config_file.unlink(missing_ok=True)
             self._config_file = None
         return events
+
+    def writer_died(self) -> bool:
+        """A tailed live run whose writer is gone and the view does not say so yet (cheap: a
+        waitpid and /proc/locks; the dashboard asks every second, whatever its redraw rate)."""
+        if self.tail is None or not self.state.live or self.state.writer_lost:
+            return False
+        return self._writer_dead(self.process is not None and self.process.poll() is not None)
+
+    def _writer_dead(self, exited: bool) -> bool:
+        """The one liveness rule, for every view of a tailed run: a process holds the run's
+        lock (rundir.writer_alive; unknown for another host's run is not dead). A process
+        launched from here is dead once it exited; before its run started it may not hold the
+        lock yet (it builds the dataset first), so only its exit counts then."""
+        if self.process is not None:
+            if exited:
+                return True
+            if not self._saw_start:
+                return False
+        return rundir.writer_alive(self.run_dir) is False
 
     def console_text(self) -> str:
         """What the launched process wrote to the console log (not earlier launches' lines)."""

@@ -80,6 +80,15 @@ class Building:
     time: float = field(default_factory=time.time)
 
 
+@dataclass
+class Writer:
+    """Not an engine event: whether a process still writes the run (its lock's holder,
+    tui/session.py), looked at before the events were read, so a run that ended well has
+    its run_finished read first. A live run whose writer is gone died without finishing."""
+
+    alive: bool
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
@@ -114,6 +123,8 @@ class RunState:
         self.log_count = 0  # lines ever logged
         self.building_since: float | None = None  # the default dataset being built (no event says so)
         self.stop_since: float | None = None  # a stop asked for from this app (no event says so)
+        self.writer_lost = False  # no process writes the run any more (no event says so: Writer)
+        self.pending_toggles: dict[str, dict[str, Any]] = {}  # request id -> switches: posted here, not yet acknowledged
         self.segment_steps = 0  # step reports since the last run_started
         self.segments = SegmentReader()  # the segment table and the charts' markers read it
         self.segment_events: list[ev.Segment] = []  # as they came (the dashboard toasts live toggles)
@@ -138,13 +149,20 @@ class RunState:
         return bool(self._setting("speed", "compile", False)) and self.segment_steps == 0
 
     @property
+    def gone(self) -> bool:
+        """Not over by its events, but no process writes it any more (kill -9, a crash)."""
+        return self.live and self.writer_lost
+
+    @property
     def state(self) -> str:
-        """failed / completed / stopped once over; else stopping, building dataset, waiting,
-        paused, compiling or running."""
+        """failed / completed / stopped once over; writer gone when it died without saying so;
+        else stopping, building dataset, waiting, paused, compiling or running."""
         if self.failed:
             return "failed"
         if self.finished:
             return self.finished.reason
+        if self.writer_lost:
+            return "writer gone"
         if self.stop_since is not None:
             return "stopping"
         if self.started is None:
@@ -167,7 +185,7 @@ class RunState:
     def resuming(self) -> None:
         """The run is being continued: no longer over, waiting for its next run_started."""
         self.started = self.finished = self.failed = self.stop_since = None
-        self.paused = False
+        self.paused = self.writer_lost = False
         self.version += 1
 
     def note_stop(self, t: float | None = None) -> None:
@@ -175,6 +193,20 @@ class RunState:
         if self.live and self.stop_since is None:
             self.stop_since = t or time.time()
             self.version += 1
+
+    def note_toggle(self, request_id: str, switches: dict[str, Any]) -> None:
+        """This app asked the run for these switches (a toggle request): pending until the run
+        acknowledges the request (applied or dropped) in its events, or ends."""
+        if self.live:
+            self.pending_toggles[request_id] = dict(switches)
+            self.version += 1
+
+    def pending_switches(self) -> dict[str, Any]:
+        """{dotted: value} asked for and not yet acknowledged (a later request's value wins)."""
+        out: dict[str, Any] = {}
+        for switches in self.pending_toggles.values():
+            out |= switches
+        return out
 
     def settled_step_time(self) -> float | None:
         """The current segment's settled step time: the figure the Segments tab, the summary
@@ -185,7 +217,7 @@ class RunState:
         """Time the run has been running: pauses do not count."""
         if self.t0 is None:
             return 0.0
-        end = (self.last_event_time if not self.live else (now or time.time())) or self.t0
+        end = (self.last_event_time if not self.live or self.writer_lost else (now or time.time())) or self.t0
         pausing = max(0.0, end - self._paused_at) if self._paused_at is not None else 0.0
         return max(0.0, end - self.t0 - self.paused_s - pausing)
 
@@ -196,13 +228,18 @@ class RunState:
 
     def eta(self) -> float | None:
         """Time left at the current segment's settled speed (the console's rule)."""
-        if not self.live or self.stop_since is not None:
+        if not self.live or self.stop_since is not None or self.writer_lost:
             return None
         return ev.eta_seconds(self.segments.current_step_times(), self.step, self.max_steps)
 
     # ----------------------------------------------------------------- feeding
 
     def feed(self, e: Any) -> None:
+        if isinstance(e, Writer):
+            if self.writer_lost == e.alive:
+                self.writer_lost = not e.alive
+                self.version += 1
+            return
         if isinstance(e, Building):
             self.building_since = e.time if e.on else None
             self.version += 1
@@ -254,12 +291,16 @@ class RunState:
                 self.paused = False
                 self._pause_ends(e.time)
                 self._log(describe(e), e.time)
+            case ev.RequestAck():
+                self.pending_toggles.pop(e.id, None)
             case ev.RunFinished():
+                self.pending_toggles.clear()
                 self.finished, self.paused = e, False
                 self._pause_ends(e.time)
                 self.step = e.step
                 self._log(describe(e).splitlines()[0], e.time)
             case ev.RunFailed():
+                self.pending_toggles.clear()
                 self.failed = e
                 self._pause_ends(e.time)
                 self._log(describe(e), e.time, "error")
@@ -329,10 +370,22 @@ class RunState:
                         and not self._setting("data", "pin_memory", True))  # fmt: skip
         # unpinned, .to(device) waits for the GPU to finish the step before: that wait lands in data time
         why = ("; pinned memory is off, so this includes GPU time: the copy to the GPU waits for the step "
-               "before it (try --pin-memory to measure it right)" if unpinned else " (try --preload/--prefetch)")  # fmt: skip
+               "before it (try --pin-memory to measure it right)" if unpinned else self._data_advice())  # fmt: skip
         self._alert(
             "data", share > DATA_SHARE, f"step {e.step}: data loading is {100 * share:.0f}% of the step time{why}", e.time,
         )  # fmt: skip
+
+    def _data_advice(self) -> str:
+        """What may help a data stall on this run: only switches that are off and do something
+        on its device (preload: always; prefetch: only with an accelerator, on CPU the batch is
+        built inline whatever it says)."""
+        accel = bool(self.started and not self.started.device.startswith("cpu"))
+        flags = [f for f, off in (("--preload", not self._setting("data", "preload", True)),
+                                  ("--prefetch", accel and not self._setting("data", "prefetch", True))) if off]  # fmt: skip
+        if flags:
+            return f" (try {'/'.join(flags)})"
+        return " (preload is on" + ("" if accel else "; prefetch does nothing on CPU") + \
+            ": the batch itself is the cost; vectorized batching, or a larger model per token, shrinks its share)"
 
     def _setting(self, section: str, key: str, default: Any) -> Any:
         """The run's setting, or `default` when its run_started line lacks it (RunStarted.setting)."""

@@ -37,6 +37,7 @@ from tui.plain import PlainTable
 MIN_INTERVAL = 0.5  # s between redraws: at most 2 Hz
 MAX_INTERVAL = 10.0
 TOAST_WITHIN_S = 60.0  # a toggle's segment event this recent is news (older: an attached run's history)
+LIVENESS_S = 1.0  # s between looks at whether a tailed run's writer still lives (whatever the redraw rate)
 UI_SHARE = 0.03  # aim: the UI thread busy (GIL held, a core taken) at most this share of the time
 
 
@@ -80,8 +81,7 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     mfu = "unknown" if last is None or last.mfu is None else f"{100 * last.mfu:.1f}%"
     where = state.started.device_name if state.started else "-"
     label = state_label(state, now)
-    if session.mode == "attached" and state.live and state.stop_since is None and rundir.writer_alive(session.run_dir) is False:
-        # (a stop asked from here ends the writer before its run_finished is read: STOPPING then)
+    if state.gone:  # the one liveness rule, looked at as the events are read (RunSession.poll)
         label = "WRITER GONE (died without finishing; --resume it)"
     line1 = (
         f"{label}  step {state.step}/{total or '?'}  ETA {clock_text(state.eta())}  "
@@ -150,13 +150,16 @@ class DashboardScreen(Screen):
         with TabbedContent(id="tabs"):
             with TabPane("Charts", id="tab-charts"):
                 with VerticalScroll(id="charts-scroll"):
-                    yield MetricChart("loss", [Line("loss", "raw", "gray"), Line("ema", "EMA", "cyan"),
-                                               Line("val", "val", "orange", scatter=True)], id="chart-loss")  # fmt: skip
-                    with Grid(id="chart-grid"):
-                        yield MetricChart("lr", [Line("lr", "lr", "green")], id="chart-lr")
-                        yield MetricChart("grad norm (pre-clip)", [Line("grad_norm", "norm", "magenta")], id="chart-norm")
+                    # the two the product exists for, side by side on the first screen at any size
+                    # from 80x24: the loss, and the step time where the compile warm-up settles
+                    with Grid(id="chart-top"):
+                        yield MetricChart("loss", [Line("loss", "raw", "gray"), Line("ema", "EMA", "cyan"),
+                                                   Line("val", "val", "orange", scatter=True)], id="chart-loss")  # fmt: skip
                         yield MetricChart("s/step", [Line("step_time", "s/step", "yellow")], unit=" s", id="chart-steptime")
+                    with Grid(id="chart-grid"):
                         yield MetricChart("tok/s", [Line("tokens_per_s", "tok/s", "blue")], id="chart-toks")
+                        yield MetricChart("grad norm (pre-clip)", [Line("grad_norm", "norm", "magenta")], id="chart-norm")
+                        yield MetricChart("lr", [Line("lr", "lr", "green")], id="chart-lr")
                         yield MetricChart("MFU %", [Line("mfu", "MFU", "cyan")], id="chart-mfu",
                                           unmeasured="no peak FLOP/s is known for this device")  # fmt: skip
                         yield MetricChart("memory GiB", [Line("mem", "GiB", "red")], id="chart-mem",
@@ -191,6 +194,8 @@ class DashboardScreen(Screen):
         table = self.query_one("#ckpts", DataTable)
         table.add_columns("step", "val loss", "size", "age", "")
         self._timer = self.set_interval(MIN_INTERVAL, self.tick)
+        if self.session.tail is not None:
+            self.set_interval(LIVENESS_S, self._check_writer)
         self.tick()
 
     # ----------------------------------------------------------------- feeding
@@ -211,6 +216,7 @@ class DashboardScreen(Screen):
             self.query_one("#log", RichLog).clear()
             for chart in self.query(MetricChart):
                 chart._drawn = None
+        self._fit_top()
         self.redraw()
         cpu, wall = time.thread_time(), time.perf_counter()
         last = getattr(self, "_last_clock", None)
@@ -224,6 +230,23 @@ class DashboardScreen(Screen):
             self.interval = want
             self._timer.stop()
             self._timer = self.set_interval(self.interval, self.tick)
+
+    def _check_writer(self) -> None:
+        """A dead writer is news at once, not at the next (maybe 10 s away) redraw."""
+        if self.session.writer_died():
+            self.tick()
+
+    def _fit_top(self) -> None:
+        """The loss and s/step charts as tall as the charts' view (at least 10 rows): on the
+        first screen at any size, the others below them (a scroll away)."""
+        view = self.query_one("#charts-scroll", VerticalScroll).scrollable_content_region.height
+        top = self.query_one("#chart-top", Grid)
+        want = max(10, view)
+        if view and top.styles.height != want:
+            top.styles.height = want
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._fit_top)
 
     def redraw(self) -> None:
         state = self.state
@@ -428,9 +451,15 @@ class DashboardScreen(Screen):
         world, parallel = (started.world_size, started.parallel) if started else (1, "ddp")
         # the run's own process holds its memory: this one's when it trains here, else what it last reported
         held = None if self.session.mode == "in-process" else (self.state.mem_bytes or 0)
+
+        def send(request: Any) -> None:  # posted: pending until the run acknowledges it
+            self.session.steer(request)
+            self.state.note_toggle(request.id, request.switches)
+
         self.app.push_screen(ToggleScreen(self.session.run_dir, config, world_size=world,
                                           sharding="fsdp" if parallel == "fsdp" else "ddp", held=held,
-                                          steerable=lambda: self._steerable("toggle"), send=self.session.steer))  # fmt: skip
+                                          steerable=lambda: self._steerable("toggle"), send=send,
+                                          pending=self.state.pending_switches()))  # fmt: skip
 
     def action_logy(self) -> None:
         self.logy = not self.logy

@@ -220,7 +220,7 @@ class SetupScreen(Screen):
         form = self.query_one("#form")
         if not self._complete:
             self.run_worker(self._probe, thread=True, exclusive=True, group="probe")
-        form.focus()
+        self.focus_first()
         if self._complete:
             return
         try:
@@ -239,6 +239,13 @@ class SetupScreen(Screen):
             self.device_known(self._probed)
         else:
             self.revalidate()
+
+    def focus_first(self) -> None:
+        """The form takes the focus (now, not after a refresh, as Widget.focus would), unless a
+        key typed before this frame moved it already. Also asked by the app before the first
+        key it hands this screen (GPT2App.on_event): a Tab then moves from here, as later."""
+        if self.focused is None:
+            self.set_focus(self.query_one("#form"), scroll_visible=False)
 
     def hold_quit(self) -> bool:
         """ctrl+q before the rows below the first screen have mounted: quit once they have

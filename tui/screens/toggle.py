@@ -64,6 +64,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
     ToggleScreen #toggle-dialog { width: 100; max-width: 100%; height: 90%; border: thick $primary;
                                   background: $surface; padding: 0 1; }
     ToggleScreen #toggle-title { text-style: bold; }
+    ToggleScreen #toggle-pending { color: $warning; padding: 0 1; height: auto; }
     ToggleScreen #toggle-rows { height: 1fr; }
     ToggleScreen .row .name { width: 22; }
     ToggleScreen .row Select { width: 30; }
@@ -79,17 +80,19 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
 
     def __init__(self, run_dir: Path, config: RunConfig, *, world_size: int = 1, sharding: memory.Sharding = "ddp",
                  steerable: Callable[[], bool] = lambda: True, send: Callable[[Any], None] | None = None,
-                 held: int | None = None) -> None:  # fmt: skip
+                 held: int | None = None, pending: dict[str, Any] | None = None) -> None:  # fmt: skip
         """`config`: what the run trains with now; `steerable`: asked again at Apply (the run
         may have ended, or its writer gone, while this screen was open); `send`: the session's
         steer (else the request goes to the run directory's mailbox); `held`: the device memory
         the run holds now (device.held_bytes() when it trains in this process; else what its
-        events last reported), which a toggle's new segment takes over."""
+        events last reported), which a toggle's new segment takes over; `pending`: switches
+        asked for already and not yet applied ({dotted: value}, RunState.pending_switches)."""
         super().__init__()
         self.run_dir, self.config = Path(run_dir), memory.with_dataset_vocab(config)
         self.world_size, self.sharding, self.steerable, self.send = world_size, sharding, steerable, send
         self.held = device.held_bytes() if held is None else held
         self.current = switches(self.config)
+        self.pending = {n: v for n, v in (pending or {}).items() if n in self.current and self.current[n] != v}
         self.caps = device.capabilities()
         self.off = device.disabled(self.caps)  # switch -> why this machine cannot use it
         self.problem: str | None = "nothing changed yet"  # why Apply is refused now (None: it may go)
@@ -103,6 +106,8 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             yield Static("Switches of the live run", id="toggle-title")
             yield Static(f"{self.run_dir}: applied at the next step boundary, from a checkpoint of exactly "
                          "that state, as a new segment of the run", classes="help-line", markup=False)  # fmt: skip
+            if self.pending:
+                yield Static(f"asked, not applied yet: {self.pending_text()}", id="toggle-pending", markup=False)
             with VerticalScroll(id="toggle-rows"):
                 for dotted in SWITCHES:
                     if dotted == ACCUM:
@@ -131,6 +136,11 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             yield from inputs
             yield Static(f"cannot change here: {why}" if why else help_, classes="help", markup=False,
                          id="help-" + wid(dotted))  # fmt: skip
+
+    def pending_text(self, names: Any = None) -> str:
+        """'compile off -> on (pending), ...' for the pending switches (or those of `names`)."""
+        keys = self.pending if names is None else [n for n in names if n in self.pending]
+        return ", ".join(f"{change_text({n: [self.current[n], self.pending[n]]})} (pending)" for n in keys)
 
     def on_mount(self) -> None:
         self.evaluate()
@@ -189,6 +199,9 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         fits = None if total is None else est.fits(total)
         if not changes:
             return "nothing changed: pick a switch to change first", fits
+        again = [n for n, v in changes.items() if n in self.pending and self.pending[n] == v]
+        if again:  # asked once already: a second request would only be dropped (or toggle twice)
+            return f"already pending: {self.pending_text(again)}; it applies at the next step boundary", fits
         if fits is False:
             assert total is not None
             return self._memory_fix(new, total), False

@@ -31,11 +31,22 @@ class Line:
 
 
 def thin(xs: list[float], ys: list[float], n: int) -> tuple[list[float], list[float]]:
-    """Every k-th point so that at most about n remain; the last point is always kept."""
+    """At most about n points, as an envelope: the points are cut into about n/2 buckets of
+    consecutive points and each bucket keeps its lowest and its highest point (in x order),
+    so a one-point spike (the torch.compile step among settled ones) is never thinned away.
+    The first and the last point are always kept; each kept point is a real (x, y) pair."""
     if len(xs) <= n or n <= 0:
         return list(xs), list(ys)
-    k = math.ceil(len(xs) / n)
-    idx = list(range(0, len(xs), k))
+    buckets = max(1, n // 2)
+    k = math.ceil(len(xs) / buckets)
+    idx: list[int] = []
+    for start in range(0, len(xs), k):
+        span = range(start, min(start + k, len(xs)))
+        lo = min(span, key=ys.__getitem__)
+        hi = max(span, key=ys.__getitem__)
+        idx += sorted({lo, hi})
+    if idx[0] != 0:
+        idx.insert(0, 0)
     if idx[-1] != len(xs) - 1:
         idx.append(len(xs) - 1)
     return [xs[i] for i in idx], [ys[i] for i in idx]
@@ -65,6 +76,33 @@ def _log_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], list[str]
     labels = [_fmt_tick(10.0**t) for t in ticks]
     width = max(len(x) for x in labels)
     return ticks, [x.rjust(width) for x in labels]
+
+
+def off_scale(
+    xs: list[float], ys: list[float], lo: float, hi: float, log: bool = False
+) -> tuple[list[float], list[tuple[float, float, str]]]:
+    """A y range that cuts values off (a zoom, a ylim): the values clamped to its edges, and
+    per cut-off run of points one mark (x, edge y, text) with the most extreme value, e.g.
+    "▲18.7", so a clipped spike still shows where it was and how high it went. `log`: the
+    values are log10 ones (the text gives the data value)."""
+    out: list[float] = []
+    marks: list[tuple[float, float, str]] = []
+    run: tuple[float, str, float] | None = None  # (x, side, most extreme y) of the run past an edge
+    for x, y in zip(xs, ys):
+        side = "▲" if y > hi else "▼" if y < lo else ""
+        if not side:
+            run = None
+            out.append(y)
+            continue
+        edge = hi if side == "▲" else lo
+        out.append(edge)
+        if run is None or run[1] != side:
+            run = (x, side, y)
+            marks.append((x, edge, ""))
+        else:
+            run = (run[0], side, max(y, run[2]) if side == "▲" else min(y, run[2]))
+        marks[-1] = (run[0], edge, f"{side}{10 ** run[2] if log else run[2]:.3g}")
+    return out, marks
 
 
 MAX_LABEL_ROWS = 3  # marker labels stacked at most this deep under the chart's top
@@ -109,6 +147,8 @@ class MetricChart(PlotextPlot):
         self.hline: float | None = None  # e.g. the grad clip
         self.markers: list[tuple[int, str]] = []  # (step, label): a vertical line each, e.g. segment starts
         self.markers_drawn: list[tuple[float, str]] = []  # (x, label) at the last draw, for tests
+        self.zoom: tuple[float, float] | None = None  # a y range (data units) that may cut values off
+        self.off_scale_drawn: list[tuple[float, float, str]] = []  # the cut-off marks at the last draw
         self._drawn: tuple[int, str, bool, int, int] | None = None
 
     def series_of(self, state: RunState, name: str) -> Series:
@@ -138,6 +178,8 @@ class MetricChart(PlotextPlot):
         budget = 2 * max(self.size.width, 10)
         all_y: list[float] = []
         legend = len(self.lines) > 1  # one line: the title names it
+        zoom = self._zoom_range(logy)
+        self.off_scale_drawn = []
         for ln in self.lines:
             s = self.series_of(state, ln.series)
             if not len(s):
@@ -148,6 +190,9 @@ class MetricChart(PlotextPlot):
                 xs, ys = [x for x, _ in keep], [math.log10(y) for _, y in keep]
             if not xs:
                 continue
+            if zoom is not None:  # values past the zoom: at its edge, with a mark saying how far
+                ys, marks = off_scale(xs, ys, *zoom, log=logy)
+                self.off_scale_drawn += marks
             all_y += ys
             label = ln.label if legend else None
             if ln.scatter:
@@ -161,8 +206,10 @@ class MetricChart(PlotextPlot):
             plt.hline(h, color="red")
             all_y.append(h)
         self._draw_markers(state, axis, all_y)
-        if all_y and (logy or legend):
-            lo, hi = log_range(all_y) if logy else (min(all_y), max(all_y))
+        for x, y, text in self.off_scale_drawn:
+            plt.text(text, x, y, color="red")
+        if all_y and (logy or legend or zoom):
+            lo, hi = zoom if zoom else log_range(all_y) if logy else (min(all_y), max(all_y))
             if legend:
                 lo, hi = self._above_legend(lo, hi)
             plt.ylim(lo, hi)  # plotext's own range may reach past the ticks: keep them all inside
@@ -171,6 +218,16 @@ class MetricChart(PlotextPlot):
                 plt.yticks(ticks, labels)
         plt.title(f"{self.title_text}  {latest}".rstrip())
         plt.xlabel({"step": "step", "tokens": "tokens", "time": "seconds"}[axis])
+
+    def _zoom_range(self, logy: bool) -> tuple[float, float] | None:
+        if self.zoom is None:
+            return None
+        lo, hi = self.zoom
+        if logy:
+            if hi <= 0:
+                return None
+            lo, hi = math.log10(max(lo, hi * 1e-6)), math.log10(hi)
+        return (lo, hi) if hi > lo else None
 
     def _draw_markers(self, state: RunState, axis: XAxis, all_y: list[float]) -> None:
         """A vertical line and a short label at each marker's step, on this chart's x axis (a

@@ -54,6 +54,8 @@ class SelectStandIn(Static):
     SelectStandIn { width: 24; height: 1; background: $surface; color: $foreground; }
     """
 
+    can_focus = True  # in the Tab order as the Select will be: keys typed early go where they will later
+
     def __init__(self, label: str, id: str):
         super().__init__(id=id)
         self.label = label
@@ -110,11 +112,14 @@ class FirstPaint:
         """The real selects in, in one update (no frame shows both, or neither), then the rows
         below the first screen. Raises MountError when the app is quitting meanwhile."""
         if self._swaps:
+            had = app.screen.focused  # a stand-in the user tabbed to: its select takes the focus
             with app.batch_update():
                 done = [aw for stand_in, make in self._swaps
                         for aw in (stand_in.parent.mount(make(), after=stand_in), stand_in.remove())]  # type: ignore[union-attr]  # fmt: skip
             for aw in done:
                 await aw
+            if had is not None and any(had is stand_in for stand_in, _ in self._swaps) and had.id:
+                app.screen.set_focus(app.screen.query_one("#" + had.id.removesuffix("-stand-in")), scroll_visible=False)
             self._swaps = []
         if self.later:
             await form.mount_all([w for build in self.later for w in build()])
