@@ -21,7 +21,6 @@ from engine.config import resolve
 from engine.events import CallbackSink, read_events
 from engine.train.model import GPT
 from engine.run.owner import Run, start
-from engine.train.trainer import Trainer
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
