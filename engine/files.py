@@ -270,7 +270,7 @@ def private_key(path: Path | str, size: int = 32, create: bool = False) -> bytes
     hard link, so two processes racing agree on one key) and returned."""
     path = Path(path)
     try:
-        fd = os.open(path, READ_FLAGS)
+        fd = open_regular(path, cap=size)  # not a link, a regular file, no larger than a key
     except FileNotFoundError:
         if not create:
             return None
@@ -288,14 +288,8 @@ def private_key(path: Path | str, size: int = 32, create: bool = False) -> bytes
         finally:
             _discard(tmp)
         return private_key(path, size, create=False)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise Refused(errno.ELOOP, f"{path} is a symbolic link") from None
-        raise
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(errno.EINVAL, f"{path} is not a regular file")
         if st.st_uid != os.geteuid():
             raise Refused(errno.EPERM, f"{path} is not owned by this user")
         if st.st_mode & 0o077:
