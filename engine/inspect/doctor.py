@@ -163,22 +163,30 @@ def _driver_version() -> str | None:
 # ---------------------------------------------------------------- short real runs
 
 
-def _switches(cuda: bool, include_compile: bool) -> list[tuple[str, dict[str, Any] | str]]:
-    """(name, config overrides) per switch, or (name, why it is not run here)."""
+def _switches(cuda: bool, include_compile: bool, gpus: int = 0) -> list[tuple[str, dict[str, Any] | str]]:
+    """(name, config overrides) per switch, or (name, why it is not run here). Each run has an
+    eval inside it (at its last step), so a switch that breaks only in eval mode (a compiled
+    block under no_grad, CUDA graphs) fails here, not in someone's first hour."""
     gpu = "needs a GPU: CUDA only"
+    compile_skip = "left out on CPU (about 40 s each); `gpt2-tui doctor --compile` runs it"
+    compiled = cuda or include_compile
     out: list[tuple[str, dict[str, Any] | str]] = [
         ("eager fp32", {"speed.precision": "fp32"}),
         ("bf16 autocast", {"speed.precision": "bf16"}),
         ("fp16 + GradScaler", {"speed.precision": "fp16"}),
         ("fused AdamW", {"optim.fused": True}),
-        ("flash attention", {"model.attention": "flash"}),
+        # SDPA takes its flash kernel only in 16-bit on CUDA: in fp32 it would time another one
+        ("flash attention", {"model.attention": "flash", "speed.precision": "bf16"} if cuda else {"model.attention": "flash"}),
+        ("grad checkpointing", {"model.grad_checkpointing": True}),
         ("pinned + prefetch", {"data.pin_memory": True, "data.prefetch": True} if cuda else gpu),
         ("TF32", {"speed.precision": "tf32"} if cuda else gpu),
+        ("torch.compile (+ eval)", {"speed.compile": True} if compiled else compile_skip),
+        ("compile + grad checkpointing", {"speed.compile": True, "model.grad_checkpointing": True} if compiled else compile_skip),
+        ("CUDA graphs (reduce-overhead)", {"speed.compile": True, "speed.compile_mode": "reduce-overhead",
+                                           "speed.compile_scope": "model"} if cuda else gpu),
+        ("two ranks (DDP)", "not run by doctor (a torchrun launch): `gpt2-tui train --preset micro --nproc 2 --max-steps 5` checks them"
+         if gpus >= 2 else "needs 2 GPUs: CUDA only"),
     ]
-    if cuda or include_compile:
-        out.append(("torch.compile", {"speed.compile": True}))
-    else:
-        out.append(("torch.compile", "left out on CPU (about 40 s); `gpt2-tui doctor --compile` runs it"))
     return out
 
 
@@ -195,9 +203,9 @@ def run_rows(include_compile: bool = False, say: Callable[[str], None] | None = 
     with tempfile.TemporaryDirectory(prefix="gpt2-tui-doctor-") as tmp:
         data = _tiny_dataset(Path(tmp) / "data", np)
         base = {"data.path": str(data), "speed.device": "cuda" if cuda else "cpu", "speed.precision": "fp32",
-                "train.max_steps": RUN_STEPS, "train.eval_interval": 1000, "train.ckpt_interval": 1000,
+                "train.max_steps": RUN_STEPS, "train.eval_interval": RUN_STEPS, "train.ckpt_interval": 1000,
                 "train.eval_batches": 1, "train.sample_tokens": 0, "train.batch_size": 4, "optim.warmup_steps": 0}  # fmt: skip
-        for i, (name, over) in enumerate(_switches(cuda, include_compile)):
+        for i, (name, over) in enumerate(_switches(cuda, include_compile, torch.cuda.device_count() if cuda else 0)):
             if isinstance(over, str):
                 rows.append(Row("runs", name, NEEDS_GPU if over.startswith("needs") else SKIPPED, over))
                 continue

@@ -66,3 +66,22 @@ def test_doctor_says_when_this_cpu_emulates_bf16(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     (row,) = [r for r in doctor.machine_rows() if r.name == "CPU bf16"]
     assert "no native bf16" in row.detail and "fp32" in row.detail and "ms" in row.detail
+
+
+def test_doctor_runs_what_breaks_first_on_a_new_gpu():
+    """The rows a new GPU box most needs: flash attention where SDPA really takes its flash kernel
+    (16-bit), grad checkpointing, a compiled run with an eval inside, compile with checkpointing,
+    a CUDA-graph mode, two ranks; on a CPU the GPU-only ones say why they are not run."""
+    from engine.inspect.doctor import _switches
+
+    on_gpu = dict(_switches(cuda=True, include_compile=False, gpus=2))
+    assert on_gpu["flash attention"] == {"model.attention": "flash", "speed.precision": "bf16"}
+    assert on_gpu["grad checkpointing"] == {"model.grad_checkpointing": True}
+    assert on_gpu["torch.compile (+ eval)"] == {"speed.compile": True}
+    assert on_gpu["compile + grad checkpointing"]["model.grad_checkpointing"] is True
+    assert on_gpu["CUDA graphs (reduce-overhead)"]["speed.compile_mode"] == "reduce-overhead"
+    assert "--nproc 2" in on_gpu["two ranks (DDP)"]
+    on_cpu = dict(_switches(cuda=False, include_compile=False))
+    assert on_cpu["CUDA graphs (reduce-overhead)"].startswith("needs a GPU")
+    assert on_cpu["two ranks (DDP)"].startswith("needs 2 GPUs")
+    assert isinstance(on_cpu["grad checkpointing"], dict)  # runs here too
