@@ -282,10 +282,10 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     copies = 0 if fsdp_low else weight_copies(s, low)
     a = 2 if low else 4
     if s.chunked:  # engine.train.losses.chunked_linear_cross_entropy: no B*T*Vp tensor at all
-        logits_held, ce_fwd, ce_bwd = 0, chunked_transient(s, low), 0
+        logits_fwd, ce_fwd, ce_bwd = 0, chunked_transient(s, low), 0
         notes.append(f"chunked loss: {chunk_rows_for_shape(s)} rows a chunk, no B x T x V logits")
     else:
-        logits_held = a * B * T * s.Vp  # lm_head output: the trainer's `_, loss = ...` keeps it through backward
+        logits_fwd = a * B * T * s.Vp  # lm_head's output, alive only through the loss's forward (GPT returns none in training)
         ce_fwd = 4 * B * T * s.Vp if low else 0  # autocast's fp32 copy fed to log_softmax
         ce_bwd = 8 * B * T * s.Vp  # nll_loss's grad + log_softmax's grad, both fp32 B*T*Vp
     if compiled:
@@ -301,7 +301,6 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     batch = 2 * 8 * B * T * (2 if prefetched else 1)  # x and y int64; the prefetch thread holds the next pair
     opt_tmp = _optimizer_transient(config, s, target, N)
     grads_fwd = grads if accum > 1 or grads_persist else 0  # zero_grad(set_to_none) frees them each step
-    prev_logits = logits_held if accum > 1 else 0  # the previous micro-batch's, until reassigned
 
     shard_name = "FSDP gathered units"
     head = head_activations(s, low)
@@ -312,16 +311,16 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
         return {
             "parameters": params, "gradients": grads_alive, "AdamW state": optim,
             "autocast weight copies": copies if fwd else 0, act_name: layers if fwd else 0,
-            "logits & loss": (head if fwd else 0) + logits_held if head_alive is None else head_alive,
+            "logits & loss": (head if fwd else 0) if head_alive is None else head_alive,
             "transient": transient, shard_name: shard_extra, "batches": batch,
         }  # fmt: skip
 
     by_phase = {
-        "forward": parts(grads_fwd, True, prev_logits + ce_fwd),
+        "forward": parts(grads_fwd, True, logits_fwd + ce_fwd),
         "backward (loss)": parts(grads_fwd, True, ce_bwd),
         "backward (blocks)": parts(
             grads_fwd, True, (4 * s.Vp * s.C if not grads_fwd else 0) + (block_full if s.ckpt else 0) + block_bwd,
-            head_alive=head - (chunked_saved(s) if s.chunked else 4 * B * T * s.Vp) + logits_held,
+            head_alive=head - (chunked_saved(s) if s.chunked else 4 * B * T * s.Vp),
         ),
         "optimizer step": parts(grads, False, opt_tmp),
     }

@@ -110,8 +110,9 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Without targets: the last position's logits over the real vocab (padding sliced
-        off, so never sampled). With targets: (the padded logits, or None under the chunked
-        loss; the mean CE loss, computed over the padded vocab)."""
+        off, so never sampled). With targets: (the padded logits in eval mode, None in
+        training or under the chunked loss; the mean CE loss, over the padded vocab). In
+        training nothing outside holds the (B, T, V) logits through backward."""
         T = idx.size(1)
         assert T <= self.cfg.block_size, f"sequence of {T} exceeds context {self.cfg.block_size}"
         pos = torch.arange(T, device=idx.device)
@@ -133,7 +134,8 @@ class GPT(nn.Module):
             loss = chunked_linear_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1))
             return None, loss
         logits = self.lm_head(x)  # (B, T, Vp): CE straight on it; autocast runs CE in fp32
-        return logits, cross_entropy(logits, targets)
+        loss = cross_entropy(logits, targets)
+        return (None if self.training else logits), loss
 
     @torch.no_grad()
     def generate(

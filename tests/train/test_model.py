@@ -211,3 +211,18 @@ def test_residual_projections_use_scaled_init():
     std_fc = m.transformer.h[0].mlp.c_fc.weight.std().item()
     assert abs(std_fc - 0.02) < 0.002
     assert abs(std_proj - 0.02 / 4) < 0.001  # 0.02 / sqrt(2 * 8)
+
+
+def test_training_forward_returns_no_logits_to_hold_through_backward():
+    """In training the (B, T, V) logits are the largest tensor of the step (1.6 GiB for gpt2 at
+    B16 T1024 in bf16): returned, the caller's `_, loss = model(x, y)` kept them alive through
+    backward. In eval mode they come back (comparisons, export checks)."""
+    from engine.config import resolve
+    from engine.train.model import GPT
+
+    model = GPT(resolve("micro", None, {"model.vocab_size": 64}).model)
+    x = torch.randint(0, 64, (2, 16))
+    logits, loss = model.train()(x, x)
+    assert logits is None and loss is not None
+    logits, _ = model.eval()(x, x)
+    assert logits is not None and logits.shape[:2] == (2, 16)
