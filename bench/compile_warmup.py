@@ -1,4 +1,4 @@
-"""The compile warm-up, cut by scope and by cache: what issue 23 asks docs/benchmarks.md to show.
+"""The compile warm-up, cut by scope and by cache: what docs/benchmarks.md shows.
 
     python -m bench.compile_warmup [--preset nano --preset gpt2] [--batch-size 2] [--block-size 128]
                                    [--steps 30] [--rounds 2] [--device cpu] [--out DIR]

@@ -140,7 +140,7 @@ def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) 
 
 
 # The speed first, the switches last: at 80 columns the figures the product exists to show
-# stay on screen however many switches a run changed (issue 22).
+# stay on screen however many switches a run changed.
 COLUMNS = ("run", "steps", "why", "warm-up", "ms/step", "tok/s", "compile", "MFU", "peak mem", "vs prev", "vs first", "best val", "switches")  # fmt: skip
 SWITCHES_COLUMN = COLUMNS.index("switches")
 LEFT = frozenset({0, 1, 2, SWITCHES_COLUMN})  # text columns; the figures are right-aligned

@@ -1,4 +1,4 @@
-"""`gpt2-tui doctor`: what a new box can run, checked before anything else (issue 20).
+"""`gpt2-tui doctor`: what a new box can run, checked before anything else.
 
 The first thing to run on a new machine: versions, the GPU(s) and driver, free memory,
 bf16/TF32/flash availability, what torch.compile needs (Triton and its compiler, Python.h),
@@ -96,7 +96,7 @@ def machine_rows() -> list[Row]:
     from engine.text import human
 
     rows.append(Row("machine", "RAM available", INFO, human(ram) if ram else "unknown"))
-    for half in ("bf16", "fp16"):  # the CPU's own half precision: emulated is ~1/400 of fp32 (issue 22)
+    for half in ("bf16", "fp16"):  # the CPU's own half precision: emulated is ~1/400 of fp32
         slow = device.cpu_half_reason(half)
         rows.append(Row("machine", f"CPU {half}", INFO, slow or "native: the CPU does it in hardware"))
     return rows

@@ -1,4 +1,4 @@
-"""GPT-2 weights in the Hugging Face layout <-> our model (issue 24).
+"""GPT-2 weights in the Hugging Face layout <-> our model.
 
 Why a module of its own: the Hub's GPT-2 (`openai-community/gpt2` and its larger siblings)
 is where fine-tuning starts, and `transformers` is where a trained model goes next. The

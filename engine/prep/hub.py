@@ -1,5 +1,5 @@
 """`prepare --hf-dataset`: stream a Hub dataset (or local json/parquet/text/csv files) through
-`datasets` into our token format, resumably (issue 24).
+`datasets` into our token format, resumably.
 
 Why streaming: FineWeb-Edu or OpenWebText never has to fit on disk before tokenizing; only
 the tokens are written. Documents are tokenized in chunks by `tokenizers`' encode_batch,

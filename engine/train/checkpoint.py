@@ -24,7 +24,7 @@ RESUME = ("rng", "data")  # what --resume needs beyond the weights
 
 
 def _is_bytes_tensor(value: object) -> bool:
-    """A generator state: one device's CUDA RNG (what a checkpoint holds since issue 20)."""
+    """A generator state: one device's CUDA RNG (what a checkpoint holds)."""
     return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 TMP_SUFFIX = runfiles.TMP_SUFFIX

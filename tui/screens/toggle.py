@@ -1,4 +1,4 @@
-"""The live run's switches (issue 14): change speed switches of a running run from its dashboard.
+"""The live run's switches: change speed switches of a running run from its dashboard.
 
 Each switch of engine.run.segments.SWITCHES gets the widget its setting's kind calls for
 (tui.widgets.setting_input, as in the setup form), with the run's current value; micro-batch x grad-accum is one choice of
