@@ -1,4 +1,4 @@
-"""The one way to open a file in a run directory(the run directory is a trust boundary),
+"""The one way to open a file in a run directory (a trust boundary),
 and the one module through which every path a user, a run directory, a dataset, a model
 directory or a cache supplies is read and written: tests/robustness/test_file_boundary.py
 fails on a raw open/read/write/rename/remove anywhere else in the product (short allow-list).
