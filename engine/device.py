@@ -185,15 +185,22 @@ def available_host_memory() -> int | None:
 
 
 def free_cuda_bytes(index: int | None = None) -> int | None:
-    """Memory free on a GPU now (torch.cuda.mem_get_info): other processes' share is not the
-    run's. Under torchrun each rank asks for its own GPU (LOCAL_RANK). When this call is what
-    created the CUDA context, the context is added back: the estimate counts it already."""
+    """Memory free on a GPU now: other processes' share is not the run's. Under torchrun each
+    rank asks for its own GPU (LOCAL_RANK). A process without a CUDA context yet (the --nproc
+    launcher, the form) reads NVML, which makes none; else torch.cuda.mem_get_info, and when
+    that call is what created the context, the context is added back (the estimate counts it)."""
     if not torch.cuda.is_available():
         return None
+    fresh = not torch.cuda.is_initialized()
     if index is None:
         local = os.environ.get("LOCAL_RANK", "")
-        index = int(local) if local.isdigit() else torch.cuda.current_device()
-    fresh = not torch.cuda.is_initialized()
+        index = int(local) if local.isdigit() else (0 if fresh else torch.cuda.current_device())
+    if fresh:  # no CUDA context here yet: NVML answers without making one (the launcher, the form)
+        from engine import gpu_monitor
+
+        nvml = gpu_monitor.free_bytes(index)
+        if nvml is not None:
+            return nvml
     free, _total = torch.cuda.mem_get_info(index)
     if fresh:
         free += CUDA_CONTEXT_BYTES

@@ -156,3 +156,25 @@ def test_parallel_auto_decides_against_the_launch_budget_not_the_cards_total(mon
     graphs = config.model_copy(update={"speed": config.speed.model_copy(update={
         "compile": True, "compile_mode": "reduce-overhead", "compile_scope": "model"})})  # fmt: skip
     assert distributed.choose("auto", graphs, ctx, torch.device("cuda", 0)) == "ddp"
+
+
+def test_free_memory_is_read_without_making_a_cuda_context(monkeypatch):
+    """The --nproc launcher and the form ask how much GPU memory is free before any rank runs:
+    through torch.cuda.mem_get_info that made a CUDA context on GPU 0 for the launcher's whole
+    life (0.3-0.6 GiB less for rank 0). NVML answers without one."""
+    import torch
+
+    from engine import device, gpu_monitor
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+
+    def context(*a, **k):
+        raise AssertionError("this would create a CUDA context")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", context)
+    monkeypatch.setattr(torch.cuda, "current_device", context)
+    monkeypatch.setattr(gpu_monitor, "free_bytes", lambda index: 40 * 2**30 + index)
+    assert device.free_cuda_bytes() == 40 * 2**30
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert device.free_cuda_bytes() == 40 * 2**30 + 1
