@@ -362,7 +362,7 @@ def test_one_parameter_count_rule_with_its_vocab_everywhere(tiny_dataset: Path, 
         async with app.run_test(size=SIZE) as pilot:
             form = await open_form(pilot, app)
             labels = {v: str(p) for p, v in form.query_one("#preset")._options}
-            assert labels["gpt2"] == f"gpt2  {embedded}"
+            assert labels["gpt2"] == f"gpt2  {memory.size_text(gpt2, short=True)}"  # one line in the select
             await set_value(pilot, form, "#dataset", str(tiny_dataset))  # the dataset's vocab, 64
             labels = {v: str(p) for p, v in form.query_one("#preset")._options}
             assert labels["gpt2"].endswith("params (vocab 64)")

@@ -186,7 +186,7 @@ class SetupScreen(Screen):
 
         path = self.query_one("#dataset", Input).value.strip() or None
         data = {"data.path": path, "data.vocab_size": self.model.base["data"].get("vocab_size", 50257)}
-        return [(f"{name}  {memory.size_text(resolve(name, overrides=data))}", name) for name in preset_names()]
+        return [(f"{name}  {memory.size_text(resolve(name, overrides=data), short=True)}", name) for name in preset_names()]
 
     def _refresh_presets(self) -> None:
         select = self.query_one("#preset", Select)
