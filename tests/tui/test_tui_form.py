@@ -365,7 +365,7 @@ def test_one_parameter_count_rule_with_its_vocab_everywhere(tiny_dataset: Path, 
             assert labels["gpt2"] == f"gpt2  {memory.size_text(gpt2, short=True)}"  # one line in the select
             await set_value(pilot, form, "#dataset", str(tiny_dataset))  # the dataset's vocab, 64
             labels = {v: str(p) for p, v in form.query_one("#preset")._options}
-            assert labels["gpt2"].endswith("params (vocab 64)")
+            assert labels["gpt2"].endswith("at vocab 64)")  # the preset's own size, and what this dataset makes of it
             assert form.query_one("#preset").value == "nano"  # relabelling keeps the choice
 
     run(go)
