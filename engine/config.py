@@ -146,13 +146,37 @@ class DataConfig(_Strict):
 
 
 class OptimConfig(_Strict):
-    """AdamW and the LR schedule: linear warmup, then cosine to min_lr."""
+    """The optimizer (AdamW, or Muon for the blocks' matrices + AdamW for the rest) and the LR
+    schedule: linear warmup, then cosine to min_lr, or warmup-stable-decay (wsd)."""
 
-    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate", json_schema_extra=_meta(BATCH))
-    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the cosine", json_schema_extra=_meta(BATCH))
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="adamw = AdamW for every parameter; muon = Muon (momentum orthogonalized by Newton-Schulz; "
+        "modded-nanogpt reaches GPT-2's loss in fewer steps with it) for the 2-D weight matrices inside the transformer "
+        "blocks at --muon-lr, AdamW at --lr for the embeddings, the tied lm_head and the 1-D parameters; Muon keeps one "
+        "state buffer per weight instead of AdamW's two. Not a live switch: the optimizer state differs, so a change "
+        "is a new run, not a toggle", json_schema_extra=_meta(BATCH),
+    )
+    muon_lr: float = Field(
+        0.02, gt=0, allow_inf_nan=False, description="Muon's peak learning rate (optimizer muon; modded-nanogpt's 0.02); "
+        "the schedule scales it like --lr, its floor is min-lr x muon-lr / lr", json_schema_extra=_meta(BATCH),
+    )
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum (optimizer muon)")
+    schedule: Literal["cosine", "wsd"] = Field(
+        "cosine", description="cosine = warmup, then cosine down to min-lr at decay-steps; wsd = warmup, a stable phase "
+        "at the peak lr, then a linear decay to min-lr over the last decay-fraction of the steps (a run extended "
+        "at resume keeps every earlier step's lr: only a decay not yet begun moves to the new end)",
+        json_schema_extra=_meta(BATCH),
+    )
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, allow_inf_nan=False, description="schedule wsd: the share of the steps (to decay-steps, "
+        "default max-steps) spent decaying to min-lr", json_schema_extra=_meta(BATCH),
+    )
+    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate (AdamW's; with optimizer muon, "
+                      "the embeddings', lm_head's and 1-D parameters')", json_schema_extra=_meta(BATCH))
+    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the decay", json_schema_extra=_meta(BATCH))
     warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear warmup steps", json_schema_extra=_meta(BATCH))
     decay_steps: int | None = Field(
-        None, ge=1, le=MAX_STEPS, description="step where the cosine reaches min-lr (default: max-steps)"
+        None, ge=1, le=MAX_STEPS, description="step where the decay reaches min-lr (default: max-steps)"
     )
     weight_decay: float = Field(
         0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay (matrices and embeddings only)"
@@ -166,6 +190,18 @@ class OptimConfig(_Strict):
     fused: bool | None = Field(
         None, description="fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(8, "fused", True, "+ fused AdamW, pinned, prefetch", "fused AdamW kernel, pinned host memory + async copies, batch built on a thread")], flag="--fused-adamw")
     )
+
+    def decay_end(self, max_steps: int) -> int:
+        """The step where the lr reaches min_lr: decay_steps, else the run's max steps."""
+        return self.decay_steps or max_steps
+
+    def decay_start(self, max_steps: int) -> int:
+        """The step the decay begins: the warmup's end for cosine; for wsd the start of the last
+        decay_fraction of the steps to decay_end (never inside the warmup)."""
+        end = self.decay_end(max_steps)
+        if self.schedule == "cosine":
+            return self.warmup_steps
+        return max(self.warmup_steps, end - round(self.decay_fraction * end))
 
     @model_validator(mode="after")
     def _min_below_peak(self) -> OptimConfig:
