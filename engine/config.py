@@ -56,7 +56,9 @@ def _meta(form: str | None = None, live: bool = False, **more: Any) -> dict[str,
     optionally `flag` (a CLI flag other than `--field-name`; None = no flag), `label` (the
     form's name for it, other than the field's), `blank` (what a blank input means),
     `metavar` (its value in `--help`), and for a speed switch its place on the speed ladder
-    (bench/ladder.py): `baseline` (its value on the ladder's first rung) and `rungs` (rung()s)."""
+    (bench/ladder.py): `baseline` (its value on the ladder's first rung) and `rungs` (rung()s);
+    a setting that changes what a run computes, not its speed, may instead name `loss_rungs`:
+    rungs of `bench --to-loss` (bench/to_loss.py), climbed after the speed ladder's."""
     return {"form": form, "live": live, **more}
 
 
@@ -154,7 +156,8 @@ class OptimConfig(_Strict):
         "modded-nanogpt reaches GPT-2's loss in fewer steps with it) for the 2-D weight matrices inside the transformer "
         "blocks at --muon-lr, AdamW at --lr for the embeddings, the tied lm_head and the 1-D parameters; Muon keeps one "
         "state buffer per weight instead of AdamW's two. Not a live switch: the optimizer state differs, so a change "
-        "is a new run, not a toggle", json_schema_extra=_meta(BATCH),
+        "is a new run, not a toggle", json_schema_extra=_meta(BATCH, loss_rungs=[rung(1, "muon", "muon", "+ Muon",
+        "Muon for the blocks' matrices at muon-lr, AdamW for the rest")]),
     )
     muon_lr: float = Field(
         0.02, gt=0, allow_inf_nan=False, description="Muon's peak learning rate (optimizer muon; modded-nanogpt's 0.02); "
@@ -165,7 +168,8 @@ class OptimConfig(_Strict):
         "cosine", description="cosine = warmup, then cosine down to min-lr at decay-steps; wsd = warmup, a stable phase "
         "at the peak lr, then a linear decay to min-lr over the last decay-fraction of the steps (a run extended "
         "at resume keeps every earlier step's lr: only a decay not yet begun moves to the new end)",
-        json_schema_extra=_meta(BATCH),
+        json_schema_extra=_meta(BATCH, loss_rungs=[rung(2, "wsd", "wsd", "+ WSD schedule",
+        "warmup, stable at the peak lr, linear decay over the last decay-fraction")]),
     )
     decay_fraction: float = Field(
         0.2, gt=0, le=1, allow_inf_nan=False, description="schedule wsd: the share of the steps (to decay-steps, "
