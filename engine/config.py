@@ -151,6 +151,24 @@ class OptimConfig(_Strict):
     """The optimizer (AdamW, or Muon for the blocks' matrices + AdamW for the rest) and the LR
     schedule: linear warmup, then cosine to min_lr, or warmup-stable-decay (wsd)."""
 
+    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate (AdamW's; with optimizer muon, "
+                      "the embeddings', lm_head's and 1-D parameters')", json_schema_extra=_meta(BATCH))
+    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the decay", json_schema_extra=_meta(BATCH))
+    warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear warmup steps", json_schema_extra=_meta(BATCH))
+    decay_steps: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="step where the decay reaches min-lr (default: max-steps)"
+    )
+    schedule: Literal["cosine", "wsd"] = Field(
+        "cosine", description="cosine = warmup, then cosine down to min-lr at decay-steps; wsd = warmup, a stable phase "
+        "at the peak lr, then a linear decay to min-lr over the last decay-fraction of the steps (a run extended "
+        "at resume keeps every earlier step's lr: only a decay not yet begun moves to the new end)",
+        json_schema_extra=_meta(BATCH, loss_rungs=[rung(2, "wsd", "wsd", "+ WSD schedule",
+        "warmup, stable at the peak lr, linear decay over the last decay-fraction")]),
+    )
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, allow_inf_nan=False, description="schedule wsd: the share of the steps (to decay-steps, "
+        "default max-steps) spent decaying to min-lr", json_schema_extra=_meta(BATCH),
+    )
     optimizer: Literal["adamw", "muon"] = Field(
         "adamw", description="adamw = AdamW for every parameter; muon = Muon (momentum orthogonalized by Newton-Schulz; "
         "modded-nanogpt reaches GPT-2's loss in fewer steps with it) for the 2-D weight matrices inside the transformer "
@@ -164,26 +182,9 @@ class OptimConfig(_Strict):
         "the schedule scales it like --lr, its floor is min-lr x muon-lr / lr", json_schema_extra=_meta(BATCH),
     )
     muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum (optimizer muon)")
-    schedule: Literal["cosine", "wsd"] = Field(
-        "cosine", description="cosine = warmup, then cosine down to min-lr at decay-steps; wsd = warmup, a stable phase "
-        "at the peak lr, then a linear decay to min-lr over the last decay-fraction of the steps (a run extended "
-        "at resume keeps every earlier step's lr: only a decay not yet begun moves to the new end)",
-        json_schema_extra=_meta(BATCH, loss_rungs=[rung(2, "wsd", "wsd", "+ WSD schedule",
-        "warmup, stable at the peak lr, linear decay over the last decay-fraction")]),
-    )
-    decay_fraction: float = Field(
-        0.2, gt=0, le=1, allow_inf_nan=False, description="schedule wsd: the share of the steps (to decay-steps, "
-        "default max-steps) spent decaying to min-lr", json_schema_extra=_meta(BATCH),
-    )
-    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate (AdamW's; with optimizer muon, "
-                      "the embeddings', lm_head's and 1-D parameters')", json_schema_extra=_meta(BATCH))
-    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the decay", json_schema_extra=_meta(BATCH))
-    warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear warmup steps", json_schema_extra=_meta(BATCH))
-    decay_steps: int | None = Field(
-        None, ge=1, le=MAX_STEPS, description="step where the decay reaches min-lr (default: max-steps)"
-    )
     weight_decay: float = Field(
-        0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay (matrices and embeddings only)"
+        0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay on its 2-D parameters (the matrices and embeddings; with "
+        "optimizer muon the embeddings only: Muon's matrices take none, as in modded-nanogpt)"
     )
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
