@@ -71,7 +71,7 @@ def _attach(run_dir: Path) -> int:
     return run_attach(run_dir)
 
 
-def _runs(root: Path | None) -> int:
+def _runs(root: Path | None, target: float | None = None) -> int:
     from engine.errors import UserError
     from engine.inspect.runs import DEFAULT_ROOT, format_table, list_runs
     from engine.text import path_text
@@ -82,7 +82,7 @@ def _runs(root: Path | None) -> int:
     root = DEFAULT_ROOT if root is None else root
     if not root.is_dir():
         raise UserError(f"{path_text(root)} is not a directory; give the directory that holds your runs (default runs/)")
-    out.line(format_table(list_runs(root)))
+    out.line(format_table(list_runs(root, target)))
     return 0
 
 
@@ -110,6 +110,8 @@ def build_parser() -> tuple[cli.Parser, Any]:
     r = sub.add_parser("runs", help="list the run directories under DIR, newest first")
     r.add_argument("root", type=Path, nargs="?", default=None, metavar="DIR",
                    help="the directory that holds the runs (default runs/)")  # fmt: skip
+    r.add_argument("--target", type=cli.target_loss, metavar="LOSS", help="the val loss the `to target` column times "
+                   "each run to (default: the worst final val loss listed)")  # fmt: skip
     sub.choices["compare"].add_argument("--tui", action="store_true",
                                         help="open the Compare screen (curves overlaid, segment table)")  # fmt: skip
     return parser, sub
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare" and args.tui:
         return cli.guarded(lambda: _compare(args.run_dirs, args.json))
     if args.command == "runs":
-        return cli.guarded(lambda: _runs(args.root))
+        return cli.guarded(lambda: _runs(args.root, args.target))
     if args.command == "attach":
         return cli.guarded(lambda: _attach(args.run_dir))
     if args.command is None:

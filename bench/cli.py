@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from engine.cli import SEED, Bounded
+from engine.cli import SEED, Bounded, target_loss
 from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_VOCAB
 
 COMMANDS = ("bench", "bench-data")
@@ -29,7 +29,7 @@ BENCH_DATA_ARGS = ("--data", *(f for f, _, _ in BENCH_DATA_FLAGS))
 
 def add_parsers(sub: Any) -> None:
     """Add `bench-data` and `bench` to the subparsers of engine.cli.build_parser."""
-    from bench.names import PARTS, RUNG_NAMES
+    from bench.names import LOSS_RUNG_NAMES, PARTS, RUNG_NAMES
 
     # checked here (one line on bad input), then handed to bench.batching as given
     d = sub.add_parser("bench-data", help="time batch building: vectorized vs loop, RAM vs reads from disk")
@@ -44,6 +44,9 @@ def add_parsers(sub: Any) -> None:
     mode.add_argument("--config", type=Path, metavar="FILE", help="time this run config over time (compile warm-up)")
     b.add_argument("--plain", action="store_true", help="our Trainer vs an independent plain PyTorch GPT-2 loop")
     b.add_argument("--best", action="store_true", help="every optimization on; sweep micro-batch x compile mode")
+    b.add_argument("--to-loss", type=target_loss, metavar="LOSS", help="train each rung (the ladder's, then + Muon, "
+                   "+ WSD) to this val loss and rank them by training time to it (default preset micro; --steps: a "
+                   "rung's most steps, default 300; --budget bounds the whole run)")  # fmt: skip
     b.add_argument("--steps", type=int, metavar="N", help="timed steps per rung (default 20; --config: 100)")
     b.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed steps first (compile happens here)")
     b.add_argument("--out", type=Path, metavar="DIR", help="new directory for the tables (default runs/bench-NAME-TIME)")
@@ -56,8 +59,9 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--log-interval", type=int, metavar="N", help="steps per timed interval (default 1; --best: 10)")
     b.add_argument("--batch-sizes", metavar="LIST", help="--best: comma-separated micro-batches (default 8,16,32)")
     b.add_argument("--compile-modes", metavar="LIST", help="--best: comma-separated compile modes, 'eager' = none")
-    b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:], metavar="RUNG",
-                   help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}")  # fmt: skip
+    b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:] + LOSS_RUNG_NAMES, metavar="RUNG",
+                   help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}; --to-loss also "
+                   f"{', '.join(LOSS_RUNG_NAMES)}")  # fmt: skip
     b.add_argument("--rounds", type=int, default=3, metavar="N", help="--plain: alternating rounds of each loop")
     b.add_argument("--compile-cache", choices=["cold", "warm", "both", "all"], default=None,
                    help="ladder and --config: time the first step with torch.compile's caches empty (cold), "

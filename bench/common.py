@@ -68,6 +68,7 @@ class BenchOptions(BaseModel):
     part: list[str] = []
     dry_run: bool = False
     budget: int | None = Field(None, ge=1, le=10**6)
+    to_loss: float | None = Field(None, gt=0)
 
     @classmethod
     def from_flags(cls, values: dict[str, Any]) -> BenchOptions:

@@ -5,6 +5,7 @@
     bench --plain               our Trainer vs an independent plain GPT-2 loop (plain.py)
     bench --best                every optimization on, micro-batch x compile mode swept (best.py)
     bench --gpu-report          every GPU figure for docs/gpu/, in parts under time budgets (gpu_report.py)
+    bench --to-loss X           each rung trained to val loss X, ranked by training time to it (to_loss.py)
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
         raise UserError("--budget bounds the ladder (and --gpu-report's parts), not --config, --plain or --best; leave it out")
     if opts.compile_cache and (opts.plain or opts.best):
         raise UserError("--compile-cache times the ladder or --config FILE, not --plain or --best; leave it out")
+    if opts.to_loss is not None:
+        other = [f for f, v in (("--config", opts.config is not None), ("--plain", opts.plain), ("--best", opts.best),
+                                ("--compile-cache", opts.compile_cache)) if v]  # fmt: skip
+        if other:
+            raise UserError(f"--to-loss trains the ladder's rungs to a loss; {other[0]} is another tool: leave one out")
+        from bench import to_loss
+
+        return to_loss.run(opts, command)
     if opts.config is not None:
         from bench import timeline
 

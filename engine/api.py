@@ -43,6 +43,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "cells": ("engine.inspect.compare", "cells"),
     "labels": ("engine.inspect.compare", "labels"),
     "read_run": ("engine.inspect.compare", "read_run"),
+    "reach_text": ("engine.inspect.compare", "reach_text"),
     "rows": ("engine.inspect.compare", "rows"),
     "shown_switches": ("engine.inspect.compare", "shown_switches"),
     "switch_items": ("engine.inspect.compare", "switch_items"),
@@ -66,6 +67,10 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "train_in_thread": ("engine.run.launchers", "train_in_thread"),
     "SegmentReader": ("engine.run.segments", "SegmentReader"),
     "SegmentSummary": ("engine.run.segments", "SegmentSummary"),
+    "Reach": ("engine.run.segments", "Reach"),
+    "default_target": ("engine.run.segments", "default_target"),
+    "final_val_loss": ("engine.run.segments", "final_val_loss"),
+    "mark_target": ("engine.run.segments", "mark_target"),
     "changed": ("engine.run.segments", "changed"),
     "segments_of": ("engine.run.segments", "segments_of"),
     "switches": ("engine.run.segments", "switches"),
@@ -79,6 +84,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "describe": ("engine.text", "describe"),
     "format_table": ("engine.text", "format_table"),
     "human": ("engine.text", "human"),
+    "loss_text": ("engine.text", "loss_text"),
     "parse_bytes": ("engine.text", "parse_bytes"),
     "path_text": ("engine.text", "path_text"),
     "printable": ("engine.text", "printable"),
@@ -104,16 +110,16 @@ if TYPE_CHECKING:  # the same names, for type checkers and the import graph
     from engine.events import EventLines  # noqa: F401
     from engine.files import atomic_write_bytes  # noqa: F401
     from engine.gpu_monitor import GpuSample, available  # noqa: F401
-    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SWITCHES_COLUMN, best_val_loss, cells, labels, read_run, rows, shown_switches, switch_items  # noqa: F401
+    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SWITCHES_COLUMN, best_val_loss, cells, labels, reach_text, read_run, rows, shown_switches, switch_items  # noqa: F401
     from engine.inspect.runs import DEFAULT_ROOT, COLUMNS as RUN_COLUMNS, RunSummary, list_runs, row, summarize  # noqa: F401
     from engine.prep.prepare import default_dataset  # noqa: F401
     from engine.run.configs import with_pretrained_shape  # noqa: F401
     from engine.run.launchers import headless_command, spawn_new, spawn_resume, train_in_thread  # noqa: F401
     from engine.run.owner import start  # noqa: F401
     from engine.run.requests import Control, Request, post  # noqa: F401
-    from engine.run.segments import SWITCHES, SegmentReader, SegmentSummary, changed, segments_of, switches  # noqa: F401
+    from engine.run.segments import SWITCHES, Reach, SegmentReader, SegmentSummary, changed, default_target, final_val_loss, mark_target, segments_of, switches  # noqa: F401
     from engine.settings import Setting, form_sections, setting  # noqa: F401
-    from engine.text import change_text, clock_text, describe, format_table, human, parse_bytes, path_text, printable, program, shown, verdict  # noqa: F401
+    from engine.text import change_text, clock_text, describe, format_table, human, loss_text, parse_bytes, path_text, printable, program, shown, verdict  # noqa: F401
     from engine.train.data import open_dataset  # noqa: F401
 
 

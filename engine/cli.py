@@ -61,6 +61,20 @@ class Bounded:
 SEED = Bounded(0, SEED_LIMIT - 1)
 
 
+def target_loss(text: str) -> float:
+    """An argparse type: a val loss to time runs to (`--target`), a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text} is not a val loss; pass a number above 0, e.g. 4.5")
+    return value
+
+
+target_loss.__name__ = "loss"
+
+
 def add_setting_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
     """One flag per config setting (or per setting in `only`), with the setting's own
     description; booleans get --x / --no-x."""
@@ -181,6 +195,8 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     c = sub.add_parser("compare", help="runs and their segments side by side: settled speed, switches, best val loss")
     c.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN", help="run directories (live or finished)")
     c.add_argument("--json", action="store_true", help="print the runs and segments as JSON instead of the table")
+    c.add_argument("--target", type=target_loss, metavar="LOSS", help="the val loss to time each run to: training time "
+                   "(sum of step times) and tokens to first reach it (default: the worst final val loss among the runs)")
     d = sub.add_parser("doctor", help="what this box can run: versions, GPU, compile, and a short run of each switch")
     d.add_argument("--json", action="store_true", help="print the checks as JSON instead of the table")
     d.add_argument("--compile", action="store_true", help="on CPU, also run torch.compile (about 40 s; always on CUDA)")
@@ -483,9 +499,9 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
         if args.json:  # re-dumped ASCII-escaped: a run's name or a switch may hold any character
             import json
 
-            out.json(json.loads(compare.run(args.run_dirs, as_json=True)), indent=2)
+            out.json(json.loads(compare.run(args.run_dirs, as_json=True, target=args.target)), indent=2)
         else:
-            out.line(compare.run(args.run_dirs))
+            out.line(compare.run(args.run_dirs, target=args.target))
         return 0
     raise UserError(f"no command given; see `{program()} --help`")
 

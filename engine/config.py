@@ -57,7 +57,9 @@ def _meta(form: str | None = None, live: bool = False, **more: Any) -> dict[str,
     optionally `flag` (a CLI flag other than `--field-name`; None = no flag), `label` (the
     form's name for it, other than the field's), `blank` (what a blank input means),
     `metavar` (its value in `--help`), and for a speed switch its place on the speed ladder
-    (bench/ladder.py): `baseline` (its value on the ladder's first rung) and `rungs` (rung()s)."""
+    (bench/ladder.py): `baseline` (its value on the ladder's first rung) and `rungs` (rung()s);
+    a setting that changes what a run computes, not its speed, may instead name `loss_rungs`:
+    rungs of `bench --to-loss` (bench/to_loss.py), climbed after the speed ladder's."""
     return {"form": form, "live": live, **more}
 
 
@@ -147,16 +149,43 @@ class DataConfig(_Strict):
 
 
 class OptimConfig(_Strict):
-    """AdamW and the LR schedule: linear warmup, then cosine to min_lr."""
+    """The optimizer (AdamW, or Muon for the blocks' matrices + AdamW for the rest) and the LR
+    schedule: linear warmup, then cosine to min_lr, or warmup-stable-decay (wsd)."""
 
-    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate", json_schema_extra=_meta(BATCH))
-    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the cosine", json_schema_extra=_meta(BATCH))
+    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate (AdamW's; with optimizer muon, "
+                      "the embeddings', lm_head's and 1-D parameters')", json_schema_extra=_meta(BATCH))
+    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the decay", json_schema_extra=_meta(BATCH))
     warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear warmup steps", json_schema_extra=_meta(BATCH))
     decay_steps: int | None = Field(
-        None, ge=1, le=MAX_STEPS, description="step where the cosine reaches min-lr (default: max-steps)"
+        None, ge=1, le=MAX_STEPS, description="step where the decay reaches min-lr (default: max-steps)"
     )
+    schedule: Literal["cosine", "wsd"] = Field(
+        "cosine", description="cosine = warmup, then cosine down to min-lr at decay-steps; wsd = warmup, a stable phase "
+        "at the peak lr, then a linear decay to min-lr over the last decay-fraction of the steps (a run extended "
+        "at resume keeps every earlier step's lr: only a decay not yet begun moves to the new end)",
+        json_schema_extra=_meta(BATCH, loss_rungs=[rung(2, "wsd", "wsd", "+ WSD schedule",
+        "warmup, stable at the peak lr, linear decay over the last decay-fraction")]),
+    )
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, allow_inf_nan=False, description="schedule wsd: the share of the steps (to decay-steps, "
+        "default max-steps) spent decaying to min-lr", json_schema_extra=_meta(BATCH),
+    )
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="adamw = AdamW for every parameter; muon = Muon (momentum orthogonalized by Newton-Schulz; "
+        "modded-nanogpt reaches GPT-2's loss in fewer steps with it) for the 2-D weight matrices inside the transformer "
+        "blocks at --muon-lr, AdamW at --lr for the embeddings, the tied lm_head and the 1-D parameters; Muon keeps one "
+        "state buffer per weight instead of AdamW's two. Not a live switch: the optimizer state differs, so a change "
+        "is a new run, not a toggle", json_schema_extra=_meta(BATCH, loss_rungs=[rung(1, "muon", "muon", "+ Muon",
+        "Muon for the blocks' matrices at muon-lr, AdamW for the rest")]),
+    )
+    muon_lr: float = Field(
+        0.02, gt=0, allow_inf_nan=False, description="Muon's peak learning rate (optimizer muon; modded-nanogpt's 0.02); "
+        "the schedule scales it like --lr, its floor is min-lr x muon-lr / lr", json_schema_extra=_meta(BATCH),
+    )
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum (optimizer muon)")
     weight_decay: float = Field(
-        0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay (matrices and embeddings only)"
+        0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay on its 2-D parameters (the matrices and embeddings; with "
+        "optimizer muon the embeddings only: Muon's matrices take none, as in modded-nanogpt)"
     )
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
@@ -167,6 +196,18 @@ class OptimConfig(_Strict):
     fused: bool | None = Field(
         None, description="fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(8, "fused", True, "+ fused AdamW, pinned, prefetch", "fused AdamW kernel, pinned host memory + async copies, batch built on a thread")], flag="--fused-adamw")
     )
+
+    def decay_end(self, max_steps: int) -> int:
+        """The step where the lr reaches min_lr: decay_steps, else the run's max steps."""
+        return self.decay_steps or max_steps
+
+    def decay_start(self, max_steps: int) -> int:
+        """The step the decay begins: the warmup's end for cosine; for wsd the start of the last
+        decay_fraction of the steps to decay_end (never inside the warmup)."""
+        end = self.decay_end(max_steps)
+        if self.schedule == "cosine":
+            return self.warmup_steps
+        return max(self.warmup_steps, end - round(self.decay_fraction * end))
 
     @model_validator(mode="after")
     def _min_below_peak(self) -> OptimConfig:

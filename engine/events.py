@@ -83,6 +83,11 @@ class Eval(_AtStep):
 
     event: Literal["eval"] = "eval"
     val_loss: float  # mean loss over --eval-batches val batches
+    tokens: int | None = None  # training tokens the weights saw by then (None: logged before it existed)
+    # training time by then: the sum of the step times (each logged interval's step time x its steps),
+    # across segments, kept through resumes; evals, checkpoints, pauses and resume gaps left out,
+    # a compile's warm-up counted (its first steps are slow). None: logged before it existed
+    train_time_s: float | None = None
 
 
 class Checkpoint(_AtStep):

@@ -257,7 +257,8 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     notes: list[str] = []
 
     params, grads = 4 * N, 4 * N
-    optim = 8 * N + 4 * _param_tensors(s)  # exp_avg + exp_avg_sq (fp32) + one step scalar per tensor
+    optim = optimizer_state(config, s, N)
+    optim_name = "AdamW state" if config.optim.optimizer == "adamw" else "AdamW + Muon state"
     shard_extra = 0
     grads_persist = False
     if world_size > 1 and sharding == "fsdp":
@@ -312,7 +313,7 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
 
     def parts(grads_alive: int, fwd: bool, transient: int, head_alive: int | None = None) -> dict[str, int]:
         return {
-            "parameters": params, "gradients": grads_alive, "AdamW state": optim,
+            "parameters": params, "gradients": grads_alive, optim_name: optim,
             "autocast weight copies": copies if fwd else 0, act_name: layers if fwd else 0,
             "logits & loss": (head if fwd else 0) if head_alive is None else head_alive,
             "transient": transient, shard_name: shard_extra, "batches": batch,
@@ -371,15 +372,35 @@ def chunk_rows_for_shape(s: _Shape) -> int:
     return chunk_rows_for(s.B * s.T, s.Vp)
 
 
+def muon_params(s: _Shape) -> int:
+    """Weights Muon trains (optimizer muon; engine.train.build.muon_params): the blocks' four
+    matrices, 3C^2 + C^2 + 4C^2 + 4C^2 a block, in 4 tensors."""
+    return 12 * s.C * s.C * s.L
+
+
+def optimizer_state(config: RunConfig, s: _Shape, n: int) -> int:
+    """Optimizer state bytes: AdamW keeps exp_avg + exp_avg_sq (fp32) and a `step` scalar per
+    tensor; with optimizer muon the blocks' matrices keep one fp32 momentum buffer instead."""
+    if config.optim.optimizer == "adamw":
+        return 8 * n + 4 * _param_tensors(s)
+    m = muon_params(s)
+    return 8 * (n - m) + 4 * (_param_tensors(s) - 4 * s.L) + 4 * m
+
+
 def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -> int:
     """Scratch memory of AdamW.step: fused 0; foreach (CUDA default when not fused) one
-    fp32 copy of the decayed params (sqrt of exp_avg_sq); single-tensor (CPU) two of the largest."""
+    fp32 copy of the decayed params (sqrt of exp_avg_sq); single-tensor (CPU) two of the largest.
+    Muon (one matrix at a time) adds, for the largest (4C x C): its fp32 Nesterov update, three
+    bf16 Newton-Schulz iterates and two bf16 C x C Gram matrices (modelled)."""
+    muon = config.optim.optimizer == "muon"
+    extra = (4 * 4 + 3 * 2 * 4 + 2 * 2) * s.C * s.C if muon else 0
     fused = config.optim.fused if config.optim.fused is not None else target == "cuda"
     if fused:
-        return 0
-    if target == "cuda":
-        return 4 * (n - s.L * (4 * s.C + int(s.bias) * 9 * s.C) - s.C * (1 + int(s.bias)))
-    return 2 * 4 * _largest_param(s)
+        return extra
+    if target == "cuda":  # AdamW's decayed (2-D) params: with Muon only the embeddings
+        decayed = (s.Vp + s.ctx) * s.C if muon else n - s.L * (4 * s.C + int(s.bias) * 9 * s.C) - s.C * (1 + int(s.bias))
+        return extra + 4 * decayed
+    return extra + 2 * 4 * _largest_param(s)
 
 
 # ---------------------------------------------------------------- fitting

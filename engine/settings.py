@@ -126,16 +126,17 @@ def _extra(dotted: str) -> dict[str, Any]:
     return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
 
 
-def ladder() -> tuple[dict[str, Any], list[Rung]]:
+def ladder(key: str = "rungs") -> tuple[dict[str, Any], list[Rung]]:
     """The speed ladder, read off the settings' metadata (engine.config rung()): the baseline
-    (each switch's `baseline` value) and the rungs in order, a rung's settings changed together."""
+    (each switch's `baseline` value) and the rungs in order, a rung's settings changed together.
+    `key="loss_rungs"`: the rungs `bench --to-loss` adds on top (optimizer, schedule)."""
     baseline: dict[str, Any] = {}
     steps: dict[str, tuple[int, Rung]] = {}
     for s in all_settings(("speed", "model", "optim", "data", "train")):
         extra = _extra(s.dotted)
         if "baseline" in extra:
             baseline[s.dotted] = extra["baseline"]
-        for r in extra.get("rungs", ()):
+        for r in extra.get(key, ()):
             at, old = steps.get(r["name"], (r["at"], Rung(r["name"], "", "", {})))
             steps[r["name"]] = (at, Rung(r["name"], old.label or r["label"], old.why or r["why"], old.changes | {s.dotted: r["value"]}))
     return baseline, [rung for _, rung in sorted(steps.values(), key=lambda item: item[0])]

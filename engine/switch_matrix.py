@@ -60,7 +60,8 @@ AXES: dict[str, tuple[Any, ...]] = {
     "speed.parallel": ("ddp", "fsdp"),
 }
 DEFAULTS: dict[str, Any] = {"speed.compile": False, "speed.compile_mode": "default", "speed.compile_scope": "blocks",
-                            "speed.parallel": "auto", "speed.precision": "auto", "train.grad_accum": 1}  # fmt: skip
+                            "speed.parallel": "auto", "speed.precision": "auto", "train.grad_accum": 1,
+                            "optim.optimizer": "adamw"}  # fmt: skip
 
 
 def _v(values: Values, dotted: str) -> Any:
@@ -108,6 +109,14 @@ REFUSED: tuple[Rule, ...] = (
          lambda v: f"compile mode {_v(v, 'speed.compile_mode')} with grad accumulation {_v(v, 'train.grad_accum')}: "
                    "its CUDA graphs overwrite the accumulated gradients",
          ({"speed.compile_mode": NO_GRAPHS}, {"speed.compile_mode": "default"}, {"train.grad_accum": 1})),
+    # torch.optim.Muon orthogonalizes each whole 2-D gradient: an FSDP2 shard (a DTensor holding
+    # rows of it) is not the matrix, and torch has no sharded Muon. Refused on every device, so a
+    # config means the same on any machine; auto picks DDP for Muon (engine.train.distributed.choose).
+    Rule("muon + fsdp", ("optim.optimizer", "speed.parallel"),
+         lambda t: True, lambda v: _v(v, "optim.optimizer") == "muon" and _v(v, "speed.parallel") == "fsdp",
+         lambda v: "optimizer muon with parallel fsdp: torch.optim.Muon orthogonalizes whole weight matrices, "
+                   "not FSDP2 shards",
+         ({"speed.parallel": "ddp"}, {"optim.optimizer": "adamw"})),
     Rule("bf16 without native bf16", ("speed.precision",),
          lambda t: t.kind == "cuda" and not t.bf16, lambda v: _v(v, "speed.precision") == "bf16",
          lambda v: "this GPU has no bf16 support",

@@ -5,6 +5,10 @@ a live one and one from another machine compare alike. The rows and their cells 
 here once; the text table, the Compare screen and the dashboard's segment table show them.
 Speed-ups are ratios of settled tokens/s (a step-time ratio would mislead when the
 micro-batch changed): against the segment before in the same run, and against the first row.
+Time to a loss: the training time and tokens each run (and segment) took to first reach a
+target val loss (`--target`; default the worst final val loss among the runs, which every run
+reached). The time is the sum of step times (Eval.train_time_s): evals, checkpoints, pauses
+and the gaps between segments are left out, a compile's warm-up is in.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -22,21 +26,26 @@ from engine import events as ev
 from engine import rundir
 from engine import files as runfiles
 from engine.errors import UserError
-from engine.text import human, loss_text, path_text, ratio_text, short, value_text
+from engine.text import duration_text, human, loss_text, path_text, ratio_text, short, value_text
 from engine.text import shown as cell
-from engine.run.segments import SWITCHES, SegmentReader, SegmentSummary, speedup
+from engine.run.segments import (SWITCHES, Reach, SegmentReader, SegmentSummary, default_target, final_val_loss,
+                                 mark_target, speedup)  # fmt: skip
 
 
 class RunComparison(BaseModel):
     run_dir: str
     best_val_loss: float | None
     segments: list[SegmentSummary]
+    final_val_loss: float | None = None  # the last eval's
+    to_target: Reach | None = None  # the first eval at or below Comparison.target_val_loss (None: not reached)
 
 
 class Comparison(BaseModel):
     """What `compare --json` prints."""
 
     runs: list[RunComparison]
+    target_val_loss: float | None = None  # what to_target is measured to (None: no run evaluated)
+    target_from: Literal["--target", "worst final val loss"] = "worst final val loss"
 
 
 def best_val_loss(events: Sequence[Any]) -> float | None:
@@ -75,9 +84,15 @@ def read_run(run_dir: Path) -> list[Any]:
     return events
 
 
-def summarize(run_dir: Path) -> RunComparison:
+def summarize(run_dir: Path, target: float | None = None) -> RunComparison:
     """A run's segments and best val loss, read in one pass holding no event list: memory stays
-    bounded by the number of segments and step times, however long the log (`compare`)."""
+    bounded by the number of segments, evals and step times, however long the log (`compare`).
+    `target`: time to that val loss too (to_target; else compare's default target applies)."""
+    run, _evals = _summarize(run_dir, target)
+    return run
+
+
+def _summarize(run_dir: Path, target: float | None) -> tuple[RunComparison, list[tuple[int, Reach]]]:
     reader, best = SegmentReader(), None
     for e in _run_events(run_dir):
         reader.feed(e)
@@ -85,12 +100,21 @@ def summarize(run_dir: Path) -> RunComparison:
             best = e.val_loss if best is None else min(best, e.val_loss)
     if reader.started is None:
         raise _never_started(run_dir)
-    return RunComparison(run_dir=str(run_dir), best_val_loss=best, segments=reader.segments())
+    segs = reader.segments()
+    run = RunComparison(run_dir=str(run_dir), best_val_loss=best, segments=segs, final_val_loss=final_val_loss(reader.evals),
+                        to_target=mark_target(segs, reader.evals, target))  # fmt: skip
+    return run, reader.evals
 
 
-def compare(run_dirs: Sequence[Path]) -> Comparison:
-    """Every run read and checked before anything is shown: one bad directory, one line."""
-    return Comparison(runs=[summarize(Path(d)) for d in run_dirs])
+def compare(run_dirs: Sequence[Path], target: float | None = None) -> Comparison:
+    """Every run read and checked before anything is shown: one bad directory, one line.
+    `target`: the val loss to time the runs to (default: the worst final val loss among them)."""
+    read = [_summarize(Path(d), None) for d in run_dirs]
+    goal = target if target is not None else default_target(r.final_val_loss for r, _ in read)
+    for run, evals in read:
+        run.to_target = mark_target(run.segments, evals, goal)
+    return Comparison(runs=[r for r, _ in read], target_val_loss=goal,
+                      target_from="--target" if target is not None else "worst final val loss")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ rows
@@ -141,7 +165,7 @@ def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) 
 
 # The speed first, the switches last: at 80 columns the figures the product exists to show
 # stay on screen however many switches a run changed.
-COLUMNS = ("run", "steps", "why", "warm-up", "ms/step", "tok/s", "compile", "MFU", "peak mem", "vs prev", "vs first", "best val", "switches")  # fmt: skip
+COLUMNS = ("run", "steps", "why", "warm-up", "ms/step", "tok/s", "compile", "MFU", "peak mem", "vs prev", "vs first", "best val", "to target", "switches")  # fmt: skip
 SWITCHES_COLUMN = COLUMNS.index("switches")
 LEFT = frozenset({0, 1, 2, SWITCHES_COLUMN})  # text columns; the figures are right-aligned
 
@@ -157,8 +181,34 @@ def cells(r: Row) -> list[str]:
         "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}", compile_text(s),
         "-" if s.mfu is None else f"{100 * s.mfu:.1f}%",
         human(s.peak_mem_bytes), ratio_text(r.vs_prev), ratio_text(r.vs_first),
-        "" if r.best_val_loss is None else loss_text(r.best_val_loss), "",
+        "" if r.best_val_loss is None else loss_text(r.best_val_loss), reach_text(s.to_target), "",
     ]  # fmt: skip
+
+
+def tokens_text(n: int) -> str:
+    """A token count as people read it: 950, 12.3K, 4.5M, 1.20B."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K" if n >= 1e3 else str(n)
+
+
+def reach_text(r: Reach | None) -> str:
+    """The `to target` cell: training time and tokens to the target val loss ("" not reached here)."""
+    return "" if r is None else f"{time_text(r.train_time_s)} {tokens_text(r.tokens)} tok"
+
+
+def time_text(seconds: float) -> str:
+    """A training time: '0.84 s', '42.1 s', then engine.text.duration_text ('12m34s')."""
+    return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s" if seconds < 60 else duration_text(seconds)
+
+
+def target_line(c: Comparison) -> str:
+    """What the `to target` column measures, and each run's figure (or that it never got there)."""
+    if c.target_val_loss is None:
+        return "to target: no run evaluated a val loss"
+    names = labels([r.run_dir for r in c.runs])
+    each = [f"{cell(n)} {reach_text(r.to_target) + f' (step {r.to_target.step})' if r.to_target else 'not reached'}"
+            for n, r in zip(names, c.runs)]  # fmt: skip
+    return (f"to target: training time (sum of step times) and tokens to first reach val loss {loss_text(c.target_val_loss)} "
+            f"({c.target_from}): " + "; ".join(each))  # fmt: skip
 
 
 TOO_SHORT = "too short to settle"
@@ -213,10 +263,11 @@ def format_table(c: Comparison) -> str:
     for row in [list(COLUMNS), *body]:
         lines.append("  ".join(x.ljust(w) if i in LEFT else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths))).rstrip())
     lines.append("* differs from the first row; speed-ups are settled tok/s ratios; warm-up = the first logged step")
+    lines.append(target_line(c))
     return "\n".join(lines)
 
 
-def run(run_dirs: Sequence[Path], as_json: bool = False) -> str:
+def run(run_dirs: Sequence[Path], as_json: bool = False, target: float | None = None) -> str:
     """The text `gpt2-tui compare` prints."""
-    c = compare(run_dirs)
+    c = compare(run_dirs, target)
     return c.model_dump_json(indent=2) if as_json else format_table(c)

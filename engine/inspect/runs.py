@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from engine import events as ev
 from engine import rundir
 from engine import files as runfiles
+from engine.run.segments import Reach, default_target
 from engine.text import fmt_params, loss_text, shown
 
 RunStateName = Literal["running", "finished", "stopped", "failed", "writer gone"]
@@ -46,6 +47,11 @@ class RunSummary(BaseModel):
     started: datetime
     device_name: str | None = None
     error: str | None = None  # run_failed's message
+    final_val_loss: float | None = None  # the last eval's
+    # the first eval at or below list_runs' target val loss: training time (sum of step times,
+    # Eval.train_time_s) and tokens by then; None: not reached, or logged before evals carried them
+    to_target: Reach | None = None
+    evals: list[Reach] = []  # the finite evals that carry their training time, in order
 
 
 STEP_TAG, GPU_TAG = b'"event":"step"', b'"event":"gpu"'  # how JsonlSink writes them (compact)
@@ -75,6 +81,8 @@ class _Scan:
     offset: int = 0
     ident: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the log read
     problems: int = 0  # unreadable lines skipped
+    evals: list[Reach] = field(default_factory=list)  # finite evals with their training time and tokens
+    final_val: float | None = None
 
 
 def _scan(events: Path, s: _Scan | None = None) -> _Scan:
@@ -182,6 +190,10 @@ def _feed(s: _Scan, e: ev.Event) -> None:
             s.step = e.step
         case ev.Eval():
             _better(s, e.val_loss)
+            if math.isfinite(e.val_loss):
+                s.final_val = e.val_loss
+                if e.train_time_s is not None and e.tokens is not None:
+                    s.evals.append(Reach(step=e.step, train_time_s=e.train_time_s, tokens=e.tokens, val_loss=e.val_loss))
         case ev.RunFinished():
             s.pending = None
             s.end, s.step = e, e.step
@@ -267,24 +279,30 @@ def summarize(path: Path) -> RunSummary | None:
         started=datetime.fromtimestamp(t0).astimezone(),
         device_name=s.started.device_name if s.started else None,
         error=s.end.error if isinstance(s.end, ev.RunFailed) else None,
+        final_val_loss=s.final_val, evals=list(s.evals),
     )  # fmt: skip
 
 
-def list_runs(root: Path = DEFAULT_ROOT) -> list[RunSummary]:
+def list_runs(root: Path = DEFAULT_ROOT, target: float | None = None) -> list[RunSummary]:
     """Summaries of the runs directly under `root` (or `root` itself when it is a run),
-    newest first. A missing root lists nothing."""
+    newest first, each timed to `target` val loss (default: the worst final val loss among
+    them, as `compare` does). A missing root lists nothing."""
     root = Path(root)
     if not root.is_dir():
         return []
     if rundir.holds_run(root):
         one = summarize(root)
-        return [one] if one else []
-    try:
-        dirs = [p for p in root.iterdir() if p.is_dir()]
-    except OSError:
-        return []
-    out = [r for r in (summarize(p) for p in dirs) if r is not None]
-    out.sort(key=lambda r: (r.started, r.name), reverse=True)
+        out = [one] if one else []
+    else:
+        try:
+            dirs = [p for p in root.iterdir() if p.is_dir()]
+        except OSError:
+            return []
+        out = [r for r in (summarize(p) for p in dirs) if r is not None]
+        out.sort(key=lambda r: (r.started, r.name), reverse=True)
+    goal = target if target is not None else default_target(r.final_val_loss for r in out)
+    for r in out:
+        r.to_target = None if goal is None else next((e for e in r.evals if e.val_loss <= goal), None)
     return out
 
 
@@ -313,12 +331,22 @@ def started_text(r: RunSummary) -> str:
     return r.started.strftime("%Y-%m-%d %H:%M")
 
 
-COLUMNS = ("name", "model", "state", "step", "best val", "tok/s", "started", "device")
+COLUMNS = ("name", "model", "state", "step", "best val", "tok/s", "to target", "started", "device")
+
+
+def target_text(r: RunSummary) -> str:
+    """Training time and tokens to the listing's target val loss; "-" when not reached."""
+    if r.to_target is None:
+        return "-"
+    from engine.inspect.compare import reach_text
+
+    return reach_text(r.to_target)
 
 
 def row(r: RunSummary) -> tuple[str, ...]:
     """One run as the cells of COLUMNS (the CLI table and the Runs screen share them)."""
-    cells = (r.name, model_text(r), r.state, step_text(r), best_loss_text(r), speed_text(r), started_text(r), r.device_name or "-")
+    cells = (r.name, model_text(r), r.state, step_text(r), best_loss_text(r), speed_text(r), target_text(r),
+             started_text(r), r.device_name or "-")  # fmt: skip
     return tuple(shown(c) for c in cells)  # names and fields come from files: printable, one line
 
 
@@ -328,7 +356,7 @@ def format_table(summaries: list[RunSummary]) -> str:
         return "no runs found"
     rows = [COLUMNS, *(row(r) for r in summaries)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    right = {3, 4, 5}  # numbers line up on the right
+    right = {3, 4, 5, 6}  # numbers line up on the right
     lines = []
     for r in rows:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]

@@ -36,14 +36,20 @@ def new_config(
 def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | None = None) -> RunConfig:
     """The run's own config with the flags given at resume on top, its lr schedule kept
     (keep_schedule), or UserError when the run already trained to its max steps and the flags
-    ask for no more (unless `resume_from` names an earlier checkpoint)."""
+    ask for no more (unless `resume_from` names an earlier checkpoint), or asks for another
+    optimizer (its state is the run's: a new optimizer is a new run)."""
     own = rundir.load_config(run_dir)
-    config = keep_schedule(own, overlay(own.model_dump(mode="json", exclude_none=True), overrides), overrides)
+    if overrides.get("optim.optimizer", own.optim.optimizer) != own.optim.optimizer:
+        raise UserError(f"this run trains with optimizer {own.optim.optimizer}; its checkpoints hold that optimizer's state, "
+                        f"so it resumes with it: drop --optimizer, or start a new run with --optimizer "
+                        f"{overrides['optim.optimizer']}")  # fmt: skip
+    from engine.train.checkpoint import CheckpointDir
+
+    step = CheckpointDir(run_dir / rundir.CHECKPOINTS).latest_step() if resume_from is None else None
+    config = keep_schedule(own, overlay(own.model_dump(mode="json", exclude_none=True), overrides), overrides, step)
     if resume_from is None:
         from engine.text import path_text, program
-        from engine.train.checkpoint import CheckpointDir
 
-        step = CheckpointDir(run_dir / rundir.CHECKPOINTS).latest_step()
         n = config.train.max_steps
         if step is not None and step >= n:
             where = path_text(run_dir)
@@ -53,20 +59,29 @@ def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | 
     return config
 
 
-def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any], step: int | None = None) -> RunConfig:
     """The one rule for a resume's lr schedule: the steps already planned keep their lr. The
-    cosine ends where the run's plan put it (its decay_steps, else the max steps it was started
+    decay ends where the run's plan put it (its decay_steps, else the max steps it was started
     with), written into the config (optim.decay_steps) so a later resume keeps it too; steps past
-    it train at min_lr, which a note says. `--decay-steps M` at resume re-plans."""
+    it train at min_lr, which a note says. A wsd run resumed at `step` before its decay began
+    re-plans the decay to the new end instead: every step before it was at the peak lr under
+    either plan, so only the decay moves. `--decay-steps M` at resume re-plans."""
     if "optim.decay_steps" in overrides or config.optim.decay_steps is not None:
-        kept = config
+        kept, replanned = config, False
     else:
-        end = own.optim.decay_steps or own.train.max_steps
-        kept = overlay(config.model_dump(mode="json", exclude_none=True), {"optim.decay_steps": end})
-    end, n = kept.optim.decay_steps or kept.train.max_steps, kept.train.max_steps
+        end = own.optim.decay_end(own.train.max_steps)
+        replanned = (own.optim.schedule == config.optim.schedule == "wsd" and step is not None
+                     and step < own.optim.decay_start(own.train.max_steps) and config.train.max_steps != end)  # fmt: skip
+        kept = config if replanned else overlay(config.model_dump(mode="json", exclude_none=True), {"optim.decay_steps": end})
+    o, n = kept.optim, kept.train.max_steps
+    end = o.decay_end(n)
     notes = list(config.notes)
-    if n > end and "optim.decay_steps" not in overrides:
-        notes.append(f"the schedule keeps its decay to step {end}; steps after it train at min_lr {kept.optim.min_lr:g}; "
+    if replanned:
+        notes.append(f"the wsd decay had not begun at step {step}: it is re-planned to the new end, a linear decay "
+                     f"from step {o.decay_start(n)} to min_lr {o.min_lr:g} at step {end}; the steps before keep their lr")  # fmt: skip
+    elif n > end and "optim.decay_steps" not in overrides:
+        began = "" if o.schedule == "cosine" else "the wsd decay had begun: "
+        notes.append(f"{began}the schedule keeps its decay to step {end}; steps after it train at min_lr {o.min_lr:g}; "
                      f"pass --decay-steps {n} to re-plan")  # fmt: skip
     kept._notes = notes
     return kept

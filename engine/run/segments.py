@@ -71,6 +71,17 @@ def opening(
 # ------------------------------------------------------------------------------ reading
 
 
+class Reach(BaseModel):
+    """Where a run first reached a target val loss: the eval's step, the training time and
+    tokens it had taken by then (Eval.train_time_s: the sum of step times, evals, checkpoints,
+    pauses and resume gaps left out), and the val loss it measured."""
+
+    step: int
+    train_time_s: float
+    tokens: int
+    val_loss: float
+
+
 class SegmentSummary(BaseModel):
     """One segment's switches and the speed it reached (what `compare --json` prints)."""
 
@@ -91,6 +102,9 @@ class SegmentSummary(BaseModel):
     # fewer step reports than the settle window (events.SETTLE_MIN_REPORTS): no settled speed, no ratio
     too_short_to_settle: bool = False
     best_val_loss: float | None = None  # the best val loss of this segment's evals (not the run's)
+    # the run's first eval at or below the target val loss that falls in this segment (mark_target;
+    # None: not reached here, or no target given): the run's training time and tokens by then
+    to_target: Reach | None = None
 
 
 class _Open:
@@ -131,6 +145,8 @@ class SegmentReader:
         self.closed: list[SegmentSummary] = []
         self.current: _Open | None = None
         self.started: ev.RunStarted | None = None
+        self.evals: list[tuple[int, Reach]] = []  # (segment index, the eval) per finite eval, in order
+        self._train_s, self._timed_to, self._tokens = 0.0, 0, 0  # for logs whose evals carry no time
 
     def _close(self) -> None:
         if self.current is not None:
@@ -148,6 +164,7 @@ class SegmentReader:
                 diff = changed(before, now) if before is not None else {}
                 self.started = e
                 self.current = _Open(e.start_step, now, diff, reason, e, from_run_started=True)
+                self._timed_to = e.start_step
             case ev.Segment():
                 if cur is not None and cur.from_run_started and not cur.times:
                     cur.switches, cur.changed, cur.reason = e.switches, e.changed, e.reason
@@ -157,6 +174,8 @@ class SegmentReader:
                     self.current = _Open(e.step, e.switches, e.changed, e.reason, self.started, False)
             case ev.Step() if cur is not None:
                 cur.to_step = max(cur.to_step, e.step)
+                self._train_s += e.step_time_s * max(0, e.step - self._timed_to)
+                self._timed_to, self._tokens = max(self._timed_to, e.step), e.tokens
                 if e.step_time_s > 0:
                     cur.times.append(e.step_time_s)
                     cur.tokens_per_step = e.tokens_per_s * e.step_time_s
@@ -168,6 +187,10 @@ class SegmentReader:
                 cur.to_step = max(cur.to_step, e.step)
                 if math.isfinite(e.val_loss):
                     cur.best_val = e.val_loss if cur.best_val is None else min(cur.best_val, e.val_loss)
+                    spent = e.train_time_s if e.train_time_s is not None else self._train_s
+                    tokens = e.tokens if e.tokens is not None else self._tokens
+                    self.evals.append((len(self.closed), Reach(step=e.step, train_time_s=spent, tokens=tokens,
+                                                               val_loss=e.val_loss)))  # fmt: skip
             case ev.Checkpoint() | ev.RunFinished() | ev.RunFailed() if cur is not None:
                 cur.to_step = max(cur.to_step, e.step if e.step is not None else cur.to_step)
 
@@ -186,6 +209,31 @@ def segments_of(events: Iterable[Any]) -> list[SegmentSummary]:
     for e in events:
         reader.feed(e)
     return reader.segments()
+
+
+def final_val_loss(evals: list[tuple[int, Reach]]) -> float | None:
+    """The run's last finite val loss (where it ended up, not its best)."""
+    return evals[-1][1].val_loss if evals else None
+
+
+def default_target(finals: Iterable[float | None]) -> float | None:
+    """The target val loss a comparison uses unless told: the worst final val loss among the
+    runs, so every run reaches it (None when no run evaluated)."""
+    known = [f for f in finals if f is not None]
+    return max(known) if known else None
+
+
+def mark_target(segments: list[SegmentSummary], evals: list[tuple[int, Reach]], target: float | None) -> Reach | None:
+    """Each segment's `to_target` (the first eval in it at or below `target`) set in place; the
+    run's first such eval returned (None: never reached, or no target)."""
+    first: Reach | None = None
+    for i, seg in enumerate(segments):
+        seg.to_target = None
+        if target is None:
+            continue
+        seg.to_target = next((r for j, r in evals if j == i and r.val_loss <= target), None)
+        first = first or seg.to_target
+    return first
 
 
 def speedup(segment: SegmentSummary, base: SegmentSummary) -> float | None:

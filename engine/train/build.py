@@ -54,20 +54,101 @@ def model(config: RunConfig, device: torch.device, init_state: Mapping[str, torc
     return built
 
 
-def optimizer(module: torch.nn.Module, o: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def optimizer(module: torch.nn.Module, o: OptimConfig, device: torch.device) -> torch.optim.Optimizer | MuonAdamW:
     """AdamW with decay on the 2-D weights only; fused by default where PyTorch has the kernel:
     faster, and it honours the guard's device-side skip flag (found_inf), which keeps the
-    loop free of host syncs."""
-    params = [p for p in module.parameters() if p.requires_grad]
+    loop free of host syncs. With `optimizer = "muon"`: Muon for the 2-D weight matrices inside
+    the transformer blocks (muon_params), AdamW as above for the rest (MuonAdamW)."""
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    matrices = {id(p) for p in muon_params(module)} if o.optimizer == "muon" else set()
+    rest = [p for _, p in params if id(p) not in matrices]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": o.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
     fused = o.fused if o.fused is not None else device.type in ("cuda", "cpu")
     try:
-        return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
+        adamw = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
     except RuntimeError as err:
         raise UserError(f"fused AdamW is not available here ({err})", {"optim.fused": False}) from None
+    if o.optimizer == "adamw":
+        return adamw
+    if not hasattr(torch.optim, "Muon"):
+        raise UserError(f"optimizer muon needs torch.optim.Muon (PyTorch 2.9 or newer; this is {torch.__version__})",
+                        {"optim.optimizer": "adamw"})  # fmt: skip
+    # no weight decay on the Muon matrices (modded-nanogpt's); adjust_lr_fn None = Keller Jordan's
+    # original scaling, sqrt(max(1, rows/cols)), which the 0.02 default is tuned for
+    muon = torch.optim.Muon([p for _, p in params if id(p) in matrices], lr=o.muon_lr, weight_decay=0.0,
+                            momentum=o.muon_momentum, nesterov=True, adjust_lr_fn=None)  # fmt: skip
+    return MuonAdamW(adamw, muon, o.muon_lr / o.lr)
+
+
+def muon_params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters Muon trains: the 2-D weight matrices inside the transformer blocks
+    (attention and MLP projections). Embeddings, the lm_head tied to wte, LayerNorms and
+    biases stay with AdamW: Muon's orthogonalized update suits hidden linear maps only."""
+    return [p for n, p in module.named_parameters() if p.requires_grad and p.dim() == 2 and ".h." in f".{n}"]
+
+
+class MuonAdamW:
+    """Muon and AdamW stepped together as one optimizer, for the trainer, the GradScaler and
+    the checkpoint: `param_groups` are AdamW's then Muon's, and `state_dict` is one torch-format
+    dict over both (parameter ids numbered across them, AdamW's first), so a checkpoint is
+    checked (engine.train.checkpoint) and resumed exactly like a plain AdamW's.
+
+    It has no device-side skip flag: torch's Muon reads none, so the trainer reads the guard's
+    verdict on the host before `step` (one sync a step, as unfused AdamW costs)."""
+
+    def __init__(self, adamw: torch.optim.Optimizer, muon: torch.optim.Optimizer, lr_scale: float):
+        self.adamw, self.muon = adamw, muon
+        self.lr_scale = lr_scale  # muon_lr / lr: the schedule's lr times this is Muon's
+        self.defaults: dict[str, Any] = {"fused": False}  # the whole step is skipped on the host instead
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.adamw.param_groups + self.muon.param_groups
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return {**self.adamw.state, **self.muon.state}
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.adamw.param_groups:
+            group["lr"] = lr
+        for group in self.muon.param_groups:
+            group["lr"] = lr * self.lr_scale
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.adamw.zero_grad(set_to_none=set_to_none)
+        self.muon.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        self.adamw.step()
+        self.muon.step()
+
+    def _split(self) -> int:
+        return sum(len(g["params"]) for g in self.adamw.param_groups)
+
+    def state_dict(self) -> dict[str, Any]:
+        a, m, n = self.adamw.state_dict(), self.muon.state_dict(), self._split()
+        groups = a["param_groups"] + [{**g, "params": [i + n for i in g["params"]]} for g in m["param_groups"]]
+        return {"state": {**a["state"], **{i + n: v for i, v in m["state"].items()}}, "param_groups": groups}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        k, n = len(self.adamw.param_groups), self._split()
+        groups, state = saved["param_groups"], saved["state"]
+        self.adamw.load_state_dict({"state": {i: v for i, v in state.items() if i < n}, "param_groups": groups[:k]})
+        self.muon.load_state_dict({"state": {i - n: v for i, v in state.items() if i >= n},
+                                   "param_groups": [{**g, "params": [i - n for i in g["params"]]} for g in groups[k:]]})
+
+
+def set_lr(opt: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
+    """The schedule's lr for this step into every group (Muon's scaled by muon_lr / lr)."""
+    if isinstance(opt, MuonAdamW):
+        opt.set_lr(lr)
+        return
+    for group in opt.param_groups:
+        group["lr"] = lr
 
 
 def loaders(

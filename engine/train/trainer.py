@@ -57,13 +57,19 @@ class Ending:
 
 
 def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
-    """Linear warmup to optim.lr, then cosine down to optim.min_lr at decay_steps."""
+    """Linear warmup to optim.lr, then (cosine) a cosine down to optim.min_lr at the decay end,
+    or (wsd) the peak lr held until the last decay_fraction of the steps, then a linear decay
+    to min_lr at the decay end (OptimConfig.decay_start / decay_end)."""
     if step < optim.warmup_steps:
         return optim.lr * (step + 1) / optim.warmup_steps
-    end = optim.decay_steps or max_steps
+    end, start = optim.decay_end(max_steps), optim.decay_start(max_steps)
     if step >= end:
         return optim.min_lr
-    ratio = (step - optim.warmup_steps) / max(1, end - optim.warmup_steps)
+    if optim.schedule == "wsd":
+        if step < start:
+            return optim.lr
+        return optim.min_lr + (optim.lr - optim.min_lr) * (end - step) / max(1, end - start)
+    ratio = (step - start) / max(1, end - start)
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
 
 
@@ -125,6 +131,8 @@ class Trainer:
         self.best_val_loss: float | None = None
         self.last_eval: tuple[int, float] | None = None
         self._step_times: list[float] = []
+        self.train_time_s = 0.0  # the steps' time so far, resumes included (Eval.train_time_s)
+        self._timed_to = 0  # the step train_time_s counts to
         self.clock = _StepClock()
         self.dist = distributed.current()  # rank 0 alone writes events, config and checkpoints
         self._emit_lock = threading.Lock()  # the GPU sampler's thread emits too
@@ -218,6 +226,7 @@ class Trainer:
             "rng": train_state.rng_state(self.device),
             "data": json.dumps(self.loader.state()),
             "guard": self.guard.state_dict(),
+            "train_time_s": self.train_time_s,
         }
 
     def _load_resumed(self) -> None:
@@ -234,6 +243,9 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.tokens = state["step"], state.get("tokens", 0)
         self.best_val_loss = state.get("best_val_loss")
+        spent = state.get("train_time_s")  # absent in older checkpoints: counted from here
+        ok = isinstance(spent, (int, float)) and not isinstance(spent, bool) and math.isfinite(spent) and spent >= 0
+        self.train_time_s, self._timed_to = float(spent) if ok else 0.0, self.step
         pending = state.get("pending_toggles")
         self.pending_toggles = [p for p in pending if isinstance(p, dict)] if isinstance(pending, list) else []
         guard_state = state.get("guard")
@@ -263,7 +275,7 @@ class Trainer:
         self.model.train()
         val_loss = distributed.global_mean(total, len(self.val_batches), self.dist)
         self.last_eval = (self.step, val_loss)
-        self.emit(ev.Eval(step=self.step, val_loss=val_loss))
+        self.emit(ev.Eval(step=self.step, val_loss=val_loss, tokens=self.tokens, train_time_s=self.train_time_s))
         self._emit_sample()
         return val_loss
 
@@ -335,8 +347,7 @@ class Trainer:
     def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (loss, pre-clip grad norm) as device tensors (no sync)."""
         accum = self.config.train.grad_accum
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        build.set_lr(self.optimizer, lr)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         for i in range(accum):
@@ -365,7 +376,7 @@ class Trainer:
         if self.optimizer.defaults.get("fused"):
             self.optimizer.found_inf = skip  # the fused kernel leaves weights and state as they were
             self.optimizer.step()
-        elif not skip.item():  # unfused AdamW has no found_inf: the one per-step host read left
+        elif not skip.item():  # unfused AdamW and Muon (build.MuonAdamW) have no found_inf: the one per-step host read left
             self.optimizer.step()
         if self.scaler:
             # not scaler.step(): it would fold in only its own inf. update() reads the infs its
@@ -488,6 +499,8 @@ class Trainer:
         """A logged step's numbers, arrived: its step event, the compile warm-up's cost once,
         and the guard's verdict on the updates skipped since the last reading."""
         reading = self.guard.take(r.values)  # this step's loss, norm and the skipped-step counters
+        self.train_time_s += r.step_time_s * max(0, r.step - self._timed_to)  # the steps this reading timed
+        self._timed_to = max(self._timed_to, r.step)
         if report:  # under torchrun the logged loss is the mean over ranks
             loss = reading.loss if mean_loss is None else mean_loss
             self._report(loss, r.lr, reading.norm, r.step_time_s, r.data_time_s, r.step, r.tokens)

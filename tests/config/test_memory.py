@@ -298,3 +298,28 @@ def test_gpu_total_within_10_percent_of_max_memory_allocated(tmp_path):
     allocated, _, outcome = run_peak(cfg, tmp_path)
     assert outcome == "ok" and allocated
     assert abs(estimate(cfg).allocated_peak_bytes / allocated - 1) <= 0.10
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_muon_state_is_one_buffer_per_block_matrix_to_the_byte(bias: bool) -> None:
+    """optimizer muon: the blocks' matrices keep one fp32 momentum buffer (Muon), the rest AdamW's
+    two plus a step scalar; the estimate equals what the real optimizers hold after a step."""
+    import torch
+
+    from engine import memory
+    from engine.config import resolve
+    from engine.train import build
+    from engine.train.model import GPT
+
+    flags = {"speed.device": "cpu", "speed.precision": "fp32", "model.vocab_size": 100, "model.bias": bias}
+    muon = resolve("micro", None, flags | {"optim.optimizer": "muon"})
+    model = GPT(muon.model)
+    opt = build.optimizer(model, muon.optim, torch.device("cpu"))
+    x = torch.randint(0, 100, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    real = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    est = memory.estimate(muon)
+    assert est.components["AdamW + Muon state"] == real
+    adamw = memory.estimate(resolve("micro", None, flags)).components["AdamW state"]
+    assert adamw - real == 4 * memory.muon_params(memory._shape(muon)) + 4 * 4 * muon.model.n_layer  # one buffer and 4 step scalars less a block

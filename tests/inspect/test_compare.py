@@ -18,17 +18,17 @@ from engine.text import loss_text
 TRAIN = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-interval", "3",
          "--ckpt-interval", "3", "--log-interval", "1"]  # fmt: skip
 SEGMENT_KEYS = ["from_step", "to_step", "switches", "changed", "reason", "first_step_time_s",
-                "settled_step_time_s", "tokens_per_s", "mfu", "peak_mem_bytes", "compiled", "compile_s", "compile_source", "too_short_to_settle", "best_val_loss"]  # fmt: skip
+                "settled_step_time_s", "tokens_per_s", "mfu", "peak_mem_bytes", "compiled", "compile_s", "compile_source", "too_short_to_settle", "best_val_loss", "to_target"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from conftest import random_tokens, write_gpt2tui
+    from conftest import bigram_tokens, write_gpt2tui
 
     from gpt2_tui import main
 
     root = tmp_path_factory.mktemp("compare")
-    data = write_gpt2tui(root / "data", random_tokens(20_000, 64, 1), random_tokens(4_000, 64, 2), 64)
+    data = write_gpt2tui(root / "data", bigram_tokens(20_000, 64, 1), bigram_tokens(4_000, 64, 2), 64)  # learnable: the loss falls
     a, b = root / "A", root / "B"
     assert main(["train", *TRAIN, "--data", str(data), "--max-steps", "6", "--out", str(a)]) == 0
     assert main(["train", *TRAIN, "--data", str(data), "--max-steps", "3", "--out", str(b)]) == 0
@@ -43,9 +43,9 @@ def test_compare_json_two_runs_and_the_resumed_ones_segments(runs, capsys) -> No
     capsys.readouterr()
     assert main(["compare", str(a), str(b), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out) == ["runs"] and [r["run_dir"] for r in out["runs"]] == [str(a), str(b)]
+    assert list(out) == ["runs", "target_val_loss", "target_from"] and [r["run_dir"] for r in out["runs"]] == [str(a), str(b)]
     ra, rb = out["runs"]
-    assert list(ra) == ["run_dir", "best_val_loss", "segments"]
+    assert list(ra) == ["run_dir", "best_val_loss", "segments", "final_val_loss", "to_target"]
     assert len(ra["segments"]) == 1 and len(rb["segments"]) == 2
     first, second = rb["segments"]
     assert list(second) == SEGMENT_KEYS
@@ -69,14 +69,15 @@ def test_compare_table_marks_what_differs(runs, capsys) -> None:
     assert main(["compare", str(a), str(b)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("same in all: ") and "prefetch" not in lines[0] and "compile=off" in lines[0]
-    header, *body, note = lines[1:]
+    header, *body, note, target = lines[1:]
     # the speed first, the switches last (issue 22: at 80 columns the figures stay on screen)
     assert header.split()[:6] == ["run", "steps", "why", "warm-up", "ms/step", "tok/s"] and header.split()[-1] == "switches"
     assert [r.split()[:3] + r.split()[-1:] for r in body] == [
         ["A", "0-6", "start", "prefetch=on"], ["B", "0-3", "start", "prefetch=on"], ["B", "3-6", "resume", "prefetch=off*"],
     ]  # fmt: skip
-    assert body[0].split()[-3] == "1.00x"  # the first row against itself (then best val, then switches)
+    assert body[0].split()[-7] == "1.00x"  # the first row against itself (then best val, to target, switches)
     assert note.startswith("* differs from the first row")
+    assert target.startswith("to target: training time (sum of step times) and tokens to first reach val loss")
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "no-start"])
@@ -158,7 +159,7 @@ def test_the_segment_table_widget_follows_a_runs_events(runs) -> None:
             assert r.vs_prev == pytest.approx(r.segment.tokens_per_s / table.rows_shown[0].segment.tokens_per_s)
             assert str(second[COLUMNS[1:].index("vs prev")]) == f"{r.vs_prev:.2f}x"
             own = min(e.val_loss for e in events if isinstance(e, ev.Eval) and e.step <= 3)  # the segment's, not the run's
-            assert str(first[-2]) == loss_text(own)
+            assert str(first[COLUMNS[1:].index("best val")]) == loss_text(own)
 
     asyncio.run(body())
 
@@ -189,3 +190,84 @@ def test_compare_reads_a_long_log_without_holding_its_events(tmp_path: Path) -> 
         tracemalloc.stop()
     assert result.runs[0].segments[0].to_step == 100_000
     assert peak < 30 * 2**20, f"compare peaked at {peak / 2**20:.0f} MiB of Python memory on 100k step lines"
+
+
+def _reach(run_dir: Path, target: float) -> tuple[int, float, int]:
+    """(step, training time, tokens) of a run's first eval at or below `target`, from its events:
+    the time is the sum of the step times up to it (log interval 1: one step a report)."""
+    events, _ = ev.read_events(run_dir / rundir.EVENTS)
+    hit = next(e for e in events if isinstance(e, ev.Eval) and e.val_loss <= target)
+    steps = {e.step: e for e in events if isinstance(e, ev.Step)}  # a resume re-trains none here: B resumed at its checkpoint
+    return hit.step, sum(s.step_time_s for n, s in steps.items() if n <= hit.step), hit.step * 4 * 32
+
+
+def test_compare_json_holds_each_runs_time_and_tokens_to_the_target(runs, capsys) -> None:
+    from gpt2_tui import main
+
+    a, b = runs
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    finals = []
+    for d in (a, b):
+        events, _ = ev.read_events(d / rundir.EVENTS)
+        finals.append([e.val_loss for e in events if isinstance(e, ev.Eval)][-1])
+    target = max(finals)  # the worst final val loss: every run reaches it
+    assert out["target_val_loss"] == target and out["target_from"] == "worst final val loss"
+    for d, r in zip((a, b), out["runs"]):
+        step, spent, tokens = _reach(d, target)
+        reach = r["to_target"]
+        assert reach is not None and reach["val_loss"] <= target
+        assert reach["step"] == step and reach["tokens"] == tokens
+        assert reach["train_time_s"] == pytest.approx(spent, rel=1e-6) and spent > 0 and step > 0
+        assert sum(s["to_target"] is not None for s in r["segments"]) >= 1  # the segment it was reached in
+    rb = out["runs"][1]
+    seg = next(s for s in rb["segments"] if s["to_target"] is not None)
+    assert seg["from_step"] <= rb["to_target"]["step"] <= seg["to_step"]
+
+    assert main(["compare", str(a), str(b), "--json", "--target", "0.01"]) == 0  # never reached: null, not invented
+    out = json.loads(capsys.readouterr().out)
+    assert out["target_val_loss"] == 0.01 and out["target_from"] == "--target"
+    assert [r["to_target"] for r in out["runs"]] == [None, None]
+    with pytest.raises(SystemExit) as exit_:  # argparse's one line
+        main(["compare", str(a), "--target", "nan"])
+    assert exit_.value.code == 2 and "not a val loss" in capsys.readouterr().err
+
+
+def test_runs_lists_the_time_to_the_target(runs, capsys) -> None:
+    from gpt2_tui import main
+
+    a, _ = runs
+    capsys.readouterr()
+    assert main(["runs", str(a.parent)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "to target" in lines[0]
+    row = next(x for x in lines if x.startswith("A "))
+    assert " tok" in row and " s " in row
+
+
+def test_the_compare_screen_shows_the_time_to_the_target(runs) -> None:
+    from tui.screens.compare import CompareApp, CompareScreen
+    from tui.widgets.segments import SegmentTable
+
+    a, b = runs
+
+    async def body() -> None:
+        app = CompareApp([a, b])
+        async with app.run_test(size=(200, 50)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded, "runs loaded")
+            screen = app.screen
+            target = max(r.final_val_loss for r in screen.runs)
+            legend = str(screen.query_one("#compare-legend").render())
+            assert f"to val {loss_text(target)}:" in legend and "(the worst final val loss)" in legend
+            for r, d in zip(screen.runs, (a, b)):
+                step, spent, tokens = _reach(d, target)
+                assert r.to_target is not None and (r.to_target.step, r.to_target.tokens) == (step, tokens)
+                assert f"(step {step})" in legend
+            table = screen.query_one(SegmentTable)
+            col = COLUMNS.index("to target")
+            cells = [str(table.get_row_at(i)[col]) for i in range(table.row_count)]
+            assert cells[0].endswith(" tok") and any(c.endswith(" tok") for c in cells[1:])
+            await pilot.press("escape")
+
+    asyncio.run(body())

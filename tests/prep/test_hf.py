@@ -165,6 +165,16 @@ def test_missing_network_is_one_line(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory):
     """A real tiny run: prepared text with our BPE, a few steps, checkpoints in its run dir."""
+    return _train(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trained_muon(tmp_path_factory: pytest.TempPathFactory):
+    """The same run trained with optim.optimizer = muon (Muon for the blocks' matrices)."""
+    return _train(tmp_path_factory, optimizer="muon")
+
+
+def _train(tmp_path_factory: pytest.TempPathFactory, **optim):
     from engine.prep.prepare import prepare_report
     from engine.run.owner import start
 
@@ -182,7 +192,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
         "speed": {"device": "cpu"},
         "train": {"batch_size": 4, "max_steps": 6, "eval_interval": 3, "ckpt_interval": 3, "eval_batches": 1,
                   "sample_tokens": 0},
-        "optim": {"warmup_steps": 1},
+        "optim": {"warmup_steps": 1, **optim},
     })
     run = tmp / "run"
     start(config, run).run()
@@ -190,6 +200,17 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_export_loads_in_transformers_with_our_logits(trained: Path, tmp_path: Path) -> None:
+    _export_matches_transformers(trained, tmp_path)
+
+
+def test_export_of_a_muon_trained_run_loads_in_transformers_with_our_logits(trained_muon: Path, tmp_path: Path) -> None:
+    from engine import rundir
+
+    assert rundir.load_config(trained_muon).optim.optimizer == "muon"
+    _export_matches_transformers(trained_muon, tmp_path)
+
+
+def _export_matches_transformers(trained: Path, tmp_path: Path) -> None:
     from engine.inspect.sample import load_model
 
     out = export_run(trained, tmp_path / "hf-out")

@@ -298,3 +298,19 @@ def _grad_worker(out: Path, data: Path) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["grads"]:
     _grad_worker(Path(sys.argv[2]), Path(sys.argv[3]))
+
+
+def test_muon_under_ddp_matches_one_process_and_fsdp_is_refused(tmp_path, data):
+    """optimizer muon under torchrun: DDP averages the gradients, every rank runs the same Muon
+    step, so 2 processes follow the 1-process curve with the same global batch; FSDP2 with
+    Muon is refused in one line (torch's Muon orthogonalizes whole matrices, not shards)."""
+    muon = [*COMMON, "--data", str(data), "--optimizer", "muon", "--max-steps", "4"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _ok(_cli(*muon, "--grad-accum", "2", "--out", str(one)))
+    _ok(_cli(*muon, "--nproc", "2", "--out", str(two)))
+    started = next(e for e in _events(two) if e["event"] == "run_started")
+    assert started["world_size"] == 2 and started["parallel"] == "ddp"
+    _assert_same(two, _curve(one), range(1, 5))
+    refused = _cli(*muon, "--nproc", "2", "--parallel", "fsdp", "--out", str(tmp_path / "fsdp"))
+    assert refused.returncode == 2 and "muon with parallel fsdp" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "fsdp").exists()

@@ -5,7 +5,10 @@ Runs are read from their directories on a worker thread (a long log takes second
 parse); `r` reads them again, for runs still going. The x axis is the step, the tokens or
 the training time; time is wall time since the run's start with the gaps between its
 segments (stopped, then resumed hours later) left out, so runs line up at zero. A dotted
-vertical line in the run's colour marks each segment start after the first.
+vertical line in the run's colour marks each segment start after the first. The legend and
+the segment table's `to target` column say how much training time (the sum of step times)
+and how many tokens each run took to first reach the target val loss: the worst final val
+loss among the runs, which every run reached.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from engine.api import events as ev
 from engine.api import best_val_loss, labels, read_run
 from engine.api import UserError
 from engine.api import change_text, shown
-from engine.api import SegmentSummary, segments_of
+from engine.api import Reach, SegmentReader, SegmentSummary, default_target, final_val_loss, mark_target, reach_text
+from engine.api import loss_text
 from tui.screens import BACK
 from tui.models.runstate import EMA_BETA, X_AXES, Series, XAxis
 from tui.widgets.charts import log_range, thin
@@ -50,10 +54,19 @@ class RunCurves:
     best_val_loss: float | None
     series: dict[str, Series] = field(default_factory=lambda: {k: Series() for k in ("ema", "val", "step_time", "tokens_per_s")})  # fmt: skip
     starts: list[tuple[int, int, float]] = field(default_factory=list)  # (step, tokens, time) per segment
+    evals: list[tuple[int, Reach]] = field(default_factory=list)  # (segment, eval) for the time to a target
+    to_target: Reach | None = None  # the first eval at or below the screen's target val loss
+
+    @property
+    def final_val_loss(self) -> float | None:
+        return final_val_loss(self.evals)
 
 
 def curves(run_dir: Path, label: str, color: str, events: list[Any]) -> RunCurves:
-    run = RunCurves(run_dir, label, color, segments_of(events), best_val_loss(events))
+    reader = SegmentReader()
+    for e in events:
+        reader.feed(e)
+    run = RunCurves(run_dir, label, color, reader.segments(), best_val_loss(events), evals=reader.evals)
     s = run.series
     before = 0.0  # training time of the earlier segments
     t0 = last = None
@@ -88,7 +101,16 @@ def load(run_dirs: list[Path]) -> list[RunCurves]:
     """Every run, or UserError naming the first that is not one."""
     read = [(d, read_run(d)) for d in run_dirs]
     names = labels([str(d) for d in run_dirs])
-    return [curves(d, n, PALETTE[i % len(PALETTE)], e) for i, (n, (d, e)) in enumerate(zip(names, read))]
+    runs = [curves(d, n, PALETTE[i % len(PALETTE)], e) for i, (n, (d, e)) in enumerate(zip(names, read))]
+    target = default_target(r.final_val_loss for r in runs)
+    for r in runs:
+        r.to_target = mark_target(r.segments, r.evals, target)
+    return runs
+
+
+def target_of(runs: list[RunCurves]) -> float | None:
+    """The val loss the screen times the runs to: the worst final val loss among them."""
+    return default_target(r.final_val_loss for r in runs)
 
 
 class OverlayChart(PlotextPlot):
@@ -186,11 +208,18 @@ class CompareScreen(Screen):
     def legend(self) -> Text:
         """The runs in their colours, each segment start with what it changed; x and keys."""
         out = Text()
+        target = target_of(self.runs)
         for r in self.runs:
             out.append("\u2588\u2588 ", style=RICH.get(r.color, r.color)).append(shown(r.label), style="bold")
+            if target is not None:
+                reach = r.to_target
+                out.append(f"  to val {loss_text(target)}: " + (f"{reach_text(reach)} (step {reach.step})" if reach else "not reached"))
             for s in r.segments[1:]:
                 out.append(shown(f"  | step {s.from_step}: {change_text(s.changed) or 'unchanged'} ({s.reason})"))
             out.append("\n")
+        if target is not None:
+            out.append(f"to val {loss_text(target)} (the worst final val loss): training time = sum of step times, "
+                       "evals, saves, pauses and resume gaps left out\n")
         out.append(f"x: {self.axis}{'  log-y' if self.logy else ''}   x axis  l log-y  r reload  esc back")
         return out
 

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from engine.api import events as ev
 from engine.api import COMPARE_COLUMNS as COLUMNS, LEFT, SWITCHES_COLUMN, Row, cells, rows, shown_switches, switch_items
-from engine.api import SegmentReader, SegmentSummary
+from engine.api import SegmentReader, SegmentSummary, final_val_loss, mark_target
 from tui.plain import PlainTable
 
 HOT = "bold yellow"  # a switch that differs from the first row
@@ -70,7 +70,12 @@ class SegmentTable(PlainTable):
         if not force and (not self.display or not self.region):
             return False
         self._drawn = self._version
-        runs = self._runs if self._runs is not None else [("", self.reader.segments(), self._best)]
+        if self._runs is not None:
+            runs = self._runs
+        else:  # one run followed: `to target` is the time to its latest val loss
+            segs = self.reader.segments()
+            mark_target(segs, self.reader.evals, final_val_loss(self.reader.evals))
+            runs = [("", segs, self._best)]
         table = rows(runs)
         self.rows_shown = table
         # The columns go too: a DataTable keeps a column as wide as the widest cell it ever

@@ -1,0 +1,147 @@
+"""optim.optimizer = muon (Muon for the blocks' matrices, AdamW for the rest) and optim.schedule =
+wsd (warmup, stable, linear decay over the last decay_fraction): a Muon run resumes bit-exact like
+an AdamW one, its guard still skips bad steps, and a WSD run extended at resume keeps every
+earlier step's lr, moving only a decay that had not begun."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import rundir
+from engine.config import resolve
+from engine.errors import UserError
+from engine.events import CallbackSink, read_events
+from engine.run.owner import start
+from engine.run.requests import Control
+from engine.train.trainer import lr_at
+from gpt2_tui import main
+
+CPU = {"speed.device": "cpu", "speed.precision": "fp32"}
+
+
+def _run(tmp_path, data, name, control=None, sinks=(), resume=False, **overrides):
+    run_dir = tmp_path / name
+    config = rundir.load_config(run_dir) if resume else resolve("micro", None, {"data.path": str(data)} | CPU | overrides)
+    start(config, run_dir, resume=resume, sinks=sinks, control=control).run()
+    events, problems = read_events(run_dir / rundir.EVENTS)
+    assert problems == []
+    return run_dir, events
+
+
+def _losses(events):
+    return [(e.step, e.loss) for e in events if e.event == "step"]
+
+
+def test_muon_stop_resume_equals_straight_run(tmp_path, tiny_dataset):
+    """As tests/train/test_trainer.py's AdamW case: N steps, stop, resume, N steps == 2N straight."""
+    common = {"optim.optimizer": "muon", "train.max_steps": 16, "model.dropout": 0.1, "train.eval_interval": 4,
+              "train.ckpt_interval": 100, "data.prefetch": True}
+    _, straight = _run(tmp_path, tiny_dataset, "straight", **common)
+    _, adamw = _run(tmp_path, tiny_dataset, "adamw", **(common | {"optim.optimizer": "adamw"}))
+    assert _losses(straight)[3:] != _losses(adamw)[3:]  # Muon trained the matrices, not AdamW
+
+    control = Control()
+    stopper = CallbackSink(lambda e: e.event == "step" and e.step == 8 and control.stop())
+    run_dir, first = _run(tmp_path, tiny_dataset, "split", control=control, sinks=[stopper], **common)
+    assert first[-1].event == "run_finished" and first[-1].reason == "stopped" and first[-1].step == 8
+    state = torch.load(run_dir / "checkpoints" / "step_000008.pt", weights_only=True)
+    kinds = {k for s in state["optimizer"]["state"].values() for k in s}
+    assert {"momentum_buffer", "exp_avg", "exp_avg_sq"} <= kinds  # both optimizers' state saved
+    _, both = _run(tmp_path, tiny_dataset, "split", resume=True)
+    assert _losses(both) == _losses(straight)
+    val = lambda evs: {(e.step, e.val_loss) for e in evs if e.event == "eval"}
+    assert val(both) == val(straight)
+
+
+def test_muon_takes_the_block_matrices_and_adamw_the_rest():
+    from engine.train import build
+    from engine.train.model import GPT
+
+    cfg = resolve("micro", None, CPU | {"optim.optimizer": "muon", "model.vocab_size": 64})
+    model = GPT(cfg.model)
+    opt = build.optimizer(model, cfg.optim, torch.device("cpu"))
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = {names[id(p)] for g in opt.muon.param_groups for p in g["params"]}
+    assert muon and all(".h." in n and n.endswith("weight") and "ln_" not in n for n in muon)
+    adamw = {names[id(p)] for g in opt.adamw.param_groups for p in g["params"]}
+    assert "transformer.wte.weight" in adamw and not muon & adamw  # the tied lm_head is wte
+    build.set_lr(opt, cfg.optim.lr / 2)
+    assert opt.muon.param_groups[0]["lr"] == pytest.approx(cfg.optim.muon_lr / 2)
+
+
+def test_a_muon_step_the_guard_skips_is_never_taken(tmp_path, tiny_dataset, monkeypatch):
+    """The guard's verdict (a device flag; torch's Muon reads no found_inf) skips the whole
+    Muon + AdamW step: neither optimizer ever steps, so neither holds any state."""
+    from engine.train import guard
+
+    monkeypatch.setattr(guard.StepGuard, "judge", lambda self, loss, norm, scaled, agree: torch.ones((), dtype=torch.bool))
+    run_dir, _ = _run(tmp_path, tiny_dataset, "run", **{"optim.optimizer": "muon", "train.max_steps": 3,
+                                                             "train.max_bad_steps": 10})  # fmt: skip
+    state = torch.load(run_dir / "checkpoints" / "step_000003.pt", weights_only=True)
+    assert state["optimizer"]["state"] == {}
+
+
+def test_fsdp_with_muon_is_refused_in_one_line():
+    with pytest.raises(UserError, match="muon with parallel fsdp"):
+        resolve("micro", None, CPU | {"optim.optimizer": "muon", "speed.parallel": "fsdp"})
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
+    o = resolve("micro", None, {"optim.schedule": "wsd", "optim.lr": 1.0, "optim.min_lr": 0.1,
+                                "optim.warmup_steps": 10, "optim.decay_fraction": 0.2}).optim  # fmt: skip
+    assert lr_at(9, o, 100) == pytest.approx(1.0)
+    assert [lr_at(s, o, 100) for s in (10, 50, 79, 80)] == [1.0] * 4
+    assert lr_at(90, o, 100) == pytest.approx(0.55)
+    assert lr_at(100, o, 100) == pytest.approx(0.1)
+
+
+FLAGS = CPU | {"train.max_steps": 10, "optim.warmup_steps": 2, "optim.schedule": "wsd", "optim.decay_fraction": 0.2,
+               "train.eval_interval": 100, "train.ckpt_interval": 100, "train.sample_tokens": 0}  # fmt: skip
+
+
+def _lrs(run_dir):
+    events, _ = read_events(run_dir / rundir.EVENTS)
+    return {e.step: e.lr for e in events if e.event == "step"}
+
+
+def _stopped_at(tmp_path, data, step, flags=FLAGS):
+    run_dir, control = tmp_path / "run", Control()
+    sink = CallbackSink(lambda e: e.event == "step" and e.step == step and control.stop())
+    assert start(resolve("micro", None, flags | {"data.path": str(data)}), run_dir, sinks=[sink], control=control).run() == "stopped"
+    return run_dir
+
+
+def test_a_wsd_run_extended_before_its_decay_keeps_every_earlier_lr(tmp_path, tiny_dataset, capsys):
+    planned = {s + 1: lr_at(s, resolve("micro", None, FLAGS).optim, 10) for s in range(10)}
+    run_dir = _stopped_at(tmp_path, tiny_dataset, 6)  # the decay would begin at step 8 of 10
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--max-steps", "20"]) == 0
+    said = capsys.readouterr()
+    lrs = _lrs(run_dir)
+    assert sorted(lrs) == list(range(1, 21))
+    assert [lrs[s] for s in range(1, 7)] == [planned[s] for s in range(1, 7)]  # every earlier step's lr
+    peak = resolve("micro", None, FLAGS).optim.lr
+    assert [lrs[s] for s in range(7, 18)] == [peak] * 11  # the stable phase runs on to the new decay
+    assert peak > lrs[18] > lrs[19] > lrs[20]  # the decay: the last 20% of 20 steps
+    notes = [x for x in (said.out + said.err).splitlines() if "wsd decay" in x]
+    assert len(notes) == 1 and "had not begun at step 6" in notes[0] and "to min_lr" in notes[0]
+
+
+def test_a_wsd_run_extended_in_its_decay_keeps_the_decay_end(tmp_path, tiny_dataset, capsys):
+    planned = {s + 1: lr_at(s, resolve("micro", None, FLAGS).optim, 10) for s in range(10)}
+    run_dir = _stopped_at(tmp_path, tiny_dataset, 9)  # decaying since step 8
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--max-steps", "12"]) == 0
+    said = capsys.readouterr()
+    lrs = _lrs(run_dir)
+    assert [lrs[s] for s in range(1, 11)] == [planned[s] for s in range(1, 11)]
+    assert [lrs[11], lrs[12]] == [resolve("micro", None, FLAGS).optim.min_lr] * 2
+    assert any("the wsd decay had begun: the schedule keeps its decay to step 10" in x for x in (said.out + said.err).splitlines())
+
+
+def test_resume_with_another_optimizer_is_one_line(tmp_path, tiny_dataset, capsys):
+    from conftest import cli_fails
+
+    run_dir = _stopped_at(tmp_path, tiny_dataset, 3)
+    cli_fails(capsys, ["train", "--resume", str(run_dir), "--optimizer", "muon"], "trains with optimizer adamw")
