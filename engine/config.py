@@ -454,9 +454,14 @@ def preset_names() -> list[str]:
     return sorted(names, key=lambda name: (_preset_params(name), name))
 
 
+def _packaged_preset(name: str) -> dict[str, Any]:
+    """One of our own presets (presets/NAME.toml, shipped in the package), as parsed TOML."""
+    return tomllib.loads(resources.files("presets").joinpath(f"{name}.toml").read_text())
+
+
 def _preset_params(name: str) -> int:
     try:
-        model = tomllib.loads(resources.files("presets").joinpath(f"{name}.toml").read_text()).get("model", {})
+        model = _packaged_preset(name).get("model", {})
         return ModelConfig.model_validate(model).n_params(DataConfig().vocab_size)
     except (ValueError, TypeError, AttributeError):
         return MAX_STEPS  # an unreadable preset goes last; loading it names the problem
@@ -468,8 +473,7 @@ def load_preset(name: str) -> dict[str, Any]:
         return read_toml(Path(name), "preset")
     if name not in preset_names():
         raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(preset_names())}")
-    text = resources.files("presets").joinpath(f"{name}.toml").read_text()
-    return check_file_types(tomllib.loads(text), f"preset {name}") | {"preset": name}
+    return check_file_types(_packaged_preset(name), f"preset {name}") | {"preset": name}
 
 
 def set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:

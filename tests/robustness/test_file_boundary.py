@@ -36,7 +36,7 @@ METHODS = {
 
 # "module:function" -> why its raw file call is safe. Keep it short; prefer a helper in engine/files.py.
 ALLOWED: dict[str, str] = {
-    "engine/config.py:load_preset": "reads our own packaged preset TOML through importlib.resources, no user path",
+    "engine/config.py:_packaged_preset": "reads our own packaged preset TOML through importlib.resources, no user path",
     "engine/cli.py:guarded": "opens os.devnull to silence stdout after a reader left the pipe",
     "engine/train/checkpoint.py:atomic_save.write": "torch.save into the O_EXCL temp file files.atomic_write opened",
     "engine/train/checkpoint.py:load": "torch.load(weights_only=True) of a file object files.open_read opened (regular, bounded)",
@@ -201,9 +201,9 @@ def test_a_planted_raw_call_fails_the_scan(source: str, call: str) -> None:
 
 def test_an_allowed_function_elsewhere_is_not_allowed() -> None:
     """The allow-list is by module AND function: the same name in another module still fails."""
-    assert violations("engine/prep/prepare.py", "def load_preset(p):\n    return open(p)\n")
+    assert violations("engine/prep/prepare.py", "def _packaged_preset(p):\n    return open(p)\n")
     assert violations("engine/config.py", "def other(p):\n    return open(p)\n")
-    assert not violations("engine/config.py", "def load_preset(p):\n    return open(p)\n")
+    assert not violations("engine/config.py", "def _packaged_preset(p):\n    return open(p)\n")
 
 
 def test_harmless_lookalikes_pass() -> None:
