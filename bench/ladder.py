@@ -17,6 +17,7 @@ import datetime
 import json
 import shutil
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -316,12 +317,19 @@ def run_ladder(
     t0 = time.monotonic()
     shape_note = ""
     runnable = [p for p in the_plan if p.overrides is not None]
+    step_s: float | None = None  # a measured baseline step, when the shape is fitted to the budget
     if budget is not None and bench.batch_size is None and bench.fit_batch and runnable and not (stop and stop.is_set()):
         out.mkdir(parents=True, exist_ok=True)
         start = Shape(probe.train.batch_size, bench.warmup, bench.steps)
         small = max(1, start.batch_size // 8)  # cheap to measure however slow the preset's batch is here
         tell(f"measuring two baseline steps at batch size {small} to fit the ladder in its {budget:g} s budget")
-        step_s, startup_s = _probe(bench, base, runnable[0].overrides or {}, dataset, out / "shape-probe", small)
+        try:
+            with tempfile.TemporaryDirectory(prefix="gpt2-tui-ladder-probe-") as tmp:  # not a rung: not in `out`
+                step_s, startup_s = _probe(bench, base, runnable[0].overrides or {}, dataset, Path(tmp) / "probe", small)
+        except OUT_OF_MEMORY as err:  # the rungs will say it, each with its estimate: keep the preset's shape
+            tell(f"the shape probe ran out of memory ({str(err).splitlines()[0][:120]}); rungs keep the preset's shape")
+            step_s = None
+    if step_s is not None:
         compiled = any((p.overrides or {}).get("speed.compile") for p in runnable)
         reserve = CPU_COMPILE_S if compiled and device.type == "cpu" else 0.0
         left = budget - (time.monotonic() - t0)

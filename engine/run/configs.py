@@ -35,9 +35,9 @@ def new_config(
 
 def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | None = None) -> RunConfig:
     """The run's own config with the flags given at resume on top, its lr schedule kept
-    (keep_schedule), or UserError when the run already trained to its max steps and the flags
-    ask for no more (unless `resume_from` names an earlier checkpoint), or asks for another
-    optimizer (its state is the run's: a new optimizer is a new run)."""
+    (keep_schedule), or UserError when it asks for another optimizer (its state is the run's:
+    a new optimizer is a new run). A run already trained to its max steps is refused once its
+    checkpoint is loaded and checked (the segment's set-up), so a damaged one says so first."""
     own = rundir.load_config(run_dir)
     if overrides.get("optim.optimizer", own.optim.optimizer) != own.optim.optimizer:
         raise UserError(f"this run trains with optimizer {own.optim.optimizer}; its checkpoints hold that optimizer's state, "
@@ -47,16 +47,11 @@ def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | 
 
     step = CheckpointDir(run_dir / rundir.CHECKPOINTS).latest_step() if resume_from is None else None
     config = keep_schedule(own, overlay(own.model_dump(mode="json", exclude_none=True), overrides), overrides, step)
-    if resume_from is None:
-        from engine.text import path_text, program
-
-        n = config.train.max_steps
-        if step is not None and step >= n:
-            where = path_text(run_dir)
-            raise UserError(f"{where} already trained to step {step}, its max steps {n}: nothing is left to train; "
-                            f"to train further give a larger --max-steps: {program()} train --resume {where} "
-                            f"--max-steps {2 * n}")  # fmt: skip
     return config
+
+
+REPLAN = frozenset({"optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.schedule", "optim.decay_fraction",
+                    "optim.decay_steps"})  # schedule settings: given at resume, the user re-plans  # fmt: skip
 
 
 def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any], step: int | None = None) -> RunConfig:
@@ -65,8 +60,10 @@ def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any], 
     with), written into the config (optim.decay_steps) so a later resume keeps it too; steps past
     it train at min_lr, which a note says. A wsd run resumed at `step` before its decay began
     re-plans the decay to the new end instead: every step before it was at the peak lr under
-    either plan, so only the decay moves. `--decay-steps M` at resume re-plans."""
-    if "optim.decay_steps" in overrides or config.optim.decay_steps is not None:
+    either plan, so only the decay moves. Schedule flags given at resume (--lr, --min-lr,
+    --warmup-steps, --schedule, --decay-fraction, --decay-steps) re-plan it: the user asked."""
+    asked = sorted(set(overrides) & REPLAN)
+    if asked or config.optim.decay_steps is not None:
         kept, replanned = config, False
     else:
         end = own.optim.decay_end(own.train.max_steps)
@@ -79,7 +76,10 @@ def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any], 
     if replanned:
         notes.append(f"the wsd decay had not begun at step {step}: it is re-planned to the new end, a linear decay "
                      f"from step {o.decay_start(n)} to min_lr {o.min_lr:g} at step {end}; the steps before keep their lr")  # fmt: skip
-    elif n > end and "optim.decay_steps" not in overrides:
+    elif asked:
+        notes.append(f"the lr schedule is re-planned with {', '.join('--' + a.split('.')[1].replace('_', '-') for a in asked)} "
+                     f"given at resume: it decays to min_lr {o.min_lr:g} at step {end}")  # fmt: skip
+    elif n > end:
         began = "" if o.schedule == "cosine" else "the wsd decay had begun: "
         notes.append(f"{began}the schedule keeps its decay to step {end}; steps after it train at min_lr {o.min_lr:g}; "
                      f"pass --decay-steps {n} to re-plan")  # fmt: skip

@@ -197,6 +197,7 @@ class Trainer:
 
         if self.resume:
             self._load_resumed()
+            self._refuse_finished()
         # compile last, on this thread, wrapping the module whose state was just loaded
         self.forward = self.model
         self.device_label = devices.describe(self.device)
@@ -228,6 +229,18 @@ class Trainer:
             "guard": self.guard.state_dict(),
             "train_time_s": self.train_time_s,
         }
+
+    def _refuse_finished(self) -> None:
+        """A resume of a run already trained to its max steps (and no earlier --from) would add
+        an empty segment: one line saying how to train further instead, nothing written."""
+        n = self.config.train.max_steps
+        if self.resume_from is None and self.step >= n:
+            from engine.text import path_text, program
+
+            where = path_text(self.run_dir)
+            raise UserError(f"{where} already trained to step {self.step}, its max steps {n}: nothing is left to train; "
+                            f"to train further give a larger --max-steps: {program()} train --resume {where} "
+                            f"--max-steps {2 * n}")  # fmt: skip
 
     def _load_resumed(self) -> None:
         """The latest checkpoint, or the one `--from` names (best, a step, a file)."""
