@@ -139,13 +139,13 @@ def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_data
     monkeypatch.setattr(GPT, "forward", counting_forward)
     t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 5, "train.max_bad_steps": 1,
                                             "speed.precision": "fp16", "optim.grad_clip": 0.0})  # fmt: skip
-    original_setup = t.setup
+    original_setup = t.segment.setup
 
     def setup():
         original_setup()
         next(t.segment.model.parameters()).register_hook(blow_up)
 
-    t.setup = setup
+    t.segment.setup = setup
     assert t.run() == "completed"
     events = _events(t.run_dir)
     assert _warnings(events) == [] and t.segment.guard.total == 0
