@@ -62,7 +62,7 @@ def test_a_toggle_refused_for_memory_changes_nothing(tmp_path, tiny_dataset, mon
     wide = bound.model_copy(update={"train": bound.train.model_copy(update={"batch_size": 4, "grad_accum": 1})})
     bigger = memory.estimate(wide).peak_bytes
     assert bigger > now
-    monkeypatch.setattr(device, "budget", lambda kind: ((now + bigger) // 2, "RAM available"))
+    monkeypatch.setattr(device, "budget", lambda kind, held=None: ((now + bigger) // 2, "RAM available"))
     plain = _losses(_run(tmp_path, tiny_dataset, "plain", **small))
     events = _run(tmp_path, tiny_dataset, "refused", at=4, switch={"train.batch_size": 4, "train.grad_accum": 1}, **small)
     assert _losses(events) == plain
