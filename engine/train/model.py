@@ -107,12 +107,13 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Without targets: the last position's logits over the real vocab (padding sliced
-        off, so never sampled). With targets: (the padded logits in eval mode, None in
-        training or under the chunked loss; the mean CE loss, over the padded vocab). In
-        training nothing outside holds the (B, T, V) logits through backward."""
+        off, so never sampled). With targets: (the padded logits, or None; the mean CE loss,
+        over the padded vocab). The logits come back in eval mode, not in training (nothing
+        outside then holds the (B, T, V) tensor through backward) unless `return_logits`
+        says otherwise; never under the chunked loss, which makes none."""
         T = idx.size(1)
         assert T <= self.cfg.block_size, f"sequence of {T} exceeds context {self.cfg.block_size}"
         pos = torch.arange(T, device=idx.device)
@@ -124,9 +125,11 @@ class GPT(nn.Module):
                 x = block(x)
         if targets is None:  # generation: only the last position is needed
             return self.lm_head(self.transformer.ln_f(x[:, [-1], :]))[..., : self.vocab_size], None
-        return self.loss_head(x, targets)
+        return self.loss_head(x, targets, (not self.training) if return_logits is None else return_logits)
 
-    def loss_head(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def loss_head(
+        self, x: torch.Tensor, targets: torch.Tensor, return_logits: bool = False
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Final norm, lm_head and the loss on the last block's output (B, T, C): a function of
         its own so the `blocks` compile scope compiles it as one more region."""
         x = self.transformer.ln_f(x)
@@ -135,7 +138,7 @@ class GPT(nn.Module):
             return None, loss
         logits = self.lm_head(x)  # (B, T, Vp): CE straight on it; autocast runs CE in fp32
         loss = cross_entropy(logits, targets)
-        return (None if self.training else logits), loss
+        return (logits if return_logits else None), loss
 
     @torch.no_grad()
     def generate(

@@ -97,8 +97,8 @@ def test_vocab_padding_pads_to_64_and_the_loss_normalizer_is_the_only_difference
     assert ModelConfig(vocab_size=50257).padded_vocab_size == 50304
     a, b = _padded_twin()
     x, y = _batch()
-    logits_a, la = a(x, y)
-    logits_b, lb = b(x, y)
+    logits_a, la = a(x, y, return_logits=True)
+    logits_b, lb = b(x, y, return_logits=True)
     assert logits_b.shape[-1] == 128 and logits_a.shape[-1] == 101  # training: the padded logits as they come
     torch.testing.assert_close(logits_b[..., :101], logits_a, rtol=1e-5, atol=1e-6)
     full = _hidden(b, x) @ b.lm_head.weight.detach().T
@@ -164,8 +164,8 @@ def test_chunked_loss_gives_the_plain_loss_and_gradients():
     rtol 1e-4 / atol 1e-6; no logits are returned in training."""
     a, b = _twin(_cfg(), _cfg(loss="chunked"))
     x, y = _batch()
-    logits, la = a(x, y)
-    none, lb = b(x, y)
+    logits, la = a(x, y, return_logits=True)
+    none, lb = b(x, y, return_logits=True)
     assert logits is not None and none is None
     torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-6)
     la.backward()
