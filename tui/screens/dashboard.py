@@ -160,7 +160,7 @@ class DashboardScreen(Screen):
                         yield MetricChart("tok/s", [Line("tokens_per_s", "tok/s", "blue")], id="chart-toks")
                         yield MetricChart("grad norm (pre-clip)", [Line("grad_norm", "norm", "magenta")], id="chart-norm")
                         yield MetricChart("lr", [Line("lr", "lr", "green")], id="chart-lr")
-                        yield MetricChart("MFU % (6N + 12·L·H·Q·T FLOPs a token)", [Line("mfu", "MFU", "cyan")], id="chart-mfu",
+                        yield MetricChart("MFU %", [Line("mfu", "MFU", "cyan")], id="chart-mfu",
                                           unmeasured="no peak FLOP/s is known for this device")  # fmt: skip
                         yield MetricChart("memory GiB", [Line("mem", "GiB", "red")], id="chart-mem",
                                           unmeasured="no device memory counter off CUDA")  # fmt: skip
