@@ -17,6 +17,7 @@ from textual.app import App, ComposeResult
 from textual.widgets import DataTable, Static
 
 from engine import events as ev
+from engine.text import loss_text
 from engine import rundir
 from engine.gpu_monitor import GpuSample, GpuSampler
 from tui.screens.runs import RunsScreen
@@ -168,7 +169,7 @@ def test_runs_screen_lists_runs_and_posts_open(tmp_path: Path) -> None:
             rows = [[str(c) for c in table.get_row_at(i)] for i in range(3)]
             assert [r[1] for r in rows] == ["new", "mid", "old"]  # newest first
             assert [r[3] for r in rows] == ["running", "stopped", "finished"]
-            assert rows[0][2] == "nano 1.9M v8192" and rows[2][4] == "10/10" and rows[2][5] == "5.5000"
+            assert rows[0][2] == "nano 1.9M v8192" and rows[2][4] == "10/10" and rows[2][5] == loss_text(5.5)  # the one loss format
 
             await pilot.press("enter")
             await until(pilot, lambda: len(app.opened) == 1, "Open posted by enter")
