@@ -191,7 +191,7 @@ def test_a_set_that_does_not_fit_or_changes_nothing_is_refused_and_nothing_writt
     now = memory.estimate(bound).peak_bytes
     bigger = memory.estimate(memory.with_batch(bound, 4, 1)).peak_bytes
     assert bigger > now
-    monkeypatch.setattr(device, "budget", lambda kind, free=True: ((now + bigger) // 2, "RAM available"))
+    monkeypatch.setattr(device, "budget", lambda kind, held=None: ((now + bigger) // 2, "RAM available"))
 
     app = GPT2App(config)
 
