@@ -129,7 +129,7 @@ def size_text(config: RunConfig, short: bool = False) -> str:
     """The model's own size with the vocab it assumes (the model's, else GPT-2's 50257), and where
     the run's dataset has another vocab (run_vocab's rule), the size the run gets with it:
     '124.5M params (vocab 50257; 92.1M with this dataset's 8192-token vocab)'. The form's preset
-    list (`short`: '124.5M (92.1M at vocab 8192)', one line in a select), `estimate` and the
+    list (`short`: '124.5M params (92.1M at vocab 8192)', one line in a select), `estimate` and the
     ladder all show this."""
     sized = with_dataset_vocab(config)
     run = sized.model.vocab_size
@@ -139,7 +139,7 @@ def size_text(config: RunConfig, short: bool = False) -> str:
         return params_text(param_count(sized), run)
     full = config.model.model_copy(update={"vocab_size": own}).n_params()
     if short:
-        return f"{fmt_params(full)} ({fmt_params(param_count(sized))} at vocab {run})"
+        return f"{fmt_params(full)} params ({fmt_params(param_count(sized))} at vocab {run})"
     return f"{fmt_params(full)} params (vocab {own}; {fmt_params(param_count(sized))} with this dataset's {run}-token vocab)"
 
 
