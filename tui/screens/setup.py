@@ -191,8 +191,15 @@ class SetupScreen(Screen):
     def _refresh_presets(self) -> None:
         select = self.query_one("#preset", Select)
         value = select.value
-        select.set_options(self._preset_options())
-        select.value = value  # set_options picks the first; the stale Changed it posts is ignored
+        options = self._preset_options()
+        select.set_options(options)
+        # set_options picks the first; the stale Changed it posts is ignored. Setting the same
+        # value again would leave the shown label as it was (no change, no redraw): pass by
+        # another value first, without a Changed, so the label shows the new size
+        other = next((v for _, v in options if v != value), value)
+        with select.prevent(Select.Changed):
+            select.value = other
+        select.value = value
 
     def on_screen_resume(self, event: events.ScreenResume) -> None:
         """The first resume follows the mount, which has just styled every widget: skip
