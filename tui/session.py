@@ -217,7 +217,7 @@ def start_in_process(
     session = RunSession(run_dir=run_dir, mode="in-process", control=Control())
     session.thread = train_in_thread(
         config, run_dir, session.control, lambda e: on_event(session, e), threads,
-        building=lambda on: on_event(session, Building(on)),
+        building=lambda what, fraction: on_event(session, Building(what is not None, what or "", fraction)),
     )  # fmt: skip
     return session
 

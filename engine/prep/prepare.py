@@ -90,15 +90,25 @@ def skipped_text(skipped: list[Skipped], limit: int = SKIPPED_NAMED) -> str:
 # --------------------------------------------------------------------------- progress
 
 
+Reporter = Callable[[str, "float | None"], None]
+"""Told each phase of a build and how far it is: (what, fraction done or None when unknown).
+A UI passes one as `progress` to see the build without a terminal (the app's status line)."""
+
+
 class _Progress:
     """rich's progress on stderr when it is installed (textual brings it) and stderr is a
     terminal: a bar for a known total, else a spinner with the time so far. Otherwise (logs,
     CI, a bare box without rich) a start line and a done line with the time it took; with
     progress off, nothing, and rich is never imported (engine/ runs without it). Never
-    stdout: that is the command's result."""
+    stdout: that is the command's result. `enabled` may be a Reporter instead: it is told
+    the phase and its fraction (at most every percent), and nothing is printed."""
 
-    def __init__(self, label: str, total: int | None, enabled: bool) -> None:
+    def __init__(self, label: str, total: int | None, enabled: bool | Reporter) -> None:
         self.label, self._t0, self._bar = label, time.perf_counter(), None
+        self._report, self._total, self._done, self._said = None, total, 0, -1.0
+        if callable(enabled):
+            self._report, enabled = enabled, False
+            self._report(label, None if total is None else 0.0)
         if enabled and sys.stderr.isatty() and importlib.util.find_spec("rich") is not None:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
@@ -118,6 +128,12 @@ class _Progress:
     def update(self, n: int) -> None:
         if self._bar is not None:
             self._bar.advance(self._task, n)
+        if self._report is not None and self._total:
+            self._done += n
+            fraction = min(1.0, self._done / self._total)
+            if fraction - self._said >= 0.01:
+                self._said = fraction
+                self._report(self.label, fraction)
 
     def __enter__(self) -> _Progress:
         return self
@@ -130,8 +146,8 @@ class _Progress:
             console.err.line(f"{self.label}: done in {time.perf_counter() - self._t0:.1f} s", flush=True)
 
 
-def _say(message: str, enabled: bool) -> None:
-    if enabled:
+def _say(message: str, enabled: bool | Reporter) -> None:
+    if enabled is True:
         console.err.line(message, flush=True)
 
 
@@ -504,7 +520,7 @@ def prepare_report(
     tokenizer: Path | None = None,
     val_fraction: float = 0.05,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | Reporter = True,
 ) -> PrepareReport:
     """Tokenize text files into a gpt2-tui dataset at `out`, with document counts and timing
     (for the CLI summary).
@@ -625,7 +641,7 @@ def _locked(lock_path: Path) -> Iterator[None]:
         yield
 
 
-def default_dataset(cache_dir: Path | None = None, progress: bool = True) -> Path:
+def default_dataset(cache_dir: Path | None = None, progress: bool | Reporter = True) -> Path:
     """The embedded demo corpus (this Python's stdlib source, BPE 8192), built once, cached.
 
     Safe when several processes ask at once: the first builds under a lock while the
@@ -636,7 +652,7 @@ def default_dataset(cache_dir: Path | None = None, progress: bool = True) -> Pat
     return _cached_build(cache_root(cache_dir) / name, stdlib_files, progress)
 
 
-def _cached_build(target: Path, sources_of: Callable[[], list[Path]], progress: bool) -> Path:
+def _cached_build(target: Path, sources_of: Callable[[], list[Path]], progress: bool | Reporter) -> Path:
     """Build `target` from `sources_of()` unless it already exists; the check is repeated under
     the lock so concurrent callers build it once."""
     if (target / SIDECAR).is_file():

@@ -32,13 +32,14 @@ def headless_command(config_file: Path, run_dir: Path, nproc: int = 1) -> list[s
 
 def train_in_thread(
     config: RunConfig, run_dir: Path, control: Control, on_event: Callable[[Any], None],
-    threads: int | None = None, building: Callable[[bool], None] | None = None,
+    threads: int | None = None, building: Callable[[str | None, float | None], None] | None = None,
 ) -> threading.Thread:  # fmt: skip
     """Set-up, compile and training on one daemon thread (torch.compile is not thread-safe;
     a daemon thread never holds up the app's exit). Bad input found at set-up is one
     run_failed event; any other failure has already emitted its own. `threads`: torch
-    intra-op threads on that thread (its OpenMP team is its own). `building(True/False)`
-    brackets the first build of the default dataset (seconds), so a UI can say so."""
+    intra-op threads on that thread (its OpenMP team is its own). `building(what, fraction)`
+    is told each phase of the first build of the default dataset (seconds) and how far it
+    is, then `building(None, None)` once it is ready, so a UI can show it."""
     from engine.run.owner import start
 
     rundir.check_new(run_dir)
@@ -52,11 +53,11 @@ def train_in_thread(
             if config.data.path is None and building is not None:
                 from engine.prep.prepare import default_dataset
 
-                building(True)
+                building("looking for the default dataset", None)
                 try:
-                    default_dataset(progress=False)
+                    default_dataset(progress=building)
                 finally:
-                    building(False)
+                    building(None, None)
             cfg = config.model_copy(update={"out_dir": str(run_dir)})
             start(cfg, run_dir, sinks=[ev.CallbackSink(on_event)], control=control).run()  # live toggles continue it
         except UserError as err:  # bad input found at set-up: one line, nothing written

@@ -63,7 +63,8 @@ def test_events_schema_and_run_directory(tmp_path, tiny_dataset):
         assert s.mfu is None and s.mem_bytes is None  # CPU: unknown, never invented
         assert s.tokens == s.step * 4 * 2 * 32
     evals = [e for e in events if e.event == "eval"]
-    assert [e.step for e in evals] == [0, 10, 12]
+    assert [e.step for e in evals] == [10, 12]  # none at step 0: the first step is not kept waiting
+    assert kinds[1:3] == ["segment", "step"], kinds[:4]
     ckpts = [e for e in events if e.event == "checkpoint"]
     assert [c.step for c in ckpts] == [10, 12]
     assert (run_dir / "config.toml").is_file()

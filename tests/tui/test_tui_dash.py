@@ -252,7 +252,11 @@ def test_first_run_builds_the_dataset_visibly_then_the_end_offers_the_form(
             await until(pilot, lambda: "BUILDING DATASET" in status(app), "the build shown")
             assert "WAITING" not in status(app) and "step 0/?" not in status(app)
             state = app.session.state
-            await until(pilot, lambda: state.state == "completed", "the run over")
+            seen: set[str] = set()  # every status line drawn meanwhile: the build says what it does, how far
+            await until(pilot, lambda: seen.add(status(app)) or state.state == "completed", "the run over")
+            building = [s for s in seen if "BUILDING DATASET" in s]
+            assert any("8192-token BPE" in s for s in building), building
+            assert any(re.search(r"encoding \d+%", s) for s in building), building
             await pilot.press("q")
             await until(pilot, lambda: isinstance(app.screen, RunEndScreen), "what next")
             await pilot.press("f")

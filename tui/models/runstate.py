@@ -74,9 +74,12 @@ class LogLine:
 @dataclass
 class Building:
     """Not an engine event: the app tells the state that the default dataset is being built
-    (on: True) or is ready (on: False), before the run itself starts."""
+    (on: True; what it is doing and the fraction done, where known) or is ready (on: False),
+    before the run itself starts."""
 
     on: bool
+    what: str = ""
+    fraction: float | None = None
     time: float = field(default_factory=time.time)
 
 
@@ -122,6 +125,7 @@ class RunState:
         self.log: list[LogLine] = []  # the last 500
         self.log_count = 0  # lines ever logged
         self.building_since: float | None = None  # the default dataset being built (no event says so)
+        self.building_step: tuple[str, float | None] | None = None  # what the build is doing, how far
         self.stop_since: float | None = None  # a stop asked for from this app (no event says so)
         self.writer_lost = False  # no process writes the run any more (no event says so: Writer)
         self.pending_toggles: dict[str, dict[str, Any]] = {}  # request id -> switches: posted here, not yet acknowledged
@@ -241,7 +245,8 @@ class RunState:
                 self.version += 1
             return
         if isinstance(e, Building):
-            self.building_since = e.time if e.on else None
+            self.building_since = (self.building_since or e.time) if e.on else None
+            self.building_step = (e.what, e.fraction) if e.on else None
             self.version += 1
             return
         if isinstance(e, ev.Gpu):  # not a change of the run's charts: no version bump, no redraw
@@ -256,7 +261,7 @@ class RunState:
             case ev.RunStarted():
                 self._pause_ends(e.time)
                 self.started, self.finished, self.failed, self.paused = e, None, None, False
-                self.building_since, self.segment_steps, self._pinned = None, 0, 0
+                self.building_since, self.building_step, self.segment_steps, self._pinned = None, None, 0, 0
                 self.t0 = self.t0 or e.time
                 self.step = e.start_step
                 self._log(describe(e), e.time)

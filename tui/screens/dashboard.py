@@ -47,7 +47,7 @@ def _tokens(n: float) -> str:
 
 SPINNER = "|/-\\"
 PHASES = {  # long phases no step report shows: a spinner, the seconds so far, and what is going on
-    "building dataset": "first run: the default dataset is built once, about 5-15 s",
+    "building dataset": "first run: the default dataset is built once",
     "compiling": "torch.compile warm-up: the first step compiles the model",
     "stopping": "finishing the step, then eval + sample + checkpoint",
 }
@@ -57,7 +57,11 @@ def state_label(state: RunState, now: float | None = None) -> str:
     label = state.state.upper()
     if state.state in PHASES:
         secs = state.phase_seconds(now) or 0.0
-        label += f" {SPINNER[int(secs) % len(SPINNER)]} {secs:.0f} s ({PHASES[state.state]})"
+        note = PHASES[state.state]
+        if state.state == "building dataset" and state.building_step:  # what the build does now, how far
+            what, fraction = state.building_step
+            note += f": {what}" + ("" if fraction is None else f" {fraction:.0%}")
+        label += f" {SPINNER[int(secs) % len(SPINNER)]} {secs:.0f} s ({note})"
     return label
 
 
