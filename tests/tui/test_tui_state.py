@@ -145,3 +145,18 @@ def test_thin_keeps_about_n_points_and_the_last() -> None:
     assert 90 <= len(tx) <= 101 and tx[-1] == 999 and ty[-1] == 999.0
     assert thin([1, 2], [3.0, 4.0], 10) == ([1, 2], [3.0, 4.0])
     assert all(y == float(x) for x, y in zip(tx, ty))  # each kept point is a real (x, y) pair
+
+
+def test_elapsed_leaves_out_the_time_a_run_was_stopped_and_paused() -> None:
+    """A run stopped at 1010 s and resumed at 5000 s trained 10 + 10 s, not 4010 s."""
+    s = RunState()
+    s.feed(_started())  # time 1000
+    s.feed(_step(10))  # time 1010
+    s.feed(ev.RunFinished(step=10, reason="stopped", time=1010.0))
+    assert s.elapsed(now=3000.0) == pytest.approx(10.0)
+    s.feed(_started().model_copy(update={"time": 5000.0}))  # resumed, much later
+    assert s.elapsed(now=5004.0) == pytest.approx(14.0)
+    s.feed(ev.Paused(step=10, time=5005.0))
+    s.feed(ev.Resumed(step=10, time=5105.0))
+    s.feed(ev.RunFinished(step=20, reason="completed", time=5110.0))
+    assert s.elapsed(now=9999.0) == pytest.approx(10.0 + 5.0 + 5.0)

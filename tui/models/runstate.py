@@ -218,7 +218,7 @@ class RunState:
         return ev.settled_step_time(self.segments.current_step_times())
 
     def elapsed(self, now: float | None = None) -> float:
-        """Time the run has been running: pauses do not count."""
+        """Time the run has been running: pauses, and the time between a stop and its resume, do not count."""
         if self.t0 is None:
             return 0.0
         end = (self.last_event_time if not self.live or self.writer_lost else (now or time.time())) or self.t0
@@ -302,12 +302,14 @@ class RunState:
                 self.pending_toggles.clear()
                 self.finished, self.paused = e, False
                 self._pause_ends(e.time)
+                self._paused_at = e.time  # until a resume's run_started: a stopped run's time is not elapsed
                 self.step = e.step
                 self._log(describe(e).splitlines()[0], e.time)
             case ev.RunFailed():
                 self.pending_toggles.clear()
                 self.failed = e
                 self._pause_ends(e.time)
+                self._paused_at = e.time
                 self._log(describe(e), e.time, "error")
 
     def gpu_since(self, seen: int) -> list[list[Any]]:
