@@ -175,7 +175,7 @@ def cells(r: Row) -> list[str]:
     highlighting."""
     s = r.segment
     return [
-        cell(r.run), f"{s.from_step}-{s.to_step}", s.reason,
+        cell(r.run), f"{s.from_step}-{s.to_step}", why_text(s),
         "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s",
         speed_text(s),
         "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}", compile_text(s),
@@ -183,6 +183,12 @@ def cells(r: Row) -> list[str]:
         human(s.peak_mem_bytes), ratio_text(r.vs_prev), ratio_text(r.vs_first),
         "" if r.best_val_loss is None else loss_text(r.best_val_loss), reach_text(s.to_target), "",
     ]  # fmt: skip
+
+
+def why_text(s: SegmentSummary) -> str:
+    """The `why` cell: how the segment began and what it changed ('toggle compile=on'), so a
+    narrow table that cannot reach the switches column still names each change."""
+    return " ".join([s.reason, *(cell(f"{short(n)}={value_text(v[-1])}") for n, v in s.changed.items())])
 
 
 def tokens_text(n: int) -> str:

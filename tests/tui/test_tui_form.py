@@ -207,6 +207,34 @@ def test_tab_reaches_the_memory_panel(tiny_dataset: Path) -> None:
     run(go)
 
 
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+@pytest.mark.parametrize("field", ["train.batch_size", "train.block_size", "speed.precision"])
+def test_the_memory_verdict_is_in_view_where_batch_context_and_precision_are_edited(
+    tiny_dataset: Path, size: tuple[int, int], field: str
+) -> None:
+    """The panel with its breakdown is at the form's end; its verdict line stays on screen,
+    above the footer, while the field that moves memory is being edited, and follows it."""
+
+    async def go() -> None:
+        app = GPT2App(micro(tiny_dataset))
+        async with app.run_test(size=size) as pilot:
+            form = await open_form(pilot, app)
+            line = form.query_one("#mem-verdict")
+            await until(pilot, lambda: str(line.render()).startswith("memory: fits"), "the verdict")
+            edited = form.query_one("#" + wid(field))
+            edited.focus()
+            await pilot.pause()
+            screen_rows = range(1, size[1] - 1)  # below the header, above the footer
+            assert edited.region.height and edited.region.y in screen_rows, edited.region
+            assert line.region.height == 1 and line.region.y in screen_rows, line.region
+            assert not line.region.overlaps(edited.region)
+            await set_value(pilot, form, "#mem-budget", "1MiB")  # now nothing fits
+            await until(pilot, lambda: "does not fit" in str(line.render()), "the verdict follows")
+            assert line.has_class("over")
+
+    run(go)
+
+
 def test_browse_can_leave_the_working_directory(tiny_dataset: Path, tmp_path: Path, monkeypatch) -> None:
     start = tmp_path / "work"
     start.mkdir()

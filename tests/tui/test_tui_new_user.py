@@ -93,6 +93,8 @@ def test_segments_tab_at_80_columns_shows_the_speed_once_a_second_segment_lands(
     header = [line for line in shown.splitlines() if re.search(r"\bsteps\b", line) and re.search(r"\bwhy\b", line)]
     assert header, shown  # the segment table's header row is on screen
     assert "ms/step" in header[0] and "tok/s" in header[0], shown
+    second = [line for line in shown.splitlines() if "24-30" in line]
+    assert second and "resume precision=bf16" in second[0], shown  # the change, named in the row
 
 
 # ---------------------------------------------------------------- 6. a key pressed while torch loads

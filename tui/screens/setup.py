@@ -109,6 +109,9 @@ class SetupScreen(Screen):
         widgets = self._paint.first(self._form_items(), self.app.size.height - CHROME_ROWS + 1)
         with VerticalScroll(id="form"):
             yield from widgets
+        # the memory verdict stays in view while batch, context or precision is edited (the
+        # panel with its breakdown is at the form's end)
+        yield Static("", id="mem-verdict", markup=False)
         yield KeysFooter()
 
     def _form_items(self) -> list[Row]:
@@ -349,6 +352,9 @@ class SetupScreen(Screen):
             panel.show(self.config, vals.get("speed.device", "auto"))
         else:
             panel.show(None)
+        line = self.query_one("#mem-verdict", Static)
+        line.update(panel.summary)
+        line.set_class(panel.fits is False, "over").set_class(panel.fits is True, "ok")
         self._update_launch()
 
     def _show_tokens_per_step(self, config: RunConfig | None) -> None:

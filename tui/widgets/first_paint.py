@@ -16,7 +16,7 @@ from textual.widgets import Footer, Static
 
 from tui.widgets.setting_input import compact_select
 
-CHROME_ROWS = 2  # the header and the footer
+CHROME_ROWS = 3  # the header, the memory verdict line and the footer
 Row = tuple[int, Callable[[], list[Widget]]]  # (about how many lines it takes, what builds its widgets)
 
 

@@ -17,7 +17,7 @@ from textual.widgets import Input, Label, Static
 
 from engine.api import RunConfig
 from engine.api import UserError
-from engine.api import format_table, parse_bytes
+from engine.api import format_table, parse_bytes, verdict
 
 if TYPE_CHECKING:  # the estimator loads when there is something to estimate (after the form's first frame)
     from engine.api import memory
@@ -42,6 +42,7 @@ class MemoryPanel(Vertical):
         self.fix: RunConfig | None = None
         self.advice = ""  # what to change, when it does not fit
         self.estimate: memory.MemoryEstimate | None = None
+        self.summary = ""  # the verdict in one line: the form keeps it in view beside every field
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="row"):
@@ -62,6 +63,7 @@ class MemoryPanel(Vertical):
     def waiting(self) -> None:
         """Before the device is known (torch still loading): nothing to judge yet."""
         self.fits, self.fix, self.estimate, self.advice = None, None, None, ""
+        self.summary = "memory: checking this machine"
         self.set_class(False, "over").set_class(False, "ok")
         self.query_one("#mem-table", Static).update("(checking this machine: the estimate appears once torch has loaded)")
 
@@ -89,6 +91,7 @@ class MemoryPanel(Vertical):
         self.fix, self.estimate, self.advice = None, None, ""
         if config is None:
             self.fits = None
+            self.summary = "memory: no estimate until the fields marked in red are fixed"
             self.set_class(False, "over").set_class(False, "ok")
             table.update("(fix the fields marked in red to see the estimate)")
             return
@@ -96,6 +99,7 @@ class MemoryPanel(Vertical):
             total, source = self.budget(device)
         except UserError as err:
             self.fits = False
+            self.summary = f"memory budget: {err}"
             self.set_class(True, "over").set_class(False, "ok")
             table.update(str(err))
             return
@@ -114,5 +118,6 @@ class MemoryPanel(Vertical):
                     + " does not fit: pick a smaller preset, a shorter block size, or a larger memory budget"
                 )  # fmt: skip
             text += "\n" + self.advice
+        self.summary = f"memory: {verdict(est, total)}" + (f"; {self.advice}" if self.advice else "")
         self.set_class(self.fits is False, "over").set_class(self.fits is True, "ok")
         table.update(f"[{source}]\n{text}")
