@@ -120,6 +120,8 @@ class Timing(BaseModel):
     reason: str
     compile_s: float | None = None  # from the run's `compiled` event (engine.train.compiling.Warmup)
     compile_source: str | None = None  # cold | warm disk | run artifacts
+    attention: str | None = None  # the SDPA kernel that ran (engine.train.attention); None: manual
+    attention_ms: dict[str, float | None] = {}  # CUDA: each kernel's timing that picked it
 
     def settled(self, warmup_intervals: int) -> list[float]:
         return self.step_times_s[warmup_intervals:] or self.step_times_s[-1:]
@@ -177,6 +179,7 @@ def time_config(
         device=s.device, device_name=s.device_name, precision=s.precision,
         flops_per_token=s.flops_per_token, peak_flops=s.peak_flops, reason=reason,
         compile_s=compiled[0].compile_s if compiled else None, compile_source=compiled[0].source if compiled else None,
+        attention=s.attention, attention_ms=s.attention_ms,
     )  # fmt: skip
 
 

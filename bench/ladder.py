@@ -31,7 +31,7 @@ from engine import events as ev
 from engine import rundir
 from engine.files import atomic_write_bytes
 from engine.memory import param_count
-from engine.text import human, params_text, ratio_text
+from engine.text import attention_text, human, params_text, ratio_text
 from engine.config import resolve
 from engine.train.data import Dataset
 from engine.errors import UserError
@@ -120,6 +120,8 @@ class RungResult(BaseModel):
     speedup_vs_prev: float | None = None
     step_times_s: list[float] = []  # every timed interval's per-step time, warm-up included
     first_steps: list[FirstStep] = []  # compiled rungs under --compile-cache: cold, then warm
+    attention: str | None = None  # the SDPA kernel that ran (on CUDA the fastest of those timed)
+    attention_ms: dict[str, float | None] = {}  # CUDA: what each kernel took, which picked it
 
 
 class LadderResult(BaseModel):
@@ -447,6 +449,7 @@ def _run_rung(
     r.peak_mem_bytes = timing.mem_bytes
     r.data_time_s = statistics.median(timing.data_times_s[warm_intervals:] or timing.data_times_s[-1:])
     r.step_times_s = timing.step_times_s
+    r.attention, r.attention_ms = timing.attention, timing.attention_ms
     result.device, result.device_name, result.n_params = timing.device, timing.device_name, timing.n_params
 
 
@@ -467,15 +470,20 @@ def table_rows(result: LadderResult) -> list[list[str]]:
     """The ladder as rows of strings (header first): shared by markdown, console and TUI."""
     rows = [["rung", "precision", "ms/step", "tok/s", "MFU", "peak mem", "vs baseline", "vs prev",
              "first step s", "startup s", "note"]]  # fmt: skip
+    kernel = None  # the attention kernel is named on the rung where it changes (the flash rung)
     for r in result.rungs:
         if r.status != "ran":
             rows.append([r.label, "-", "-", "-", "-", "-", "-", "-", "-", "-", f"{r.status}: {r.reason}"])
             continue
         mfu = "unknown" if r.mfu is None else f"{100 * r.mfu:.1f}%"
+        notes = [f"not applied: {n}" for n in r.notes]
+        if r.attention != kernel and r.attention:
+            notes.append(attention_text(r))
+        kernel = r.attention
         rows.append([
             r.label, r.precision or "-", f"{1000 * r.median_step_s:.1f}", f"{r.tokens_per_s:,.0f}", mfu,
             human(r.peak_mem_bytes), ratio_text(r.speedup_vs_baseline), ratio_text(r.speedup_vs_prev),
-            _first_step(r), f"{r.startup_s:.2f}", "; ".join(f"not applied: {n}" for n in r.notes),
+            _first_step(r), f"{r.startup_s:.2f}", "; ".join(notes),
         ])  # fmt: skip
     return rows
 

@@ -49,6 +49,8 @@ class RunStarted(_Event):
     world_size: int = 1  # processes training together (torchrun); 1 alone
     parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
     init_from: str | None = None  # this start loaded pretrained weights (--init-from: gpt2, or a directory)
+    attention: str | None = None  # the SDPA kernel `flash` runs here (SDPA's own pick: flash, cuDNN, efficient, math); None: manual
+    attention_ms: dict[str, float | None] = {}  # CUDA: ms per attention forward+backward of each kernel timed (None: cannot run)
 
     def setting(self, dotted: str, kind: type | tuple[type, ...] = int) -> Any:
         """One value of the run's config by dotted name ("train.max_steps"), or None when the

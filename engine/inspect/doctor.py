@@ -141,6 +141,7 @@ def gpu_rows() -> list[Row]:
     rows.append(Row("gpu", "TF32", OK if tf32 else INFO, "tensor cores (Ampere+)" if tf32 else "needs Ampere or newer"))
     flash = torch.backends.cuda.is_flash_attention_available()
     rows.append(Row("gpu", "flash SDPA", OK if flash else INFO, "available" if flash else "not in this build: SDPA picks another kernel"))
+    rows.append(_attention_row())
     triton = _version("triton")
     rows.append(Row("gpu", "Triton", OK if triton else PROBLEM, triton or "not installed",
                     "" if triton else "pip install triton (the version your torch names), or train without --compile"))  # fmt: skip
@@ -148,6 +149,20 @@ def gpu_rows() -> list[Row]:
     driver = _driver_version() if nvml else None
     rows.append(Row("gpu", "NVML", OK if nvml else INFO, (f"driver {driver}; " if driver else "") + why))
     return rows
+
+
+def _attention_row() -> Row:
+    """Each fused SDPA kernel timed on GPT-2's attention (bf16, B8 x 12 heads x T1024 x 64): the
+    one `flash` runs is the fastest (engine.train.attention, measured again per run shape)."""
+    import torch
+
+    from engine.device import has_bf16
+    from engine.train import attention
+
+    dtype = torch.bfloat16 if has_bf16("cuda") else torch.float16
+    choice = attention.choose(attention.shape_of(8, 12, 1024, 768, dtype, torch.device("cuda", 0)))
+    return Row("gpu", "SDPA kernels", OK if choice.picked else PROBLEM, f"GPT-2 attention fwd+bwd: {choice.text()}",
+               "" if choice.picked else "no fused kernel runs here: set attention to manual")  # fmt: skip
 
 
 def _driver_version() -> str | None:

@@ -35,7 +35,7 @@ import torch
 from engine.train import checkpoint as ckpt
 from engine import events as ev
 from engine import device as devices
-from engine.train import build, compile_cache, compiling, distributed, guard
+from engine.train import attention, build, compile_cache, compiling, distributed, guard
 from engine import rundir
 from engine.config import OptimConfig, RunConfig
 from engine.train.data import BatchLoader, DataFailed, Dataset
@@ -209,6 +209,15 @@ class Trainer:
             self.forward = compiling.compile_forward(self.model, cfg.speed.compile_scope, mode)
         if self.parallel == "ddp":
             self.forward = distributed.replicate(self.forward, self.device)
+
+        self.sdpa, self.attention_ms, self.attention = None, {}, None
+        if cfg.model.attention == "flash":  # on CUDA the fastest kernel measured leads SDPA's priority
+            shape = attention.shape_of(cfg.train.batch_size, cfg.model.n_head, cfg.seq_len, cfg.model.n_embd,
+                                       devices.autocast_dtype(self.precision) or torch.float32, self.device)  # fmt: skip
+            choice = attention.choose(shape)
+            self.sdpa, self.attention_ms = choice.picked, choice.timings
+            with attention.prefer(self.sdpa):
+                self.attention = attention.kernel_name(shape)
 
         self.n_params = self.model.num_params()
         self.flops_token = flops_per_token(cfg.model, self.n_params, cfg.seq_len)
@@ -560,6 +569,7 @@ class Trainer:
             device_name=self.device_label, precision=self.precision, start_step=self.step,
             flops_per_token=self.flops_token, peak_flops=self.peak, dataset=self.dataset.info.model_dump(mode="json"),
             world_size=self.dist.world_size, parallel=self.parallel, init_from=self.init_from,
+            attention=self.attention, attention_ms=self.attention_ms,
         )
 
     def train(self) -> Ending:
@@ -578,7 +588,8 @@ class Trainer:
                 self.emit(ev.Warning_(message=f"resumed from step {self.step}: its later checkpoints were moved to {aside}"))
             self._start_gpu_sampler()
             try:
-                ending = self._loop_or_oom()
+                with attention.prefer(self.sdpa):  # the kernel measured fastest, for steps, evals and the compile
+                    ending = self._loop_or_oom()
             finally:
                 self._stop_gpu_sampler()  # its last reading lands before run_finished
             if ending.reason == "toggle":  # not the end: the owner continues the run in a new segment

@@ -84,6 +84,8 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     best = "-" if state.best_val_loss is None else f"{state.best_val_loss:.4f}"
     mfu = "unknown" if last is None or last.mfu is None else f"{100 * last.mfu:.1f}%"
     where = state.started.device_name if state.started else "-"
+    if state.started and state.started.attention:  # the SDPA kernel that runs (on CUDA: measured fastest)
+        where += f", attention {state.started.attention}"
     label = state_label(state, now)
     if state.gone:  # the one liveness rule, looked at as the events are read (RunSession.poll)
         label = "WRITER GONE (died without finishing; --resume it)"
