@@ -16,6 +16,7 @@ import torch
 from engine.config import resolve
 from tui.app import GPT2App
 from tui.widgets.charts import MetricChart
+from pilot_wait import until
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -48,14 +49,23 @@ def test_setup_screen(snap_compare, monkeypatch: pytest.MonkeyPatch, tmp_path: P
 def test_dashboard_of_a_recorded_run(snap_compare, monkeypatch: pytest.MonkeyPatch, utc) -> None:
     monkeypatch.chdir(DATA)
 
+    def drawn(app) -> bool:
+        """The run read to its end and every chart on screen drawn from it at its final size
+        (the top charts grow once the layout is known: a draw at the first size is not the last)."""
+        state = app.session.state if app.session else None
+        charts = [c for c in app.screen.query(MetricChart) if c.display and c.region] if state else []
+        return bool(state and state.finished and charts) and all(
+            c._drawn is not None and c._drawn[0] == state.version and c._drawn[3:] == (c.size.width, c.size.height)
+            for c in charts
+        )
+
     async def settle(pilot) -> None:
         app = pilot.app
-        for _ in range(200):
-            state = app.session.state if app.session else None
-            chart = app.screen.query(MetricChart).first() if state else None
-            if state and state.finished and chart is not None and chart._drawn and chart._drawn[0] == state.version:
-                break
-            await pilot.pause(0.05)
+        await until(pilot, lambda: drawn(app), "the dashboard drawn", timeout=60)
+        # the end's toast fades after 10 s: said, then cleared, so a slow machine draws the same frame
+        assert any("q for what next" in n.message for n in app._notifications)
+        app.clear_notifications()
         await pilot.pause()
+        await until(pilot, lambda: drawn(app), "the dashboard drawn again", timeout=60)
 
     assert snap_compare(GPT2App(attach_dir=Path("tui-run")), terminal_size=(120, 40), run_before=settle)
