@@ -153,8 +153,12 @@ class RunSession:
             events.append(ev.RunFailed(step=None, error=self.console_tail() or f"exit status {self.process.returncode}"))
         elif not self._saw_start and self.state.live:
             building = BUILD_LINE in self.console_text()
-            if building != (self.state.building_since is not None):
-                events.insert(0, Building(building))
+            # the child's console says each phase of the build as it starts ("encoding...")
+            tail = self.console_tail()
+            what = "" if BUILD_LINE in tail else tail.rstrip(".")
+            shown = self.state.building_step[0] if self.state.building_step else None
+            if building != (self.state.building_since is not None) or (building and what != shown):
+                events.insert(0, Building(building, what))
         if dead != self.state.writer_lost:
             events.append(Writer(alive=not dead))
         if self._config_file is not None and self.state.started:

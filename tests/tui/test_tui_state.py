@@ -160,3 +160,32 @@ def test_elapsed_leaves_out_the_time_a_run_was_stopped_and_paused() -> None:
     s.feed(ev.Resumed(step=10, time=5105.0))
     s.feed(ev.RunFinished(step=20, reason="completed", time=5110.0))
     assert s.elapsed(now=9999.0) == pytest.approx(10.0 + 5.0 + 5.0)
+
+
+def test_a_launched_process_building_the_dataset_shows_each_phase(tmp_path: Path) -> None:
+    """F5's run is a child process: its console says each phase of the default dataset's build
+    as it starts, and the dashboard's status says it too (not only that something is built)."""
+    import subprocess
+    import sys
+
+    from tui.screens.dashboard import state_label
+    from tui.session import BUILD_LINE, CONSOLE_LOG, RunSession
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        session = RunSession(run_dir=run_dir, mode="detached", process=child, tail=EventTail(run_dir / "events.jsonl"))
+        said = []
+        for line in (f"{BUILD_LINE} in /cache/stdlib (once)...", "training a 8192-token BPE on 571 documents...",
+                     "training a 8192-token BPE on 571 documents: done in 3.1 s", "encoding..."):  # fmt: skip
+            with open(run_dir / CONSOLE_LOG, "a") as f:
+                f.write(line + "\n")
+            for e in session.poll():
+                session.state.feed(e)
+            said.append(state_label(session.state))
+        assert all(s.startswith("BUILDING DATASET") for s in said), said
+        assert "training a 8192-token BPE on 571 documents)" in said[1] and said[3].endswith(": encoding)"), said
+    finally:
+        child.kill()
+        child.wait()

@@ -58,8 +58,8 @@ def state_label(state: RunState, now: float | None = None) -> str:
     if state.state in PHASES:
         secs = state.phase_seconds(now) or 0.0
         note = PHASES[state.state]
-        if state.state == "building dataset" and state.building_step:  # what the build does now, how far
-            what, fraction = state.building_step
+        what, fraction = state.building_step or ("", None)
+        if state.state == "building dataset" and what:  # what the build does now, how far
             note += f": {what}" + ("" if fraction is None else f" {fraction:.0%}")
         label += f" {SPINNER[int(secs) % len(SPINNER)]} {secs:.0f} s ({note})"
     return label
