@@ -433,7 +433,7 @@ class SetupScreen(Screen):
         if not path:
             from engine.api import DEFAULT_VOCAB
 
-            info_w.update(f"the embedded stdlib corpus (BPE {DEFAULT_VOCAB}), built once on first launch (~5 s)")
+            info_w.update(f"the embedded stdlib corpus (BPE {DEFAULT_VOCAB}), built once on first launch (~6 s on 2 cores)")
             self._show_error("err-dataset", None, "#dataset")
             return
         try:
