@@ -85,3 +85,27 @@ def test_segment_labels_on_a_chart_never_overlap() -> None:
     assert label_row(placed, 14, 21, 2) == 1  # "precision auto -> bf16" would overlap it: a row lower
     assert label_row(placed, 18, 5, 2) is None  # no row free there
     assert label_row(placed, 40, 5, 2) == 0  # far enough right: the top row again
+
+
+def test_segment_labels_are_drawn_whole_near_either_edge() -> None:
+    """A toggle early in the run and one late: each label starts at its line, or ends there
+    near the right edge; neither is cut by the frame (at 80 columns the first one lost its
+    start: "le off -> on")."""
+    state = recorded_state()
+
+    class One(App):
+        def compose(self) -> ComposeResult:
+            yield MetricChart("s/step", [Line("step_time", "s/step", "yellow")], unit=" s", id="chart-steptime")
+
+    async def go() -> None:
+        app = One()
+        async with app.run_test(size=(40, 20)) as pilot:
+            await pilot.pause()
+            chart = app.query_one(MetricChart)
+            chart.markers = [(3, "compile off -> on"), (57, "compile on -> off")]
+            assert chart.maybe_redraw(state, "step", False)
+            await pilot.pause()
+            shown = str(chart.render())
+            assert "compile off -> on" in shown and "compile on -> off" in shown, shown
+
+    asyncio.run(go())

@@ -252,13 +252,17 @@ class MetricChart(PlotextPlot):
             plt = self.plt
             plt.vline(x, color="magenta")
             self.markers_drawn.append((x, label))
-            text = label[:24]
+            text = label[: min(24, cols)]
             col = int((x - lo_x) / max(hi_x - lo_x, 1e-12) * cols)
-            row = label_row(placed, col, len(text), MAX_LABEL_ROWS)
+            # the label starts at its line, or ends there where it would run past the right edge:
+            # whole, never cut by the frame
+            right = col + len(text) > cols
+            start = col - len(text) + 1 if right else col
+            row = label_row(placed, max(0, start), len(text), MAX_LABEL_ROWS)
             if row is None:
                 continue  # no room beside the others: the line alone (the Segments tab names it)
             y = top - row * (top - bottom) / rows if top > bottom else top
-            plt.text(text, x, y, color="magenta")
+            plt.text(text, x, y, color="magenta", alignment="right" if right else "left")
 
     def _above_legend(self, lo: float, hi: float) -> tuple[float, float]:
         """A top for the y range that leaves the legend's rows (one per line, at the top of
