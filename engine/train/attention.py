@@ -48,8 +48,12 @@ class Shape:
     device: torch.device
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v drawn from a generator of their own: the run's RNG (dropout, a bit-exact
+        resume) is never touched by measuring."""
         size = (self.batch, self.heads, self.seq, self.head_dim)
-        return tuple(torch.randn(size, dtype=self.dtype, device=self.device, requires_grad=True) for _ in range(3))  # type: ignore[return-value]
+        gen = torch.Generator(self.device).manual_seed(0)
+        return tuple(torch.randn(size, dtype=self.dtype, device=self.device, generator=gen, requires_grad=True)
+                     for _ in range(3))  # type: ignore[return-value]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,8 @@ def prefer(first: str | None) -> Iterator[None]:
 
 def kernel_name(shape: Shape) -> str:
     """The kernel SDPA takes for this shape under the current priority (what runs, in words)."""
-    q, k, v = (t.detach() for t in shape.tensors())
+    size = (shape.batch, shape.heads, shape.seq, shape.head_dim)
+    q, k, v = (torch.empty(size, dtype=shape.dtype, device=shape.device) for _ in range(3))  # only their shape counts
     try:
         chosen = torch._fused_sdp_choice(q, k, v, is_causal=True)
     except RuntimeError:

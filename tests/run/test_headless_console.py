@@ -48,7 +48,7 @@ def _events(run_dir: Path) -> list[ev._Event]:
 def test_console_prints_each_sample_indented_under_a_header(run: tuple[Path, str]) -> None:
     run_dir, out = run
     samples = [e for e in _events(run_dir) if isinstance(e, ev.Sample)]
-    assert [s.step for s in samples] == [0, 4, 8]
+    assert [s.step for s in samples] == [4, 8]  # an eval (and its sample) every 4 steps, none before the first step
     lines = out.splitlines()
     for s in samples:
         at = lines.index(f"sample at step {s.step}:")

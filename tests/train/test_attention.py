@@ -41,6 +41,16 @@ def test_on_cpu_nothing_is_timed_or_picked() -> None:
     assert attention.kernel_name(shape) == "flash"  # SDPA's own choice on this CPU
 
 
+def test_measuring_never_touches_the_runs_rng() -> None:
+    """Set-up measures after a resume restored the RNG: a draw from it would break the
+    bit-exact resume (dropout), as the stop/resume tests found."""
+    shape = attention.shape_of(2, 4, 64, 128, torch.float32, torch.device("cpu"))
+    before = torch.get_rng_state()
+    attention.kernel_name(shape)
+    assert attention.time_kernel("flash", shape, rounds=1) is not None
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_the_pick_leads_sdpa_priority_for_the_segment_and_only_then() -> None:
     before = torch._C._get_sdp_priority_order()
     with attention.prefer("cuDNN"):

@@ -358,6 +358,8 @@ class SetupScreen(Screen):
         self._update_launch()
 
     def _show_tokens_per_step(self, config: RunConfig | None) -> None:
+        if not self.query("#tokens-per-step"):  # not in a short terminal's first frame: shown once mounted
+            return
         self.query_one("#tokens-per-step", Static).update(
             ""
             if config is None
