@@ -107,5 +107,11 @@ def test_segment_labels_are_drawn_whole_near_either_edge() -> None:
             await pilot.pause()
             shown = str(chart.render())
             assert "compile off -> on" in shown and "compile on -> off" in shown, shown
+            # a label longer than the room right of its line, in a narrow chart (80 columns)
+            chart.markers = [(25, "precision auto -> bf16")]
+            assert chart.maybe_redraw(state, "step", True)
+            await pilot.pause()
+            shown = str(chart.render())
+            assert "precision auto -> bf16" in shown, shown
 
     asyncio.run(go())

@@ -253,16 +253,16 @@ class MetricChart(PlotextPlot):
             plt.vline(x, color="magenta")
             self.markers_drawn.append((x, label))
             text = label[: min(24, cols)]
-            col = int((x - lo_x) / max(hi_x - lo_x, 1e-12) * cols)
-            # the label starts at its line, or ends there where it would run past the right edge:
-            # whole, never cut by the frame
-            right = col + len(text) > cols
-            start = col - len(text) + 1 if right else col
-            row = label_row(placed, max(0, start), len(text), MAX_LABEL_ROWS)
+            span = max(hi_x - lo_x, 1e-12)
+            col = int((x - lo_x) / span * cols)
+            # the label starts at its line, moved left as far as it must to end inside the
+            # frame: whole, never cut by it
+            start = max(0, min(col, cols - len(text)))
+            row = label_row(placed, start, len(text), MAX_LABEL_ROWS)
             if row is None:
                 continue  # no room beside the others: the line alone (the Segments tab names it)
             y = top - row * (top - bottom) / rows if top > bottom else top
-            plt.text(text, x, y, color="magenta", alignment="right" if right else "left")
+            plt.text(text, lo_x + start / cols * span, y, color="magenta", alignment="left")
 
     def _above_legend(self, lo: float, hi: float) -> tuple[float, float]:
         """A top for the y range that leaves the legend's rows (one per line, at the top of
