@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -79,7 +80,9 @@ def time_kernel(name: str, shape: Shape, rounds: int = ROUNDS) -> float | None:
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
     try:
-        with sdpa_kernel(CANDIDATES[name]):
+        # torch warns why each kernel it skips cannot run: that is what None says here
+        with sdpa_kernel(CANDIDATES[name]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             once()  # warm-up (and the refusal, when the kernel cannot take this shape)
             if cuda:
                 torch.cuda.synchronize(shape.device)
