@@ -501,15 +501,20 @@ def header_lines(result: LadderResult) -> list[str]:
     ]
 
 
-def to_markdown(result: LadderResult) -> str:
-    rows = table_rows(result)
-    lines = [*(f"{h}  " for h in header_lines(result)), ""]
-    if result.command:
-        lines += [f"Command: `{result.command}`", ""]
+def markdown(header: list[str], command: str, rows: list[list[str]], first: str = "---") -> str:
+    """A bench table as markdown: its header lines, the command, then the rows (a text first
+    column unless `first` aligns it; the figures right-aligned; the note last, left)."""
+    lines = [*(f"{h}  " for h in header), ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
     lines.append("| " + " | ".join(rows[0]) + " |")
-    lines.append("|---|---|" + "---:|" * (len(rows[0]) - 3) + "---|")
+    lines.append(f"|{first}|---|" + "---:|" * (len(rows[0]) - 3) + "---|")
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
     return "\n".join(lines) + "\n"
+
+
+def to_markdown(result: LadderResult) -> str:
+    return markdown(header_lines(result), result.command, table_rows(result))
 
 
 def to_text(result: LadderResult) -> str:

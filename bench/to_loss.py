@@ -252,14 +252,7 @@ def to_text(result: ToLossResult) -> str:
 
 
 def to_markdown(result: ToLossResult) -> str:
-    rows = table_rows(result)
-    lines = [*(f"{h}  " for h in header_lines(result)), ""]
-    if result.command:
-        lines += [f"Command: `{result.command}`", ""]
-    lines.append("| " + " | ".join(rows[0]) + " |")
-    lines.append("|---:|---|" + "---:|" * (len(rows[0]) - 3) + "---|")
-    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-    return "\n".join(lines) + "\n"
+    return ladder.markdown(header_lines(result), result.command, table_rows(result), first="---:")
 
 
 def _save(result: ToLossResult, out: Path) -> None:

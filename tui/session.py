@@ -156,8 +156,8 @@ class RunSession:
             # the child's console says each phase of the build as it starts ("encoding...")
             tail = self.console_tail()
             what = "" if BUILD_LINE in tail else tail.rstrip(".")
-            shown = self.state.building_step[0] if self.state.building_step else None
-            if building != (self.state.building_since is not None) or (building and what != shown):
+            current = self.state.building_step[0] if self.state.building_step else None
+            if building != (self.state.building_since is not None) or (building and what != current):
                 events.insert(0, Building(building, what))
         if dead != self.state.writer_lost:
             events.append(Writer(alive=not dead))
