@@ -24,7 +24,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from engine.train.data import BatchSampler, TokenSplit, open_dataset
+from engine.dataset import TokenSplit, open_dataset
+from engine.train.batches import BatchSampler
 
 
 def _median_seconds(fns: list[Callable[[], object]], iters: int, warmup: int) -> list[float]:

@@ -26,7 +26,7 @@ from engine.text import human
 from engine import switch_matrix
 from engine.config import resolve
 from engine.errors import UserError
-from engine.run.configs import open_data
+from engine.run.preflight import prepared
 
 COMPILE_MODES = ["eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
@@ -86,7 +86,7 @@ def sweep(preset: str, base: dict[str, Any], batches: list[int], modes: list[str
                     if "speed.compile_scope" in rule.settings:  # CUDA graphs refuse scope blocks: the whole model
                         over |= rule.fixes[0]
             planned.append((b, mode, resolve(preset, None, over)))
-    config0, dataset = open_data(planned[0][2])
+    config0, dataset = prepared(planned[0][2], memory=False)
     rundir.check_new(out)
     result = BestResult(
         preset=preset, date=datetime.date.today().isoformat(), load=load_average(), block_size=config0.seq_len,
@@ -98,7 +98,7 @@ def sweep(preset: str, base: dict[str, Any], batches: list[int], modes: list[str
     for i, (b, mode, config) in enumerate(planned):
         c = Candidate(batch_size=b, compile_mode=mode)
         result.candidates.append(c)
-        config, ds = open_data(config)
+        config, ds = prepared(config, memory=False)
         try:
             t = time_config(config, ds, out / f"{i}-b{b}-{mode}")
         except OUT_OF_MEMORY:

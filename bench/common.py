@@ -19,11 +19,11 @@ from pydantic import BaseModel, Field
 from engine.train import compile_cache, guard
 from engine import events as ev
 from engine.config import MAX_BATCH, MAX_CONTEXT, MAX_STEPS, MAX_VOCAB, RunConfig
-from engine.train.data import Dataset
+from engine.dataset import Dataset
 from engine.errors import UserError
 from engine.run.requests import Control
 from engine.run.owner import start
-from engine.train.trainer import Trainer
+from engine.train.trainer import measuring
 
 
 OUT_OF_MEMORY = (torch.OutOfMemoryError, guard.OutOfMemory)  # torch's, and the trainer's stop after one
@@ -32,7 +32,7 @@ OUT_OF_MEMORY = (torch.OutOfMemoryError, guard.OutOfMemory)  # torch's, and the 
 def out_of_memory(config: RunConfig) -> str:
     """A rung's or candidate's record after an OOM: the words, and what the estimator
     predicted against what the device offered, so the table says how far off it was."""
-    from engine import memory
+    from engine.train import memory
     from engine.device import memory_bytes
     from engine.text import human
 
@@ -94,16 +94,6 @@ def load_average() -> str:
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-class BenchTrainer(Trainer):
-    """The real Trainer, minus evals and checkpoints (outside the step clock; they only cost time)."""
-
-    def evaluate(self) -> float:
-        return float("nan")
-
-    def save_checkpoint(self, final: bool = False) -> None:
-        pass
-
-
 class Timing(BaseModel):
     """What one bench run measured, from its events."""
 
@@ -160,7 +150,7 @@ def time_config(
         compile_cache.forget_loaded()
     run = start(
         config, run_dir, sinks=[ev.CallbackSink(collect)], control=control, force=True, dataset=dataset,
-        segment_class=BenchTrainer,
+        components=measuring,
     )  # fmt: skip
     try:
         reason = run.run()

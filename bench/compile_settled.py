@@ -26,9 +26,9 @@ from bench.common import load_average
 from engine.train import compiling
 from engine import device as devices
 from engine.config import resolve
-from engine.train.data import BatchSampler
+from engine.train.batches import BatchSampler
 from engine.train.model import GPT
-from engine.run.configs import open_data
+from engine.run.preflight import prepared
 
 
 def _sync(device: torch.device) -> None:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"train.batch_size": args.batch_size, "train.block_size": args.block_size, "speed.compile": True}
     if args.device != "auto":
         overrides["speed.device"] = args.device
-    config, dataset = open_data(resolve(args.preset, None, overrides))
+    config, dataset = prepared(resolve(args.preset, None, overrides), memory=False)
     device = devices.pick(config.speed.device)
     precision = devices.precision(config.speed.precision, device.type)
     dtype = devices.autocast_dtype(precision)

@@ -30,7 +30,7 @@ from bench.common import default_out, load_average
 from engine.files import atomic_write_bytes
 from engine.config import resolve
 from engine.events import settled_step_time
-from engine.run.configs import open_data
+from engine.run.preflight import prepared
 
 SCOPES = ("model", "blocks")
 
@@ -42,7 +42,7 @@ def measure(preset: str, scope: str, args: argparse.Namespace, where: Path) -> d
                  "train.grad_accum": 1}  # fmt: skip
     if args.device != "auto":
         overrides["speed.device"] = args.device
-    config, dataset = open_data(resolve(preset, None, overrides))
+    config, dataset = prepared(resolve(preset, None, overrides), memory=False)
     timing, firsts = time_compile_cache("all", config, dataset, where / f"{preset}-{scope}")
     by = {f.cache: f for f in firsts}
     return {

@@ -24,7 +24,7 @@ from pathlib import Path
 from engine import events as ev
 from engine.config import RunConfig
 from engine.run.requests import Control
-from engine.train.data import Dataset
+from engine.dataset import Dataset
 
 from bench.common import CacheMode, FirstStep, Timing, time_config
 
@@ -119,9 +119,9 @@ def time_compile_cache(
 def _child(job: dict) -> int:
     from engine.train import compile_cache, compiling
     from engine import device as devices
-    from engine.run.configs import open_data
+    from engine.run.preflight import prepared
 
-    config, dataset = open_data(RunConfig.model_validate(job["config"]))
+    config, dataset = prepared(RunConfig.model_validate(job["config"]), memory=False)
     control = Control()
     signal.signal(signal.SIGTERM, lambda *_: control.stop())
     with compile_cache.redirect(Path(job["cache"])):

@@ -30,10 +30,10 @@ from pydantic import BaseModel, Field
 from engine import events as ev
 from engine import rundir
 from engine.files import atomic_write_bytes
-from engine.memory import param_count
+from engine.train.memory import param_count
 from engine.text import attention_text, human, params_text, ratio_text
-from engine.config import resolve
-from engine.train.data import Dataset
+from engine.config import RunConfig, resolve
+from engine.dataset import Dataset
 from engine.errors import UserError
 from engine.run.requests import Control
 from engine import device as devices
@@ -41,8 +41,8 @@ from engine import switch_matrix
 from engine.device import cpu_half_reason, describe as describe_device, pick as pick_device
 from bench.fresh import time_compile_cache
 from bench.common import (OUT_OF_MEMORY, BenchOptions, FirstStep, default_out, load_average, out_of_memory)
-from engine.settings import ladder
-from engine.run.configs import open_data
+from bench.rungs import BASELINE, RUNGS
+from engine.run.preflight import prepared
 
 GPT2_VOCAB = 50257
 CPU_BUDGET_S = 480  # the whole ladder on a CPU: nano's finishes in minutes even on 2 cores, measured or skipped
@@ -57,11 +57,10 @@ class RungSpec(BaseModel):
     why: str
 
 
-BASELINE, _RUNGS = ladder()  # every switch's rung is described with its setting (engine/config.py)
-LADDER: list[RungSpec] = [
+LADDER: list[RungSpec] = [  # the rungs' table: bench/rungs.py
     RungSpec(name="baseline", label="baseline", changes=BASELINE, why="fp32, eager, manual attention, file read per "
              "batch, per-row batch loop, unpadded vocab, unfused AdamW"),  # fmt: skip
-    *(RungSpec(name=r.name, label=r.label, changes=r.changes, why=r.why) for r in _RUNGS),
+    *(RungSpec(name=r.name, label=r.label, changes=r.changes, why=r.why) for r in RUNGS),
 ]
 from bench.names import RUNG_NAMES  # noqa: E402  (torch-free, for --help)
 
@@ -280,10 +279,29 @@ def _probe(
     included): two steps of the ladder's slowest rung, the baseline, with the real Trainer (a
     first step alone overstates the rest several times over)."""
     two = {"train.max_steps": 2, "train.log_interval": 1, "train.batch_size": batch}
-    config, ds = open_data(resolve(bench.preset, None, base | baseline | two))
+    config, ds = prepared(resolve(bench.preset, None, base | baseline | two), memory=False)
     timing, _ = time_compile_cache(None, config, ds, run_dir)
     step_s = timing.step_times_s[-1]
     return step_s, max(0.0, timing.startup_s - step_s)
+
+
+def checked_plan(
+    bench: BenchConfig, base: dict[str, Any], out: Path,
+    planner: Callable[[BenchConfig, torch.device, int], list[PlannedRung]],
+) -> tuple[torch.device, RunConfig, list[PlannedRung], Dataset]:  # fmt: skip
+    """Before a byte is written: the device, the preset's config bound to the dataset (opened
+    through the engine's preflight), the rungs `planner` plans there, each rung's config
+    validated, and `out` free."""
+    device = pick_device(bench.device)
+    probe, dataset = prepared(resolve(bench.preset, None, base), memory=False)
+    vocab = probe.model.vocab_size
+    assert vocab is not None
+    the_plan = planner(bench, device, vocab)
+    for p in the_plan:
+        if p.overrides is not None:
+            resolve(bench.preset, None, base | p.overrides)
+    rundir.check_new(out)
+    return device, probe, the_plan, dataset
 
 
 def run_ladder(
@@ -306,15 +324,8 @@ def run_ladder(
     """
     tell = say or (lambda line: None)
     base = base_overrides(bench)
-    device = pick_device(bench.device)
-    probe, dataset = open_data(resolve(bench.preset, None, base))  # validates everything up front
+    device, probe, the_plan, dataset = checked_plan(bench, base, out, plan)
     vocab = probe.model.vocab_size
-    assert vocab is not None
-    the_plan = plan(bench, device, vocab)
-    for _, overrides, _, _ in the_plan:
-        if overrides is not None:
-            resolve(bench.preset, None, base | overrides)
-    rundir.check_new(out)
     budget = bench.budget_for(device)
     t0 = time.monotonic()
     shape_note = ""
@@ -347,7 +358,7 @@ def run_ladder(
         if fitted != start:
             bench = bench.model_copy(update={"batch_size": fitted.batch_size, "warmup": fitted.warmup, "steps": fitted.steps})
             base = base_overrides(bench)
-            probe, _ = open_data(resolve(bench.preset, None, base))
+            probe, _ = prepared(resolve(bench.preset, None, base), memory=False)
         if shape_note:
             tell(shape_note)
 
@@ -405,7 +416,7 @@ def _run_rung(
     result: LadderResult, warm_intervals: int, stop: threading.Event | None,
     on_step: Callable[[str, ev.Step], None] | None, deadline: float | None = None,
 ) -> None:  # fmt: skip
-    config, ds = open_data(resolve(bench.preset, None, overrides))
+    config, ds = prepared(resolve(bench.preset, None, overrides), memory=False)
     control = Control()
     watcher = None
     if stop is not None or deadline is not None:  # forward a stop request (or the budget's end) to this rung's trainer

@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine import device, memory
+from engine import device
+
+from engine.train import memory
 from engine.text import human
 from engine.config import RunConfig, resolve
 from engine.errors import UserError
@@ -87,7 +89,7 @@ def cpu_table() -> str:
 def cpu_peak_table() -> str:
     """Predicted allocated peak vs the live-tensor peak of one real Trainer step on CPU."""
     from bench.memory_measure import measure_peak
-    from engine.run.configs import open_data
+    from engine.run.preflight import prepared
 
     rows = ["| precision | attention | checkpointing | grad accum | predicted peak (phase) | measured peak | error |",
             "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
@@ -103,7 +105,7 @@ def cpu_peak_table() -> str:
                 "speed.precision": precision, "model.attention": attention, "model.grad_checkpointing": ckpt,
                 "data.path": str(data), "data.prefetch": False,
             })  # fmt: skip
-            cfg, dataset = open_data(cfg)
+            cfg, dataset = prepared(cfg, memory=False)
             est, real = memory.estimate(cfg), measure_peak(cfg, dataset, Path(tmp) / "run").peak
             rows.append(f"| {precision} | {attention} | {'on' if ckpt else 'off'} | {accum} | "
                         f"{est.allocated_peak_bytes:,} ({est.peak_phase}) | {real:,} | {_pct(est.allocated_peak_bytes, real)} |")  # fmt: skip
@@ -136,7 +138,7 @@ def _gpu_config(preset: str, batch: int, compile_: bool, data: Path, steps: int)
 def run_peak(config: RunConfig, workdir: Path) -> tuple[int | None, int | None, str]:
     """Train `config` for its max_steps with the real Trainer (evals and checkpoints skipped);
     (max_memory_allocated, max_memory_reserved, "ok" | "OOM" | error)."""
-    from bench.common import BenchTrainer
+    from engine.train.trainer import measuring
     from engine.run.owner import start
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
@@ -146,7 +148,7 @@ def run_peak(config: RunConfig, workdir: Path) -> tuple[int | None, int | None, 
     torch.cuda.reset_peak_memory_stats()
     outcome = "ok"
     try:
-        start(config, run_dir / "run", force=True, segment_class=BenchTrainer).run()
+        start(config, run_dir / "run", force=True, components=measuring).run()
     except Exception as err:  # noqa: BLE001 - a failed run is a result here
         outcome = "OOM" if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err) else f"error: {err}"
     allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()

@@ -128,7 +128,7 @@ class PeakBytes(BaseModel):
     by_category: dict[str, int]  # the profiler's categories at that moment
 
 
-def measure_peak(config: RunConfig, dataset, run_dir) -> PeakBytes:  # dataset: engine.train.data.Dataset
+def measure_peak(config: RunConfig, dataset, run_dir) -> PeakBytes:  # dataset: engine.dataset.Dataset
     """The peak of live tensor bytes over one training step of the real Trainer, from the
     PyTorch profiler's memory timeline (works on CPU, where no allocator keeps a peak).
 
@@ -144,13 +144,13 @@ def measure_peak(config: RunConfig, dataset, run_dir) -> PeakBytes:  # dataset: 
     trainer.setup()
     try:
         trainer.train_step(config.optim.lr)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.parts.device.type == "cuda" else [])
         with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
             trainer.train_step(config.optim.lr)
     finally:
-        trainer.loader.close()
+        trainer.close()
     timeline = MemoryProfileTimeline(prof._memory_profile())
-    device = "cpu" if trainer.device.type == "cpu" else f"{trainer.device.type}:{trainer.device.index or 0}"
+    device = "cpu" if trainer.parts.device.type == "cpu" else f"{trainer.parts.device.type}:{trainer.parts.device.index or 0}"
     _, sizes = timeline._coalesce_timeline(device)
     totals = [sum(row) for row in sizes]
     at = max(range(len(totals)), key=totals.__getitem__)

@@ -30,10 +30,10 @@ from bench.common import BenchOptions, default_out, load_average, time_config
 from bench.reference import ReferenceShape, reference_step_times
 from engine.files import atomic_write_bytes
 from engine.config import RunConfig, resolve
-from engine.train.data import Dataset
+from engine.dataset import Dataset
 from engine.device import describe as device_name
 from engine.device import pick as pick_device
-from engine.run.configs import open_data
+from engine.run.preflight import prepared
 
 # The reference reads one int64 copy of its tokens: a window of the first shard is plenty
 # for random batches, and keeps a multi-GB train.bin from being copied whole.
@@ -156,7 +156,7 @@ def run(args: BenchOptions, command: str) -> int:
                        ("train.batch_size", args.batch_size), ("train.block_size", args.block_size)):  # fmt: skip
         if value is not None:
             overrides[key] = value
-    config, dataset = open_data(resolve(preset, None, overrides))
+    config, dataset = prepared(resolve(preset, None, overrides), memory=False)
     out = args.out or default_out(f"plain-{preset}")
     rundir.check_new(out)
     out.mkdir(parents=True, exist_ok=True)

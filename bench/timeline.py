@@ -27,9 +27,9 @@ from bench.fresh import time_compile_cache
 from bench.common import BenchOptions, FirstStep, default_out, load_average
 from engine.files import atomic_write_bytes
 from engine.config import RunConfig, resolve
-from engine.train.data import Dataset
+from engine.dataset import Dataset
 from engine.errors import UserError
-from engine.run.configs import open_data
+from engine.run.preflight import prepared
 
 SETTLED_BAND = 0.10
 
@@ -126,7 +126,7 @@ def run(args: BenchOptions, command: str) -> int:
                        ("speed.device", None if args.device == "auto" else args.device)):  # fmt: skip
         if value is not None:
             overrides[key] = value
-    config, dataset = open_data(resolve(None, args.config, overrides))  # bad input: found before writing
+    config, dataset = prepared(resolve(None, args.config, overrides), memory=False)  # bad input: found before writing
     if args.compile_cache and not config.speed.compile:
         raise UserError(f"--compile-cache times torch.compile, which {args.config} leaves off; "
                         "set compile = true under [speed] in it")  # fmt: skip

@@ -8,8 +8,8 @@ val loss first reaches X (an eval every EVAL_EVERY steps) or its share of the bu
 `--steps` run out, and the rungs are ranked by the training time they took to get there:
 the sum of their step times (Eval.train_time_s: evals, checkpoints and the start-up are left
 out, a compile's warm-up is in). The rungs are the speed ladder's (cumulative, those this
-device runs), then the optimizer and schedule rungs the settings declare (`loss_rungs` in
-engine/config.py: + Muon, + WSD), each on top of the rung before.
+device runs), then the optimizer and schedule rungs of bench/rungs.py (LOSS_RUNGS: + Muon,
++ WSD), each on top of the rung before.
 
 The budget (default: the ladder's, CPU_BUDGET_S on a CPU) is split as the rungs go: each gets
 an equal share of what is left, so the whole run ends within it.
@@ -31,23 +31,20 @@ from pydantic import BaseModel, Field
 from bench import ladder
 from bench.common import BenchOptions, default_out, load_average
 from bench.names import LOSS_RUNG_NAMES, RUNG_NAMES
+from bench.rungs import LOSS_RUNGS
 from engine import events as ev
-from engine import files, rundir
+from engine import files
 from engine.config import resolve
-from engine.device import describe as describe_device, pick as pick_device
+from engine.device import describe as describe_device
 from engine.errors import UserError
 from engine.events import CallbackSink
-from engine.run.configs import open_data
 from engine.run.owner import start
 from engine.run.requests import Control
-from engine.settings import ladder as settings_ladder
 from engine.text import loss_text, ratio_text
 
 EVAL_EVERY = 5  # steps between evals: how finely the time to the loss is resolved
 EVAL_BATCHES = 4  # the same val batches for every rung (seeded)
 DEFAULT_STEPS = 300  # a rung's most steps when --steps is not given
-
-_, LOSS_RUNGS = settings_ladder("loss_rungs")
 
 
 class LossRung(BaseModel):
@@ -119,15 +116,7 @@ def run_to_loss(
     """Train each rung to `target` (or its share of the budget, or bench.steps); rank them."""
     tell = say or (lambda line: None)
     base = base_overrides(bench)
-    device = pick_device(bench.device)
-    probe, _ = open_data(resolve(bench.preset, None, base))  # validates everything up front
-    vocab = probe.model.vocab_size
-    assert vocab is not None
-    the_plan = plan(bench, device, vocab)
-    for p in the_plan:
-        if p.overrides is not None:
-            resolve(bench.preset, None, base | p.overrides)
-    rundir.check_new(out)
+    device, probe, the_plan, _ = ladder.checked_plan(bench, base, out, plan)
     budget = bench.budget_for(device)
     result = ToLossResult(
         preset=bench.preset, target=target, device=str(device), device_name=describe_device(device), load=load_average(),

@@ -1,16 +1,21 @@
-"""The training system, free of any UI: config -> front door -> trainer -> events.
+"""The training system, free of any UI: it never imports tui/, textual or bench/.
 
-    from engine.run.configs import new_config
-    from engine.run.owner import start
-    config, run_dir = new_config("nano", None, {"optim.lr": 3e-4})  # pydantic RunConfig, checked
-    trainer = start(config, run_dir)   # data opened, memory checked, run directory created
-    trainer.run()                      # events -> run_dir/events.jsonl (+ any sinks: console, TUI)
+    from pathlib import Path
+    from engine.api import resolve, start
+    config = resolve("nano", None, {"optim.lr": 3e-4})  # preset < file < flags: a validated RunConfig
+    run = start(config, Path("runs/demo"))  # preflight, data opened, run directory created and locked
+    run.run()                               # segment after segment -> "completed" or "stopped"
 
-Core: config (every setting, described once), settings (their flags and form fields),
-device (device and precision decisions), data, model, losses, trainer, guard (verdicts
-on bad steps), control (pause/stop/save from other threads), checkpoint, rundir, events,
-memory (the estimator), flops, distributed, launch (torchrun), prepare, sample, cli
-(the headless commands). The measuring tools live apart, in bench/, which engine never imports.
+engine.api is the surface the app, bench/ and the commands use. The packages stack, each importing
+only those below it (pyproject.toml's import contracts hold the order):
+
+  cli/      the headless commands (`python -m engine.cli`); reference.py writes docs/cli.md, docs/events.md
+  inspect/  reading runs: the runs list, compare, sample, export, doctor
+  run/      a run's life: owner (start, Run), preflight, requests, segments, toggle, launchers, torchrun
+  prep/     datasets and models in and out: prepare, Hub streaming, HF weights, the tokenizer
+  train/    one segment: model, losses, batches, memory (the estimator), trainer, checkpoints, compiling
+  the foundations: events; rundir, dataset, console; text, settings; config, device; files,
+            switch_matrix, gpu_monitor; errors
 """
 
 import os as _os

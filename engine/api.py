@@ -53,9 +53,10 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "list_runs": ("engine.inspect.runs", "list_runs"),
     "row": ("engine.inspect.runs", "row"),
     "summarize": ("engine.inspect.runs", "summarize"),
-    "memory": ("engine.memory", None),
+    "memory": ("engine.train.memory", None),
     "default_dataset": ("engine.prep.prepare", "default_dataset"),
-    "with_pretrained_shape": ("engine.run.configs", "with_pretrained_shape"),
+    "Verdict": ("engine.run.preflight", "Verdict"),
+    "preflight": ("engine.run.preflight", "preflight"),
     "start": ("engine.run.owner", "start"),
     "Control": ("engine.run.requests", "Control"),
     "Request": ("engine.run.requests", "Request"),
@@ -91,7 +92,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "program": ("engine.text", "program"),
     "shown": ("engine.text", "shown"),
     "verdict": ("engine.text", "verdict"),
-    "open_dataset": ("engine.train.data", "open_dataset"),
+    "open_dataset": ("engine.dataset", "open_dataset"),
 }
 
 __all__ = sorted(_SURFACE)
@@ -101,7 +102,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and the import graph
     from engine import device  # noqa: F401
     from engine import events  # noqa: F401
     from engine import files  # noqa: F401
-    from engine import memory  # noqa: F401
+    from engine.train import memory  # noqa: F401
     from engine import rundir  # noqa: F401
     from engine.run import toggle  # noqa: F401
     from engine.config import BATCH, DEFAULT_VOCAB, RunConfig, build, fit_warmup, merge, overlay, preset_names, read_toml, resolve, set_dotted  # noqa: F401
@@ -113,14 +114,14 @@ if TYPE_CHECKING:  # the same names, for type checkers and the import graph
     from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SWITCHES_COLUMN, best_val_loss, cells, labels, reach_text, read_run, rows, shown_switches, switch_items  # noqa: F401
     from engine.inspect.runs import DEFAULT_ROOT, COLUMNS as RUN_COLUMNS, RunSummary, list_runs, row, summarize  # noqa: F401
     from engine.prep.prepare import default_dataset  # noqa: F401
-    from engine.run.configs import with_pretrained_shape  # noqa: F401
+    from engine.run.preflight import Verdict, preflight  # noqa: F401
     from engine.run.launchers import headless_command, spawn_new, spawn_resume, train_in_thread  # noqa: F401
     from engine.run.owner import start  # noqa: F401
     from engine.run.requests import Control, Request, post  # noqa: F401
     from engine.run.segments import SWITCHES, Reach, SegmentReader, SegmentSummary, changed, default_target, final_val_loss, mark_target, segments_of, switches  # noqa: F401
     from engine.settings import Setting, form_sections, setting  # noqa: F401
     from engine.text import change_text, clock_text, describe, format_table, human, loss_text, parse_bytes, path_text, printable, program, shown, verdict  # noqa: F401
-    from engine.train.data import open_dataset  # noqa: F401
+    from engine.dataset import open_dataset  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

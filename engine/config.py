@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from engine.errors import Invalid, Refusal, UserError
 from engine.switch_matrix import check_config
@@ -22,6 +30,7 @@ from engine.switch_matrix import check_config
 Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 Attention = Literal["flash", "manual"]
 Device = Literal["auto", "cuda", "mps", "cpu"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 class _Strict(BaseModel):
@@ -45,9 +54,13 @@ SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's range)
 
 
 # The setup form's sections, in the form's order; a setting without one keeps the preset's value.
-WEIGHTS, BATCH, DEVICE, SWITCH = "Starting weights", "Batch and schedule", "Device", "Speed switches"
+WEIGHTS = "Starting weights"
+BATCH = "Batch and schedule"
+DEVICE = "Device"
+SWITCH = "Speed switches"
 FORM_SECTIONS = (WEIGHTS, BATCH, DEVICE, SWITCH)
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face Hub (engine/prep/hf.py)
+# OpenAI's GPT-2 on the Hugging Face Hub (engine/prep/hf.py)
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 LOGGERS = ("tensorboard", "wandb", "csv")  # engine/run/loggers.py
 
 
@@ -55,54 +68,100 @@ def _meta(form: str | None = None, live: bool = False, **more: Any) -> dict[str,
     """A setting's description beyond its type (engine.settings reads it): its form section,
     whether a live run may change it (a speed switch: engine.run.segments.SWITCHES), and
     optionally `flag` (a CLI flag other than `--field-name`; None = no flag), `label` (the
-    form's name for it, other than the field's), `blank` (what a blank input means),
-    `metavar` (its value in `--help`), and for a speed switch its place on the speed ladder
-    (bench/ladder.py): `baseline` (its value on the ladder's first rung) and `rungs` (rung()s);
-    a setting that changes what a run computes, not its speed, may instead name `loss_rungs`:
-    rungs of `bench --to-loss` (bench/to_loss.py), climbed after the speed ladder's."""
+    form's name for it, other than the field's), `blank` (what a blank input means) and
+    `metavar` (its value in `--help`). Where a switch sits on the speed ladder is the
+    benchmark's business, not the engine's: bench/rungs.py."""
     return {"form": form, "live": live, **more}
-
-
-def rung(at: int, name: str, value: Any, label: str = "", why: str = "") -> dict[str, Any]:
-    """A rung of the speed ladder this setting takes: the `at`-th step up from the baseline
-    sets it to `value`. Settings that share a rung name change together on that rung; one of
-    them gives its label ("+ RAM preload") and what it does."""
-    return {"at": at, "name": name, "value": value, "label": label, "why": why}
 
 
 class ModelConfig(_Strict):
     """GPT-2 shape and the model-side switches (attention kernel, padding, checkpointing)."""
 
     init_from: str | None = Field(
-        None, min_length=1, description=f"pretrained GPT-2 weights to start from: {', '.join(PRETRAINED)} (Hugging Face Hub, "
-        "cached) or a transformers directory; they decide the shape (new runs only)",
-        json_schema_extra=_meta(WEIGHTS, label="start from", metavar="NAME|DIR", blank=f"random weights, or {', '.join(PRETRAINED)}, or a directory"),
+        None,
+        min_length=1,
+        description=(
+            f"pretrained GPT-2 weights to start from: {', '.join(PRETRAINED)} (Hugging Face Hub, "
+            "cached) or a transformers directory; they decide the shape (new runs only)"
+        ),
+        json_schema_extra=_meta(
+            WEIGHTS,
+            label="start from",
+            metavar="NAME|DIR",
+            blank=f"random weights, or {', '.join(PRETRAINED)}, or a directory",
+        ),
     )
-    n_layer: int = Field(12, ge=1, le=MAX_LAYERS, description="transformer blocks")
-    n_head: int = Field(12, ge=1, le=MAX_WIDTH, description="attention heads")
-    n_embd: int = Field(768, ge=1, le=MAX_WIDTH, description="embedding width")
+    n_layer: int = Field(
+        12,
+        ge=1,
+        le=MAX_LAYERS,
+        description="transformer blocks",
+    )
+    n_head: int = Field(
+        12,
+        ge=1,
+        le=MAX_WIDTH,
+        description="attention heads",
+    )
+    n_embd: int = Field(
+        768,
+        ge=1,
+        le=MAX_WIDTH,
+        description="embedding width",
+    )
     block_size: int = Field(
-        1024, ge=1, le=MAX_CONTEXT, description="the model's context length (positions)", json_schema_extra=_meta(flag="--context", label="model context")
+        1024,
+        ge=1,
+        le=MAX_CONTEXT,
+        description="the model's context length (positions)",
+        json_schema_extra=_meta(flag="--context", label="model context"),
     )
     vocab_size: int | None = Field(
-        None, ge=2, le=MAX_VOCAB, description="real vocabulary (default: the dataset's; nanoGPT/llm.c files: 50257)"
+        None,
+        ge=2,
+        le=MAX_VOCAB,
+        description="real vocabulary (default: the dataset's; nanoGPT/llm.c files: 50257)",
     )
     pad_vocab: bool = Field(
-        True, description="pad the vocab to a multiple of 64, 50257 -> 50304 (reported 3-25% faster; docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(7, "pad_vocab", True, "+ padded vocab", "embedding and LM head padded to a multiple of 64")])
+        True,
+        description=(
+            "pad the vocab to a multiple of 64, 50257 -> 50304 "
+            "(reported 3-25% faster; docs/benchmarks.md)"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
     )
-    bias: bool = Field(True, description="biases in Linear and LayerNorm")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability")
+    bias: bool = Field(
+        True,
+        description="biases in Linear and LayerNorm",
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="dropout probability",
+    )
     attention: Attention = Field(
-        "flash", description="flash = SDPA (reported ~1.35x, O(T) memory; docs/benchmarks.md); manual = masked softmax", json_schema_extra=_meta(SWITCH, live=True, baseline="manual", rungs=[rung(6, "flash", "flash", "+ flash attention", "F.scaled_dot_product_attention, causal")])
+        "flash",
+        description=(
+            "flash = SDPA (reported ~1.35x, O(T) memory; docs/benchmarks.md); "
+            "manual = masked softmax"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
     )
     grad_checkpointing: bool = Field(
-        False, description="recompute each block in backward: less activation memory, ~30% more compute", json_schema_extra=_meta(SWITCH, live=True)
+        False,
+        description=(
+            "recompute each block in backward: less activation memory, ~30% more compute"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
     )
     loss: Literal["plain", "chunked"] = Field(
         "plain",
-        description="chunked = the lm_head matmul and cross-entropy computed in row chunks, never holding "
-        "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md)", json_schema_extra=_meta(SWITCH, live=True, baseline="plain", rungs=[rung(9, "chunked_loss", "chunked", "+ chunked loss", "lm_head + cross-entropy over row chunks: never the whole B x T x V logits "
-        "(a memory rung: the saving is in its peak memory column; docs/memory.md)")])
+        description=(
+            "chunked = the lm_head matmul and cross-entropy computed in row chunks, never holding "
+            "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md)"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
     )
 
     @model_validator(mode="after")
@@ -132,69 +191,172 @@ class DataConfig(_Strict):
     """Where tokens come from and how batches are built."""
 
     path: str | None = Field(
-        None, description="dataset directory (ours, nanoGPT train.bin/val.bin, or llm.c shards); default: the stdlib corpus",
+        None,
+        description=(
+            "dataset directory (ours, nanoGPT train.bin/val.bin, or llm.c shards); "
+            "default: the stdlib corpus"
+        ),
         json_schema_extra=_meta(flag="--data", label="dataset"),
     )
     vocab_size: int = Field(
-        50257, ge=2, le=MAX_VOCAB, description="vocab of nanoGPT/llm.c files, which carry none", json_schema_extra=_meta(flag=None)
+        50257,
+        ge=2,
+        le=MAX_VOCAB,
+        description="vocab of nanoGPT/llm.c files, which carry none",
+        json_schema_extra=_meta(flag=None),
     )
     preload: bool = Field(
-        True, description="read the token files into RAM instead of reading each batch from disk (reported 2-3x faster random reads)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(1, "preload", True, "+ RAM preload", "token files read into RAM instead of read from disk per batch")])
+        True,
+        description=(
+            "read the token files into RAM instead of reading each batch from disk "
+            "(reported 2-3x faster random reads)"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
     )
     vectorized: bool = Field(
-        True, description="build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(2, "vectorized", True, "+ vectorized batches", "one numpy gather per batch instead of a Python loop")])
+        True,
+        description=(
+            "build a batch in one numpy gather, not a per-row Python loop (docs/benchmarks.md)"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
     )
-    pin_memory: bool = Field(True, description="pinned host buffers + non_blocking copies (CUDA)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(8, "fused", True)]))
-    prefetch: bool = Field(True, description="build the next batch on a background thread while a GPU computes (ignored on CPU)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(8, "fused", True)]))
+    pin_memory: bool = Field(
+        True,
+        description="pinned host buffers + non_blocking copies (CUDA)",
+        json_schema_extra=_meta(SWITCH, live=True),
+    )
+    prefetch: bool = Field(
+        True,
+        description=(
+            "build the next batch on a background thread while a GPU computes (ignored on CPU)"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
+    )
 
 
 class OptimConfig(_Strict):
     """The optimizer (AdamW, or Muon for the blocks' matrices + AdamW for the rest) and the LR
     schedule: linear warmup, then cosine to min_lr, or warmup-stable-decay (wsd)."""
 
-    lr: float = Field(6e-4, gt=0, allow_inf_nan=False, description="peak learning rate (AdamW's; with optimizer muon, "
-                      "the embeddings', lm_head's and 1-D parameters')", json_schema_extra=_meta(BATCH))
-    min_lr: float = Field(6e-5, ge=0, allow_inf_nan=False, description="learning rate at the end of the decay", json_schema_extra=_meta(BATCH))
-    warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear warmup steps", json_schema_extra=_meta(BATCH))
+    lr: float = Field(
+        6e-4,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "peak learning rate (AdamW's; with optimizer muon, "
+            "the embeddings', lm_head's and 1-D parameters')"
+        ),
+        json_schema_extra=_meta(BATCH),
+    )
+    min_lr: float = Field(
+        6e-5,
+        ge=0,
+        allow_inf_nan=False,
+        description="learning rate at the end of the decay",
+        json_schema_extra=_meta(BATCH),
+    )
+    warmup_steps: int = Field(
+        100,
+        ge=0,
+        le=MAX_STEPS,
+        description="linear warmup steps",
+        json_schema_extra=_meta(BATCH),
+    )
     decay_steps: int | None = Field(
-        None, ge=1, le=MAX_STEPS, description="step where the decay reaches min-lr (default: max-steps)"
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="step where the decay reaches min-lr (default: max-steps)",
     )
     schedule: Literal["cosine", "wsd"] = Field(
-        "cosine", description="cosine = warmup, then cosine down to min-lr at decay-steps; wsd = warmup, a stable phase "
-        "at the peak lr, then a linear decay to min-lr over the last decay-fraction of the steps (a run extended "
-        "at resume keeps every earlier step's lr: only a decay not yet begun moves to the new end)",
-        json_schema_extra=_meta(BATCH, loss_rungs=[rung(2, "wsd", "wsd", "+ WSD schedule",
-        "warmup, stable at the peak lr, linear decay over the last decay-fraction")]),
+        "cosine",
+        description=(
+            "cosine = warmup, then cosine down to min-lr at decay-steps; wsd = warmup, a stable "
+            "phase at the peak lr, then a linear decay to min-lr over the last decay-fraction of "
+            "the steps (a run extended at resume keeps every earlier step's lr: only a decay not "
+            "yet begun moves to the new end)"
+        ),
+        json_schema_extra=_meta(BATCH),
     )
     decay_fraction: float = Field(
-        0.2, gt=0, le=1, allow_inf_nan=False, description="schedule wsd: the share of the steps (to decay-steps, "
-        "default max-steps) spent decaying to min-lr", json_schema_extra=_meta(BATCH),
+        0.2,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description=(
+            "schedule wsd: the share of the steps (to decay-steps, "
+            "default max-steps) spent decaying to min-lr"
+        ),
+        json_schema_extra=_meta(BATCH),
     )
     optimizer: Literal["adamw", "muon"] = Field(
-        "adamw", description="adamw = AdamW for every parameter; muon = Muon (momentum orthogonalized by Newton-Schulz; "
-        "modded-nanogpt reaches GPT-2's loss in fewer steps with it) for the 2-D weight matrices inside the transformer "
-        "blocks at --muon-lr, AdamW at --lr for the embeddings, the tied lm_head and the 1-D parameters; Muon keeps one "
-        "state buffer per weight instead of AdamW's two. Not a live switch: the optimizer state differs, so a change "
-        "is a new run, not a toggle", json_schema_extra=_meta(BATCH, loss_rungs=[rung(1, "muon", "muon", "+ Muon",
-        "Muon for the blocks' matrices at muon-lr, AdamW for the rest")]),
+        "adamw",
+        description=(
+            "adamw = AdamW for every parameter; muon = Muon (momentum orthogonalized by "
+            "Newton-Schulz; modded-nanogpt reaches GPT-2's loss in fewer steps with it) for the "
+            "2-D weight matrices inside the transformer blocks at --muon-lr, AdamW at --lr for the "
+            "embeddings, the tied lm_head and the 1-D parameters; Muon keeps one state buffer per "
+            "weight instead of AdamW's two. Not a live switch: the optimizer state differs, so a "
+            "change is a new run, not a toggle"
+        ),
+        json_schema_extra=_meta(BATCH),
     )
     muon_lr: float = Field(
-        0.02, gt=0, allow_inf_nan=False, description="Muon's peak learning rate (optimizer muon; modded-nanogpt's 0.02); "
-        "the schedule scales it like --lr, its floor is min-lr x muon-lr / lr", json_schema_extra=_meta(BATCH),
+        0.02,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Muon's peak learning rate (optimizer muon; modded-nanogpt's 0.02); "
+            "the schedule scales it like --lr, its floor is min-lr x muon-lr / lr"
+        ),
+        json_schema_extra=_meta(BATCH),
     )
-    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum (optimizer muon)")
+    muon_momentum: float = Field(
+        0.95,
+        ge=0,
+        lt=1,
+        description="Muon's (Nesterov) momentum (optimizer muon)",
+    )
     weight_decay: float = Field(
-        0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay on its 2-D parameters (the matrices and embeddings; with "
-        "optimizer muon the embeddings only: Muon's matrices take none, as in modded-nanogpt)"
+        0.1,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "AdamW weight decay on its 2-D parameters (the matrices and embeddings; with "
+            "optimizer muon the embeddings only: Muon's matrices take none, as in modded-nanogpt)"
+        ),
     )
-    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
-    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
-    eps: float = Field(1e-8, gt=0, allow_inf_nan=False, description="AdamW epsilon")
+    beta1: float = Field(
+        0.9,
+        ge=0,
+        lt=1,
+        description="AdamW beta1",
+    )
+    beta2: float = Field(
+        0.95,
+        ge=0,
+        lt=1,
+        description="AdamW beta2",
+    )
+    eps: float = Field(
+        1e-8,
+        gt=0,
+        allow_inf_nan=False,
+        description="AdamW epsilon",
+    )
     grad_clip: float = Field(
-        1.0, ge=0, allow_inf_nan=False, description="clip the global grad norm to this (0 = off)", json_schema_extra=_meta(BATCH)
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="clip the global grad norm to this (0 = off)",
+        json_schema_extra=_meta(BATCH),
     )
     fused: bool | None = Field(
-        None, description="fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(8, "fused", True, "+ fused AdamW, pinned, prefetch", "fused AdamW kernel, pinned host memory + async copies, batch built on a thread")], flag="--fused-adamw")
+        None,
+        description=(
+            "fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True, flag="--fused-adamw"),
     )
 
     def decay_end(self, max_steps: int) -> int:
@@ -212,64 +374,161 @@ class OptimConfig(_Strict):
     @model_validator(mode="after")
     def _min_below_peak(self) -> OptimConfig:
         if self.min_lr > self.lr:
-            raise Invalid(f"min_lr {self.min_lr} is above lr {self.lr}", {"optim.min_lr": f"{self.lr} or less"})
+            raise Invalid(
+                f"min_lr {self.min_lr} is above lr {self.lr}",
+                {"optim.min_lr": f"{self.lr} or less"},
+            )
         return self
 
 
 class SpeedConfig(_Strict):
     """Device and the compute switches."""
 
-    device: Device = Field("auto", description="where to train (auto: cuda > mps > cpu)", json_schema_extra=_meta(DEVICE))
+    device: Device = Field(
+        "auto",
+        description="where to train (auto: cuda > mps > cpu)",
+        json_schema_extra=_meta(DEVICE),
+    )
     precision: Precision = Field(
-        "auto", description="auto = bf16 on GPUs that have it, else fp16 on CUDA, else fp32; reported on GPT-2: "
-        "tf32 ~3x fp32 (Ampere+), bf16 ~1.1x more, fp16 uses a GradScaler (docs/benchmarks.md)", json_schema_extra=_meta(SWITCH, live=True, baseline="fp32", rungs=[rung(3, "tf32", "tf32", "+ TF32", "TF32 tensor-core matmuls (Ampere+)"), rung(4, "amp", "amp", "+ AMP", "bf16 autocast (fp16 + GradScaler where bf16 is missing)")])
+        "auto",
+        description=(
+            "auto = bf16 on GPUs that have it, else fp16 on CUDA, else fp32; reported on GPT-2: "
+            "tf32 ~3x fp32 (Ampere+), bf16 ~1.1x more, fp16 uses a GradScaler (docs/benchmarks.md)"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
     )
     compile: bool = Field(
-        False, description="torch.compile (reported 1.5-2.3x; the first steps are slow while it compiles)", json_schema_extra=_meta(SWITCH, live=True, baseline=False, rungs=[rung(5, "compile", True, "+ torch.compile", "torch.compile of the model (first step compiles)")])
+        False,
+        description=(
+            "torch.compile (reported 1.5-2.3x; the first steps are slow while it compiles)"
+        ),
+        json_schema_extra=_meta(SWITCH, live=True),
     )
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
-        "default", description="torch.compile mode", json_schema_extra=_meta(SWITCH, live=True)
+    compile_mode: CompileMode = Field(
+        "default",
+        description="torch.compile mode",
+        json_schema_extra=_meta(SWITCH, live=True),
     )
     compile_scope: Literal["model", "blocks"] = Field(
-        "blocks", description="what torch.compile compiles: blocks = one transformer block, reused by every layer, "
-        "plus the loss head (a cold compile that does not grow with depth: 12-layer gpt2 on CPU 2.6x shorter, "
-        "+1.6% ms/step); model = the whole forward as one graph (fusion across blocks, the longest compile; "
-        "docs/benchmarks.md)",
+        "blocks",
+        description=(
+            "what torch.compile compiles: blocks = one transformer block, reused by every layer, "
+            "plus the loss head (a cold compile that does not grow with depth: 12-layer gpt2 on "
+            "CPU 2.6x shorter, +1.6% ms/step); model = the whole forward as one graph (fusion "
+            "across blocks, the longest compile; docs/benchmarks.md)"
+        ),
         json_schema_extra=_meta(SWITCH, live=True),
     )
     parallel: Literal["auto", "ddp", "fsdp"] = Field(
-        "auto", description="with --nproc/torchrun: ddp replicates the model, fsdp (FSDP2) shards it; "
-        "auto = ddp unless the estimator says only a shard fits the GPU"
+        "auto",
+        description=(
+            "with --nproc/torchrun: ddp replicates the model, fsdp (FSDP2) shards it; "
+            "auto = ddp unless the estimator says only a shard fits the GPU"
+        ),
     )
 
 
 class TrainConfig(_Strict):
     """Batch geometry, run length and bookkeeping intervals."""
 
-    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="micro-batch: sequences per forward pass", json_schema_extra=_meta(BATCH, live=True))
-    block_size: int | None = Field(None, ge=1, le=MAX_CONTEXT, description="tokens per sequence (default: the model's context)", json_schema_extra=_meta(BATCH, blank="model context"))
-    grad_accum: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step", json_schema_extra=_meta(BATCH, live=True))
-    max_steps: int = Field(1000, ge=1, le=MAX_STEPS, description="optimizer steps to train to", json_schema_extra=_meta(BATCH))
-    eval_interval: int = Field(100, ge=1, le=MAX_STEPS, description="steps between val-loss evals", json_schema_extra=_meta(BATCH))
-    eval_batches: int = Field(20, ge=1, le=MAX_COUNT, description="val batches per eval")
-    log_interval: int = Field(1, ge=1, le=MAX_STEPS, description="steps between step reports (each reads the device: a host sync)")
-    ckpt_interval: int = Field(500, ge=1, le=MAX_STEPS, description="steps between checkpoints", json_schema_extra=_meta(BATCH))
-    keep_last: int = Field(3, ge=1, le=MAX_COUNT, description="checkpoints kept besides best.pt", json_schema_extra=_meta(BATCH))
-    seed: int = Field(
-        1337, ge=0, lt=SEED_LIMIT, description="random seed (same seed + config on CPU = same loss curve)", json_schema_extra=_meta(BATCH)
+    batch_size: int = Field(
+        16,
+        ge=1,
+        le=MAX_BATCH,
+        description="micro-batch: sequences per forward pass",
+        json_schema_extra=_meta(BATCH, live=True),
     )
-    sample_tokens: int = Field(48, ge=0, le=MAX_SAMPLE_TOKENS, description="tokens generated at each eval, shown in the dashboard and the console (0 = none)")
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CONTEXT,
+        description="tokens per sequence (default: the model's context)",
+        json_schema_extra=_meta(BATCH, blank="model context"),
+    )
+    grad_accum: int = Field(
+        1,
+        ge=1,
+        le=MAX_BATCH,
+        description="micro-batches per optimizer step",
+        json_schema_extra=_meta(BATCH, live=True),
+    )
+    max_steps: int = Field(
+        1000,
+        ge=1,
+        le=MAX_STEPS,
+        description="optimizer steps to train to",
+        json_schema_extra=_meta(BATCH),
+    )
+    eval_interval: int = Field(
+        100,
+        ge=1,
+        le=MAX_STEPS,
+        description="steps between val-loss evals",
+        json_schema_extra=_meta(BATCH),
+    )
+    eval_batches: int = Field(
+        20,
+        ge=1,
+        le=MAX_COUNT,
+        description="val batches per eval",
+    )
+    log_interval: int = Field(
+        1,
+        ge=1,
+        le=MAX_STEPS,
+        description="steps between step reports (each reads the device: a host sync)",
+    )
+    ckpt_interval: int = Field(
+        500,
+        ge=1,
+        le=MAX_STEPS,
+        description="steps between checkpoints",
+        json_schema_extra=_meta(BATCH),
+    )
+    keep_last: int = Field(
+        3,
+        ge=1,
+        le=MAX_COUNT,
+        description="checkpoints kept besides best.pt",
+        json_schema_extra=_meta(BATCH),
+    )
+    seed: int = Field(
+        1337,
+        ge=0,
+        lt=SEED_LIMIT,
+        description="random seed (same seed + config on CPU = same loss curve)",
+        json_schema_extra=_meta(BATCH),
+    )
+    sample_tokens: int = Field(
+        48,
+        ge=0,
+        le=MAX_SAMPLE_TOKENS,
+        description=(
+            "tokens generated at each eval, shown in the dashboard and the console (0 = none)"
+        ),
+    )
     on_save_error: Literal["continue", "stop"] = Field(
-        "continue", description="a checkpoint write fails (disk full, no permission): warn and retry "
-        "at the next interval, or stop the run"
+        "continue",
+        description=(
+            "a checkpoint write fails (disk full, no permission): warn and retry "
+            "at the next interval, or stop the run"
+        ),
     )
     log: list[Literal["tensorboard", "wandb", "csv"]] = Field(
-        [], description="also log what the dashboard shows to tensorboard (RUN/tensorboard), wandb (its env vars rule) "
-        "or csv (RUN/metrics.csv); several allowed; events.jsonl stays the record"
+        [],
+        description=(
+            "also log what the dashboard shows to tensorboard (RUN/tensorboard), wandb (its env "
+            "vars rule) or csv (RUN/metrics.csv); several allowed; events.jsonl stays the record"
+        ),
     )
     max_bad_steps: int = Field(
-        5, ge=1, le=MAX_COUNT, description="consecutive NaN/Inf steps (each skipped) before the run stops with a checkpoint "
-        "of the last good state"
+        5,
+        ge=1,
+        le=MAX_COUNT,
+        description=(
+            "consecutive NaN/Inf steps (each skipped) before the run stops with a checkpoint "
+            "of the last good state"
+        ),
     )
 
 
@@ -283,7 +542,9 @@ class RunConfig(_Strict):
     optim: OptimConfig = OptimConfig()
     speed: SpeedConfig = SpeedConfig()
     train: TrainConfig = TrainConfig()
-    _notes: list[str] = PrivateAttr(default_factory=list)  # what resolve changed on its own (fit_warmup)
+    # what resolve changed on its own (fit_warmup)
+    _notes: list[str] = PrivateAttr(default_factory=list)
+    _preflighted: bool = PrivateAttr(default=False)  # judged by engine.run.preflight: Run.open asks
 
     @property
     def notes(self) -> list[str]:
@@ -294,8 +555,10 @@ class RunConfig(_Strict):
     def _block_fits_context(self) -> RunConfig:
         T = self.train.block_size
         if T is not None and T > self.model.block_size:
-            raise Invalid(f"block size {T} is above the model's context {self.model.block_size}",
-                          {"train.block_size": f"{self.model.block_size} or less"})
+            raise Invalid(
+                f"block size {T} is above the model's context {self.model.block_size}",
+                {"train.block_size": f"{self.model.block_size} or less"},
+            )
         return self
 
     @model_validator(mode="after")
@@ -304,9 +567,11 @@ class RunConfig(_Strict):
         warmup the user did not set follows a shortened run instead: fit_warmup, before this)."""
         w, n = self.optim.warmup_steps, self.train.max_steps
         if w >= n:
-            raise Invalid(f"warmup steps {w} is not below max steps {n}: the lr would never reach its peak",
-                          {"optim.warmup_steps": f"{n - 1} or less" if n >= 2 else "0"},
-                          {"train.max_steps": f"{w + 1} or more"})  # fmt: skip
+            raise Invalid(
+                f"warmup steps {w} is not below max steps {n}: the lr would never reach its peak",
+                {"optim.warmup_steps": f"{n - 1} or less" if n >= 2 else "0"},
+                {"train.max_steps": f"{w + 1} or more"},
+            )
         return self
 
     @model_validator(mode="after")
@@ -339,7 +604,9 @@ def flag_of(dotted: str) -> str | None:
     section, name = dotted.split(".")
     info = RunConfig.model_fields[section].annotation.model_fields[name]  # type: ignore[union-attr]
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    return extra["flag"] if "flag" in extra else "--" + name.replace("_", "-")  # type: ignore[return-value]
+    if "flag" in extra:
+        return extra["flag"]  # type: ignore[return-value]
+    return "--" + name.replace("_", "-")
 
 
 def cli_change(dotted: str, value: Any) -> str:
@@ -394,7 +661,14 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 CONFIG_CAP = 16 << 20  # a config file is a few hundred bytes
-_TOML_TYPES = {bool: "a boolean", str: "a string", int: "an integer", float: "a float", list: "an array", dict: "a table"}
+_TOML_TYPES = {
+    bool: "a boolean",
+    str: "a string",
+    int: "an integer",
+    float: "a float",
+    list: "an array",
+    dict: "a table",
+}
 
 
 @functools.cache
@@ -402,7 +676,9 @@ def _adapter(annotation: Any) -> TypeAdapter[Any]:
     return TypeAdapter(annotation)
 
 
-def check_file_types(data: dict[str, Any], source: str, model: type[BaseModel] | None = None, prefix: str = "") -> dict[str, Any]:
+def check_file_types(
+    data: dict[str, Any], source: str, model: type[BaseModel] | None = None, prefix: str = ""
+) -> dict[str, Any]:
     """Values read from a TOML file are taken as written: a boolean is not a number, a string is
     not a number or a boolean (`n_layer = true`, `batch_size = "8"`, `preload = "off"` are
     refused, where pydantic's lax mode took them for 1, 8 and false). One line naming the key,
@@ -422,10 +698,17 @@ def check_file_types(data: dict[str, Any], source: str, model: type[BaseModel] |
         try:
             _adapter(annotation).validate_json(json.dumps(value, default=str), strict=True)
         except (ValidationError, ValueError) as err:
-            got = next((n for t, n in _TOML_TYPES.items() if isinstance(value, t)), type(value).__name__)
-            msg = err.errors()[0]["msg"] if isinstance(err, ValidationError) else "not a valid value"
+            got = next(
+                (n for t, n in _TOML_TYPES.items() if isinstance(value, t)), type(value).__name__
+            )
+            msg = "not a valid value"
+            if isinstance(err, ValidationError):
+                msg = err.errors()[0]["msg"]
             shown = json.dumps(value, default=str)
-            raise UserError(f"{source}: {prefix}{key} = {shown[:60]} is {got}; {msg[0].lower()}{msg[1:]}: fix the file") from None
+            raise UserError(
+                f"{source}: {prefix}{key} = {shown[:60]} is {got}; "
+                f"{msg[0].lower()}{msg[1:]}: fix the file"
+            ) from None
     return data
 
 
@@ -434,15 +717,19 @@ def read_toml(path: Path, what: str = "config") -> dict[str, Any]:
     from engine import files
 
     try:
-        data = files.read_toml(path, CONFIG_CAP, follow_links=True)  # the user's own file: a link is theirs
+        # the user's own file: a link is theirs
+        data = files.read_toml(path, CONFIG_CAP, follow_links=True)
     except FileNotFoundError:
         raise UserError(f"{what} file {path} does not exist; check the path") from None
     except tomllib.TOMLDecodeError as err:  # a ValueError: before the catch-all below
         raise UserError(f"{what} file {path} is not valid TOML: {err}; fix the file") from None
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {what} file {path}: {err}") from None
-    except RecursionError:  # tomllib recurses per nested array/table: thousands deep exhaust the stack
-        raise UserError(f"{what} file {path} nests arrays or tables too deeply to read; fix the file") from None
+    except RecursionError:
+        # tomllib recurses per nested array/table: thousands deep exhaust the stack
+        raise UserError(
+            f"{what} file {path} nests arrays or tables too deeply to read; fix the file"
+        ) from None
     return check_file_types(data, f"{what} file {path}")
 
 
@@ -514,8 +801,12 @@ def fit_warmup(data: dict[str, Any], user_set: set[str]) -> str | None:
     w = data.get("optim", {}).get("warmup_steps", OptimConfig.model_fields["warmup_steps"].default)
     if type(n) is not int or type(w) is not int or n < 1 or w < n:
         return None  # not numbers yet (pydantic refuses them), or the warmup fits
-    data["optim"] = {**data.get("optim", {}), "warmup_steps": n // 10}  # a new dict: a preset's stays as read
-    return f"warmup steps {w} -> {n // 10}: a tenth of the {n} max steps you set (a warmup of {w} would outlast the run)"
+    # a new dict: a preset's stays as read
+    data["optim"] = {**data.get("optim", {}), "warmup_steps": n // 10}
+    return (
+        f"warmup steps {w} -> {n // 10}: a tenth of the {n} max steps you set "
+        f"(a warmup of {w} would outlast the run)"
+    )
 
 
 def overlay(data: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Callable, Iterable, Literal, Protocol, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from engine import files as runfiles, text
+from engine import files, text
 from engine.console import Console, out as console_out
 from engine.errors import UserError
 from engine.gpu_monitor import GpuSample
@@ -231,7 +231,7 @@ EVENTS_CAP = 16 << 30  # a log larger than this is not a run's (1M steps is ~0.3
 def read_events(path: Path) -> tuple[list[Event], list[str]]:
     """All events of an events.jsonl, and a warning for each line that is torn or unknown."""
     reader = EventLines(path)
-    with runfiles.open_log(path, EVENTS_CAP) as f:  # a regular file, never a link or a FIFO
+    with files.open_log(path, EVENTS_CAP) as f:  # a regular file, never a link or a FIFO
         return reader.read(f), reader.problems
 
 
@@ -253,7 +253,7 @@ class JsonlSink:
     """
 
     def __init__(self, path: Path):
-        self._log = runfiles.AppendLog(path)
+        self._log = files.AppendLog(path)
 
     @property
     def dropped(self) -> int:

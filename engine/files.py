@@ -353,6 +353,15 @@ def replace(src: Path | str, dst: Path | str) -> None:
     os.replace(src, dst)
 
 
+def cache_root(cache_dir: Path | None = None) -> Path:
+    """Where gpt2-tui keeps what it builds once and reuses (datasets, tokenizers, compiled code):
+    cache_dir, else $GPT2_TUI_CACHE, else ~/.cache/gpt2-tui."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("GPT2_TUI_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt2-tui"
+
+
 def build_dir_name(out: Path) -> Path:
     """The hidden `.OUT.tmp-PID-HEX` directory a build of `out` (prepare, export) fills before
     renaming it into place: its pid says whether the build still lives (sweep_dead_builds)."""

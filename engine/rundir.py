@@ -19,7 +19,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from engine import files as runfiles, text
+from engine import files, text
 from engine.config import RunConfig, build, check_file_types
 from engine.errors import UserError
 from engine.text import program
@@ -89,7 +89,7 @@ def check_new(path: Path, flag: str = "--out") -> None:
 def _mount_of(path: str) -> tuple[str, str] | None:
     """(mount point, file system type) that holds `path` (Linux: /proc/self/mounts), or None."""
     try:
-        lines = runfiles.read_text("/proc/self/mounts", runfiles.PROC_CAP).splitlines()
+        lines = files.read_text("/proc/self/mounts", files.PROC_CAP).splitlines()
     except OSError:
         return None
     best: tuple[str, str] | None = None
@@ -126,7 +126,7 @@ def _check_writable(directory: Path, path: Path, flag: str) -> None:
 def make_dir(path: Path, flag: str = "--out") -> None:
     """Create a checked output directory (and its parents); a failure is one line."""
     try:
-        runfiles.make_dir(path)
+        files.make_dir(path)
     except OSError as err:
         raise UserError(f"{flag} {path} could not be created ({err.strerror}); choose another path") from None
 
@@ -151,10 +151,10 @@ def create(path: Path, config: RunConfig, tokenizer: str | None) -> bool:
     made = not os.path.lexists(path)
     claim_new(path)
     try:
-        runfiles.make_dir(path / CHECKPOINTS, parents=False)
+        files.make_dir(path / CHECKPOINTS, parents=False)
         write_config(path, config)
         if tokenizer:
-            runfiles.copy_file(tokenizer, path / TOKENIZER, runfiles.TOKENIZER_CAP, follow_links=True)  # never a torn copy
+            files.copy_file(tokenizer, path / TOKENIZER, files.TOKENIZER_CAP, follow_links=True)  # never a torn copy
     except BaseException:
         discard_new(path, made)
         raise
@@ -168,17 +168,17 @@ def discard_new(path: Path, made: bool) -> None:
     keeps it), then the lock."""
     for name in (CONFIG, TOKENIZER, WRITER_LOCK):
         with contextlib.suppress(OSError):
-            runfiles.remove(path / name)
+            files.remove(path / name)
     _drop_record(path)
     with contextlib.suppress(OSError):
-        runfiles.remove_dir(path / CHECKPOINTS)  # only when empty
+        files.remove_dir(path / CHECKPOINTS)  # only when empty
         if made:
-            runfiles.remove_dir(path)
+            files.remove_dir(path)
     unlock(path)
 
 
 def write_config(path: Path, config: RunConfig) -> None:
-    runfiles.atomic_write_bytes(path / CONFIG, config.to_toml().encode())
+    files.atomic_write_bytes(path / CONFIG, config.to_toml().encode())
 
 
 def require_dir(path: Path) -> None:
@@ -195,7 +195,7 @@ def load_config(path: Path) -> RunConfig:
     if not os.path.lexists(path / CONFIG):
         raise UserError(f"{path} is not a run directory (no {CONFIG}); give the --out of a run")
     try:
-        data = runfiles.read_toml(path / CONFIG)
+        data = files.read_toml(path / CONFIG)
     except OSError as err:
         raise UserError(f"cannot read {path / CONFIG} ({err.strerror or err}); give the --out of a run") from None
     except tomllib.TOMLDecodeError as err:
@@ -207,7 +207,7 @@ def load_config(path: Path) -> RunConfig:
 
 def tokenizer_of(path: Path) -> Path | None:
     p = path / TOKENIZER
-    return p if runfiles.is_regular(p) else None
+    return p if files.is_regular(p) else None
 
 
 # ---------------------------------------------------------------- the one writer
@@ -238,7 +238,7 @@ def _held_by_ancestor(path: Path) -> bool:
 def _parent_pid(pid: int) -> int:
     """The parent of `pid` from /proc/PID/stat (0 when it cannot be read)."""
     try:
-        stat = runfiles.read_bounded(f"/proc/{pid}/stat", 4096)
+        stat = files.read_bounded(f"/proc/{pid}/stat", 4096)
         return int(stat[stat.rindex(b")") + 2:].split()[1])  # "pid (comm) state ppid ...": comm may hold spaces
     except (OSError, ValueError, IndexError):
         return 0
@@ -254,7 +254,7 @@ def lock(path: Path) -> None:
     key = _key(path)
     if key in _held or _held_by_ancestor(path):
         return
-    runfiles.check_no_links(path, WRITTEN)
+    files.check_no_links(path, WRITTEN)
     try:
         dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
@@ -311,7 +311,7 @@ def _flock_pid(locked: Path) -> int | None:
     an inode number alone is shared by files on other file systems."""
     try:
         st = os.stat(locked)
-        lines = runfiles.read_text("/proc/locks", runfiles.PROC_CAP).splitlines()
+        lines = files.read_text("/proc/locks", files.PROC_CAP).splitlines()
     except OSError:
         return None
     mine = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
@@ -340,7 +340,7 @@ def claim_writer(path: Path) -> None:
         return  # the launcher's record names the holder of the lock
     lock(path)
     since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    runfiles.atomic_write_bytes(path / WRITER, f"{socket.gethostname()} {os.getpid()} {since}\n".encode())
+    files.atomic_write_bytes(path / WRITER, f"{socket.gethostname()} {os.getpid()} {since}\n".encode())
     _recorded.add(_key(path))
 
 
@@ -354,7 +354,7 @@ def _drop_record(path: Path) -> None:
     """Remove writer.pid if this process wrote it."""
     key = _key(path)
     if key in _recorded:
-        runfiles.remove(path / WRITER)
+        files.remove(path / WRITER)
         _recorded.discard(key)
 
 
@@ -372,7 +372,7 @@ def writer_alive(path: Path) -> bool | None:
 def writer_record(path: Path) -> tuple[str, int, str] | None:
     """writer.pid as (host, pid, since), or None without a readable record (a label only)."""
     try:
-        host, pid, *since = runfiles.read_bounded(Path(path) / WRITER, PID_CAP).decode().split()
+        host, pid, *since = files.read_bounded(Path(path) / WRITER, PID_CAP).decode().split()
         return host, int(pid), since[0] if since else ""
     except (OSError, ValueError):
         return None

@@ -108,35 +108,3 @@ def form_sections() -> list[tuple[str, list[Setting]]]:
     """The setup form's sections in order, each with its settings (batch geometry first)."""
     shown = all_settings(("train", "speed", "model", "optim", "data"))
     return [(title, [s for s in shown if s.form == title]) for title in FORM_SECTIONS]
-
-
-@dataclass(frozen=True)
-class Rung:
-    """A step of the speed ladder (bench/ladder.py): the switches it changes over the one below."""
-
-    name: str
-    label: str
-    why: str
-    changes: dict[str, Any]
-
-
-def _extra(dotted: str) -> dict[str, Any]:
-    section, name = dotted.split(".")
-    info = RunConfig.model_fields[section].annotation.model_fields[name]  # type: ignore[union-attr]
-    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-
-
-def ladder(key: str = "rungs") -> tuple[dict[str, Any], list[Rung]]:
-    """The speed ladder, read off the settings' metadata (engine.config rung()): the baseline
-    (each switch's `baseline` value) and the rungs in order, a rung's settings changed together.
-    `key="loss_rungs"`: the rungs `bench --to-loss` adds on top (optimizer, schedule)."""
-    baseline: dict[str, Any] = {}
-    steps: dict[str, tuple[int, Rung]] = {}
-    for s in all_settings(("speed", "model", "optim", "data", "train")):
-        extra = _extra(s.dotted)
-        if "baseline" in extra:
-            baseline[s.dotted] = extra["baseline"]
-        for r in extra.get(key, ()):
-            at, old = steps.get(r["name"], (r["at"], Rung(r["name"], "", "", {})))
-            steps[r["name"]] = (at, Rung(r["name"], old.label or r["label"], old.why or r["why"], old.changes | {s.dotted: r["value"]}))
-    return baseline, [rung for _, rung in sorted(steps.values(), key=lambda item: item[0])]

@@ -244,9 +244,9 @@ def verdict(est: Any, device_bytes: int | None) -> str:
 
 
 def format_table(est: Any, device_bytes: int | None, model_size: str | None = None) -> str:
-    """An engine.memory.MemoryEstimate as a plain-text table: each part's full size, what of
+    """An engine.train.memory.MemoryEstimate as a plain-text table: each part's full size, what of
     it is alive at the peak, the phases, the peak and the verdict. `model_size`: the model's size in
-    words (engine.memory.size_text), else the estimate's parameter count and vocab."""
+    words (engine.train.memory.size_text), else the estimate's parameter count and vocab."""
     rows = [("part", "size", "at peak")]
     for name, size in est.components.items():
         if size or est.breakdown.get(name):

@@ -1,4 +1,6 @@
 """Shared fixtures: small on-disk datasets in every supported format, and a private cache.
+The plain helpers they use, and every other shared helper, are in tests/harness.py: a test
+imports those from there (`from harness import ...`), never from conftest or another test.
 
 `make_dataset(fmt, train, val, ...)` writes real files the way nanoGPT, llm.c or
 `gpt2-tui prepare` would; `tiny_dataset` is a ready-made gpt2-tui dataset of random ids
@@ -7,7 +9,6 @@ that trainer tests can use without tokenizing anything.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,8 +16,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+pytest.register_assert_rewrite("harness")  # its asserts explain themselves as a test's do
+from harness import (  # noqa: E402
+    bigram_tokens, random_tokens, tree_snapshot, write_gpt2tui, write_llmc, write_llmc_shard, write_nanogpt,
+)  # fmt: skip
 
-LLMC_MAGIC = 20240520
 # Each test's area, for `pytest -m AREA` (registered in pyproject.toml): the folder under tests/
 # that holds its file. A test skipped for want of CUDA is also gpu.
 TESTS = Path(__file__).resolve().parent
@@ -38,65 +42,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(area(item.path))
         if any(m.kwargs.get("reason") == NEEDS_CUDA for m in item.iter_markers("skipif")):
             item.add_marker("gpu")
-
-
-def write_gpt2tui(
-    root: Path,
-    train: np.ndarray,
-    val: np.ndarray,
-    vocab_size: int,
-    eot_id: int | None = None,
-    tokenizer: str | None = None,
-) -> Path:
-    """A gpt2-tui dataset dir: dataset.json + train.bin + val.bin (dtype from the vocab)."""
-    root.mkdir(parents=True, exist_ok=True)
-    dtype = "uint16" if vocab_size <= 65536 else "uint32"
-    on_disk = {"uint16": "<u2", "uint32": "<u4"}[dtype]
-    np.asarray(train).astype(on_disk).tofile(root / "train.bin")
-    np.asarray(val).astype(on_disk).tofile(root / "val.bin")
-    sidecar = {
-        "format": "gpt2-tui",
-        "version": 1,
-        "dtype": dtype,
-        "vocab_size": vocab_size,
-        "train_tokens": int(len(train)),
-        "val_tokens": int(len(val)),
-        "tokenizer": tokenizer,
-        "eot_id": eot_id,
-    }
-    (root / "dataset.json").write_text(json.dumps(sidecar))
-    return root
-
-
-def write_nanogpt(root: Path, train: np.ndarray, val: np.ndarray) -> Path:
-    """nanoGPT's layout: raw uint16 train.bin / val.bin, nothing else."""
-    root.mkdir(parents=True, exist_ok=True)
-    np.asarray(train).astype("<u2").tofile(root / "train.bin")
-    np.asarray(val).astype("<u2").tofile(root / "val.bin")
-    return root
-
-
-def write_llmc_shard(path: Path, tokens: np.ndarray, magic: int = LLMC_MAGIC, version: int = 1,
-                     count: int | None = None) -> Path:  # fmt: skip
-    """One llm.c shard: 256 int32 header (magic, version, token count) + uint16 tokens."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = [magic, version, len(tokens) if count is None else count]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens).astype("<u2").tobytes())
-    return path
-
-
-def write_llmc(root: Path, shards: dict[str, np.ndarray]) -> Path:
-    """A directory of llm.c shards, e.g. {"x_train_000001.bin": ids, "x_val_000000.bin": ids}."""
-    for name, tokens in shards.items():
-        write_llmc_shard(root / name, tokens)
-    return root
-
-
-def random_tokens(n: int, vocab_size: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, vocab_size, size=n, dtype=np.int64)
 
 
 @pytest.fixture
@@ -150,19 +95,6 @@ def tiny_dataset(make_dataset: Callable[..., Path]) -> Path:
     return make_dataset("gpt2-tui", name="tiny")
 
 
-def bigram_tokens(n: int, vocab_size: int, seed: int = 0, keep: float = 0.9) -> np.ndarray:
-    """A noisy bigram chain: next = (5 * t + 1) % V with probability `keep`, else uniform.
-    Its best loss is far below ln V, so "the loss falls" is a real claim, not a coin flip."""
-    rng = np.random.default_rng(seed)
-    noise = rng.integers(0, vocab_size, size=n)
-    follow = rng.random(n) < keep
-    out = np.empty(n, dtype=np.int64)
-    out[0] = noise[0]
-    for i in range(1, n):
-        out[i] = (5 * out[i - 1] + 1) % vocab_size if follow[i] else noise[i]
-    return out
-
-
 @pytest.fixture
 def structured_dataset(make_dataset: Callable[..., Path]) -> Path:
     """A gpt2-tui dataset dir like tiny_dataset (vocab 64, 20,000 / 4,000 tokens) whose tokens
@@ -180,46 +112,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield cache
 
 
-def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """{relative path: (size, mtime_ns)} of everything under root: to assert nothing changed."""
-    return {
-        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in sorted(root.rglob("*"))
-    }
-
-
 @pytest.fixture
 def file_tree() -> Callable[[Path], dict[str, tuple[int, int]]]:
     """tree_snapshot as a fixture (not named `snapshot`: that is syrupy's, for the TUI SVGs)."""
     return tree_snapshot
-
-
-def cli_fails(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> str:
-    """Run the in-process CLI: it must exit 2 with one stderr line naming the problem."""
-    from gpt2_tui import main
-
-    code = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for w in words:
-        assert w in err, err
-    return err
-
-
-def micro_config(data: Path, **flags):
-    """The micro preset on CPU in fp32 over `data`, with dotted overrides: a run's config for
-    tests that build the engine directly."""
-    from engine.config import resolve
-
-    return resolve("micro", None, {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | flags)
-
-
-def run_events(run_dir: Path) -> list:
-    """A run's events, every line readable (a test run writes no bad line)."""
-    from engine import rundir
-    from engine.events import read_events
-
-    events, problems = read_events(run_dir / rundir.EVENTS)
-    assert problems == []
-    return events

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from engine.api import events as ev
 from engine.api import rundir
-from engine.api import files as runfiles
+from engine.api import files
 from engine.api import RunConfig
 from engine.api import Control, Request, post
 from engine.api import UserError
@@ -188,7 +188,7 @@ class RunSession:
     def console_text(self) -> str:
         """What the launched process wrote to the console log (not earlier launches' lines)."""
         try:
-            with runfiles.open_log(self.run_dir / CONSOLE_LOG, offset=self._console_pos) as f:
+            with files.open_log(self.run_dir / CONSOLE_LOG, offset=self._console_pos) as f:
                 return f.read(CONSOLE_CAP).decode(errors="replace")
         except OSError:
             return ""

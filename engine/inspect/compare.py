@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from engine import events as ev
 from engine import rundir
-from engine import files as runfiles
+from engine import files
 from engine.errors import UserError
 from engine.text import duration_text, human, loss_text, path_text, ratio_text, short, value_text
 from engine.text import shown as cell
@@ -62,7 +62,7 @@ def _run_events(run_dir: Path) -> Iterator[Any]:
         raise UserError(f"{run_dir} is not a run directory (no {rundir.EVENTS}); give the directory of a run")
     lines = ev.EventLines(path)
     try:
-        with runfiles.open_log(path, ev.EVENTS_CAP) as f:  # a link, a FIFO, a device: refused
+        with files.open_log(path, ev.EVENTS_CAP) as f:  # a link, a FIFO, a device: refused
             for raw in f:
                 e = lines.parse(raw)
                 if e is not None:

@@ -240,7 +240,7 @@ def run_rows(include_compile: bool = False, say: Callable[[str], None] | None = 
 
 def _tiny_dataset(root: Path, np: Any) -> Path:
     """A gpt2-tui dataset of random ids, vocab 64: the runs time switches, not learning."""
-    from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR
+    from engine.dataset import FORMAT_NAME, FORMAT_VERSION, SIDECAR
 
     files.make_dir(root, exist_ok=False)
     rng = np.random.default_rng(0)

@@ -25,11 +25,11 @@ from pydantic import BaseModel
 
 from engine import events as ev
 from engine import rundir
-from engine import files as runfiles
+from engine import files
 from engine.run.segments import Reach, default_target
 from engine.text import fmt_params, loss_text, shown
 
-RunStateName = Literal["running", "finished", "stopped", "failed", "writer gone"]
+RunStateName = Literal["running", "completed", "stopped", "failed", "writer gone"]
 DEFAULT_ROOT = Path("runs")
 
 
@@ -89,7 +89,7 @@ def _scan(events: Path, s: _Scan | None = None) -> _Scan:
     """The log's summary, continuing `s` when it read this same file before. A log that is not a
     regular file (a FIFO, a link to /dev/zero) or is larger than EVENTS_CAP is not read."""
     try:
-        fd = runfiles.open_regular(events, EVENTS_CAP)
+        fd = files.open_regular(events, EVENTS_CAP)
     except OSError:
         return _Scan()
     with os.fdopen(fd, "rb") as f:
@@ -217,7 +217,7 @@ def _scan_cached(events: Path) -> _Scan:
 def _read_config(path: Path) -> dict[str, Any]:
     """config.toml, bounded and depth-capped; {} when it cannot be read (the log still tells)."""
     try:
-        return runfiles.read_toml(path / rundir.CONFIG, CONFIG_CAP)
+        return files.read_toml(path / rundir.CONFIG, CONFIG_CAP)
     except (OSError, ValueError):
         return {}
 
@@ -237,7 +237,7 @@ def _state(path: Path, s: _Scan) -> RunStateName:
     if isinstance(s.end, ev.RunFailed):
         return "failed"
     if s.end is not None:
-        return "stopped" if s.end.reason == "stopped" else "finished"
+        return "stopped" if s.end.reason == "stopped" else "completed"  # the word the run_finished event itself uses
     if rundir.writer_alive(path):  # the lock's holder: the one liveness rule, never writer.pid
         return "running"
     return "writer gone"  # no one holds the lock and no ending: nothing will finish it

@@ -39,7 +39,7 @@ import numpy as np
 
 from engine import console, files, rundir
 from engine.config import SEED_LIMIT
-from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, Sidecar, dtype_for_vocab, open_dataset
+from engine.dataset import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, Sidecar, dtype_for_vocab, open_dataset
 from engine.errors import UserError
 from engine.prep.tokenizer import load_tokenizer
 

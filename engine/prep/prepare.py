@@ -36,10 +36,10 @@ from typing import BinaryIO
 import numpy as np
 
 from engine import files
-from engine.train.data import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
+from engine.dataset import FORMAT_NAME, FORMAT_VERSION, SIDECAR, DatasetInfo, dtype_for_vocab, open_dataset
 from engine import console, rundir
 from engine.config import DEFAULT_VOCAB, SEED_LIMIT
-from engine.paths import cache_root
+from engine.files import cache_root
 from engine.errors import UserError
 from engine.prep.tokenizer import load_tokenizer
 from engine.text import path_text

@@ -2,7 +2,7 @@
 of its own (a new run, or a resume), whose console goes to the run's console.log.
 
 The app keeps a handle on what these return (tui/session.py); torchrun's launcher, for
-`--nproc`, is engine/run/launch.py. A detached process runs in its own session, so the run
+`--nproc`, is engine/run/torchrun.py. A detached process runs in its own session, so the run
 survives the terminal that launched it.
 """
 

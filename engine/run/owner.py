@@ -15,24 +15,24 @@ the checkpoint just saved, under the same lock, into the same sinks, on the same
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import device, memory, rundir
+from engine import rundir
 from engine import events as ev
 from engine.config import RunConfig
 from engine.errors import UserError
 from engine.run import toggle
-from engine.run.configs import open_data, pretrained, with_pretrained_shape
+from engine.run.preflight import open_data, preflight, pretrained
+from engine.run.inbox import Inbox
 from engine.run.requests import Control, Mailbox, Request
 from engine.run.segments import opening, switches
 from engine.train import distributed, guard
-from engine.train.data import Dataset
-from engine.train.trainer import Ending, Trainer
+from engine.dataset import Dataset
+from engine.train.trainer import ComponentsFor, Ending, Trainer, standard
 
 
 def start(
@@ -45,12 +45,13 @@ def start(
     control: Control | None = None,
     force: bool = False,
     dataset: Dataset | None = None,
-    segment_class: type[Trainer] = Trainer,
+    components: ComponentsFor = standard,
 ) -> Run:
     """The one front door (CLI, TUI, launchers, measuring tools, tests): the run checked and
     opened, ready for `run()`. A `dataset` already opened by open_data (with `config` bound by
-    it) is reused; the measuring tools pass a `segment_class` that skips evals and checkpoints."""
-    run = Run(run_dir, sinks, control, segment_class)
+    it) is reused; the measuring tools pass `components` that never evaluate or save
+    (engine.train.trainer.measuring)."""
+    run = Run(run_dir, sinks, control, components)
     run.open(config, resume=resume, resume_from=resume_from, force=force, dataset=dataset)
     return run
 
@@ -60,12 +61,12 @@ class Run:
 
     def __init__(
         self, run_dir: Path, sinks: Sequence[ev.Sink] = (), control: Control | None = None,
-        segment_class: type[Trainer] = Trainer,
+        components: ComponentsFor = standard,
     ) -> None:  # fmt: skip
         self.run_dir = Path(run_dir)
         self.sinks: list[ev.Sink] = list(sinks)  # the run's JSONL joins once the first set-up succeeds
         self.control = control or Control()
-        self.segment_class = segment_class
+        self.components = components
         self.dist = distributed.current()
         self.mailbox: Mailbox | None = None
         self.config: RunConfig | None = None
@@ -84,18 +85,15 @@ class Run:
         self, config: RunConfig, *, resume: bool = False, resume_from: str | None = None, force: bool = False,
         dataset: Dataset | None = None,
     ) -> None:  # fmt: skip
-        """Check everything before a byte is written (device, loggers, data, memory), then lock
-        (a resume: one writer) or create (a new run) the directory. Under torchrun every rank
-        opens: rank 0 names the directory and builds what is shared before the others read it."""
-        device.check(config.speed.device, config.speed.precision, config.speed.compile)
+        """Everything is checked before a byte is written (the config as preflight judged it), then
+        lock (a resume: one writer) or create (a new run) the directory. A config judged by its
+        front door with its data opened (engine.run.preflight: the CLI, the measuring tools) comes
+        with `dataset`; any other (the app's thread, tests) is preflighted here, once. Under
+        torchrun every rank opens: rank 0 names the directory and builds what is shared first."""
         if config.speed.compile:  # a new run in a process that compiled before (the app's second run)
             from engine.train import compiling
 
             compiling.reset()  # starts from no graphs: never at Dynamo's recompile limit, never eager unnoticed
-        if config.train.log:  # --log: a missing package is refused before a byte is written
-            from engine.run import loggers
-
-            loggers.check(config.train.log)
         ctx = distributed.init(config.speed.device)  # under torchrun: join the process group
         self.dist = distributed.current()
         if ctx.enabled and not resume:  # rank 0's clock names the run directory
@@ -108,11 +106,10 @@ class Run:
             self._mark_mailbox()
         try:
             with distributed.main_first():  # rank 0 downloads --init-from weights into the Hub's cache first
-                if not resume:
-                    config = with_pretrained_shape(config)  # the form's and the TUI's configs too
-                if dataset is None:
-                    config, dataset = open_data(config)
-                memory.check_fits(config, force)  # refuse what will not fit, before allocating
+                if dataset is None or not config._preflighted:  # never judged with its data: judged now
+                    verdict = preflight(config, dataset=dataset or True, force=force, resume=resume)
+                    config, dataset = verdict.raise_first(), verdict.dataset
+                assert config._preflighted and dataset is not None, "Run.open takes a preflighted config"
                 weights = pretrained(config, self.run_dir, resume)
                 if not resume:
                     self._create(config, dataset.info.tokenizer)  # locked: held until the run ends
@@ -181,9 +178,10 @@ class Run:
         self, config: RunConfig, resume: bool, resume_from: str | None = None, init_state: Any = None
     ) -> Trainer:
         tokenizer = self.dataset.info.tokenizer if self.dataset else None
-        return self.segment_class(
+        return Trainer(
             config, self.run_dir, self.dataset, emit=self.emit, boundary=self.at_boundary, resume=resume,
             resume_from=resume_from, init_state=init_state, tokenizer=_tokenizer_loader(tokenizer),
+            components=self.components,
         )  # fmt: skip
 
     def run(self) -> str:
@@ -197,7 +195,7 @@ class Run:
                 except BaseException as err:
                     segment.close()  # bad input found in set-up: nothing is written to the run
                     self.discard_new()  # a new run's first set-up: its directory goes too
-                    self._drop(applied, segment.step, f"the new segment could not start: {err}")
+                    self.inbox.drop(applied, segment.step, f"the new segment could not start: {err}")
                     if self._logging:  # a later segment's set-up: the run's log says how it ended
                         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
                         self.emit(ev.RunFailed(step=segment.step, error=f"{type(err).__name__}: {first}"))
@@ -216,7 +214,7 @@ class Run:
                 try:
                     self._hand_over(ending.next_config)
                 except BaseException as err:
-                    self._drop(applied, segment.step, f"the new segment could not start: {err}")
+                    self.inbox.drop(applied, segment.step, f"the new segment could not start: {err}")
                     raise
                 why = "toggle"
         finally:
@@ -228,10 +226,10 @@ class Run:
         """The segment's first events: what runs (run_started), which switches and why (segment),
         the toggles that made it (acknowledged now that it runs), and any toggle lost before it."""
         self.emit(segment.started())
-        self.emit(opening(segment.config, segment.step, segment.resumed_from_config, why, segment.init_from))
+        self.emit(opening(segment.config, segment.step, segment.resumed.config, why, segment.init_from))
         for r in applied:
-            self._ack(r, "applied", segment.step)
-        self._report_lost_toggles(segment, applied)
+            self.inbox.ack(r, "applied", segment.step)
+        self.inbox.lost_toggles(segment.resumed.pending_toggles, switches(segment.config), applied, segment.step)
 
     def _hand_over(self, config: RunConfig) -> None:
         """A live toggle: the old segment goes (its model, optimizer and compiled graphs) before
@@ -289,18 +287,10 @@ class Run:
 
     # ------------------------------------------------------------------ requests, at a step boundary
 
-    def take(self, defer: tuple[str, ...] = ()) -> list[Request]:
-        """The requests asked since the last step boundary, the same on every rank; mailbox
-        requests of a kind in `defer` wait in the mailbox (Mailbox.take). A request that was in
-        the mailbox when this writer started is stale (asked of a writer that is gone), whatever
-        time it claims: a line's own clock is not trusted (Mailbox.mark_start)."""
-        local = self.control.take()
-        if self.mailbox is not None:
-            for r in self.mailbox.take(defer):
-                if r.problem is None and r.old:
-                    r = dataclasses.replace(r, problem="stale: it was in the mailbox before this run's writer started")
-                local.append(r)
-        return distributed.agree(local, self.dist, lambda: Request("stop"))
+    @property
+    def inbox(self) -> Inbox:
+        """The requests' books (engine/run/inbox.py): this process's control and rank 0's mailbox."""
+        return Inbox(self.run_dir, self.control, self.mailbox, self.emit)
 
     def at_boundary(self, segment: Trainer) -> Ending | None:
         """Between two steps: act on the requests asked since the last boundary, each
@@ -310,18 +300,18 @@ class Run:
             self.emit(ev.Warning_(message=f"{rundir.EVENTS} was moved or deleted before step {segment.step}; a new one "
                                           "was started and the run trains on (the earlier events are where it was moved)"))  # fmt: skip
         toggles: list[Request] = []
-        ending = self._act_on(segment, self.take(), toggles)
+        ending = self._act_on(segment, self.inbox.take(), toggles)
         if self._paused and ending is None:
             self.emit(ev.Paused(step=segment.step))
             while self._paused and ending is None:
                 time.sleep(0.1)
                 # a toggle asked meanwhile waits in the mailbox (a kill -9 cannot lose it),
                 # and is taken at the first boundary after the resume
-                ending = self._act_on(segment, self.take(defer=("toggle",)), toggles)
+                ending = self._act_on(segment, self.inbox.take(defer=("toggle",)), toggles)
             self.emit(ev.Resumed(step=segment.step))
             segment.clock.restart()
         if ending is not None:
-            self._drop(toggles, segment.step, "the run stopped")
+            self.inbox.drop(toggles, segment.step, "the run stopped")
             return ending
         return self._toggle(segment, toggles)
 
@@ -334,9 +324,9 @@ class Run:
             elif r.problem is not None:
                 if r.problem.startswith("stale"):
                     self.emit(ev.Warning_(message=f"discarded a {r.kind} request ({r.id}) left by a run that is gone"))
-                self._drop([r], segment.step, r.problem)
+                self.inbox.drop([r], segment.step, r.problem)
             elif stopping is not None:
-                self._drop([r], segment.step, "the run stopped")
+                self.inbox.drop([r], segment.step, "the run stopped")
             elif r.kind == "toggle":
                 toggles.append(r)
             elif r.kind == "stop":
@@ -346,14 +336,14 @@ class Run:
                     saved = segment.save_checkpoint()
                     segment.clock.restart()
                     if saved is False:
-                        self._drop([r], segment.step, f"the checkpoint could not be written ({segment.save_error})")
+                        self.inbox.drop([r], segment.step, f"the checkpoint could not be written ({segment.saving.save_error})")
                         continue
                 else:
                     self._paused = r.kind == "pause"
-                self._ack(r, "applied", segment.step)
+                self.inbox.ack(r, "applied", segment.step)
         if stopping is None:
             return None
-        self._ack(stopping, "applied", segment.step)
+        self.inbox.ack(stopping, "applied", segment.step)
         segment.save_checkpoint(final=True)
         return Ending("stopped")
 
@@ -365,13 +355,13 @@ class Run:
         for r in toggles:
             same = toggle.already_on(config, r.switches)
             if same is not None:  # a repeated toggle: no new segment, no second save of this step
-                self._drop([r], segment.step, same)
+                self.inbox.drop([r], segment.step, same)
                 continue
             try:
                 config = toggle.check(config, r.switches)
             except UserError as err:
                 self.emit(ev.Warning_(message=f"toggle refused at step {segment.step}: {err}; the run goes on with its switches"))
-                self._drop([r], segment.step, str(err))
+                self.inbox.drop([r], segment.step, str(err))
                 continue
             accepted.append(r)
         if not accepted:
@@ -380,63 +370,10 @@ class Run:
         # (guard.save_failed words it) and the run trains on with its switches
         failed = segment.save_for_toggle([{"id": r.id, "switches": dict(r.switches)} for r in accepted])
         if failed is not None:
-            self._drop(accepted, segment.step, f"its checkpoint could not be written ({failed}); the run goes on with its switches")
+            self.inbox.drop(accepted, segment.step, f"its checkpoint could not be written ({failed}); the run goes on with its switches")
             segment.clock.restart()
             return None
         return Ending("toggle", config, accepted)
-
-    def _report_lost_toggles(self, segment: Trainer, applied: Sequence[Request]) -> None:
-        """A toggle whose checkpoint was saved but whose segment never opened (a kill -9 in
-        the hand-over) is not lost without a word: this resume says it was dropped, unless
-        the switches it asked for are the ones this segment runs with."""
-        now, opened = switches(segment.config), {r.id for r in applied}
-        unacked: list[str] = []
-        for p in segment.pending_toggles:
-            rid, asked = str(p.get("id", "?"))[:64], p.get("switches")
-            rid = rid if rid.isprintable() else "?"
-            if rid in opened or not isinstance(asked, dict):
-                continue
-            if asked and all(now.get(name) == value for name, value in asked.items()):
-                unacked.append(rid)  # its segment opened before the kill: config.toml carries its switches
-                continue
-            self.emit(ev.Warning_(message=f"a toggle ({rid}) was saved for at step {segment.step} but the run was "
-                                          "killed before it applied; resumed with the switches it had"))  # fmt: skip
-            self.emit(ev.RequestAck(id=rid, kind="toggle", status="dropped", step=segment.step,
-                                    reason="the run was killed between the toggle's save and its new segment"))  # fmt: skip
-        # applied, but was it said? a kill after config.toml took its switches and before the new
-        # segment's events leaves it unacknowledged: say it now, once
-        for rid in sorted(set(unacked) - self._acknowledged(set(unacked))):
-            self.emit(ev.Warning_(message=f"a toggle ({rid}) applied at step {segment.step} just before the run was "
-                                          "killed was not acknowledged then; acknowledged now"))  # fmt: skip
-            self._ack(Request("toggle", id=rid), "applied", segment.step,
-                      "the run was killed before the toggle's new segment said so; it runs with its switches")
-
-    def _acknowledged(self, ids: set[str]) -> set[str]:
-        """Which of `ids` the run's log already acknowledges (read only when a resume has some to ask about)."""
-        if not ids or not self.dist.is_main:
-            return set(ids)
-        from engine import files
-
-        found: set[str] = set()
-        reader = ev.EventLines(self.run_dir / rundir.EVENTS)
-        try:
-            with files.open_log(self.run_dir / rundir.EVENTS, ev.EVENTS_CAP) as f:
-                for raw in f:
-                    if b'"request"' in raw and any(i.encode() in raw for i in ids):
-                        e = reader.parse(raw)
-                        if isinstance(e, ev.RequestAck) and e.id in ids:
-                            found.add(e.id)
-        except OSError:
-            return set(ids)  # the log cannot be read: say nothing rather than twice
-        return found
-
-    def _ack(self, r: Request, status: str, step: int, reason: str = "") -> None:
-        self.emit(ev.RequestAck(id=r.id, kind=r.kind, status=status, step=step, reason=reason))
-
-    def _drop(self, requests: Sequence[Request], step: int, reason: str) -> None:
-        for r in requests:
-            self._ack(r, "dropped", step, reason)
-
 
 def _tokenizer_loader(path: str | None) -> Any:
     """How a segment loads the dataset's tokenizer for its samples (only when one is due)."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine import files as runfiles
+from engine import files
 from engine.rundir import MAILBOX
 
 MAX_BYTES = 64 * 1024  # post refuses a request past this ("the run's mailbox is full")
@@ -61,7 +61,7 @@ class Request:
 
 def parse(line: str) -> Request:
     """One mailbox line as a Request; what is not one comes back with its `problem`."""
-    if runfiles.depth(line) > MAX_DEPTH:
+    if files.depth(line) > MAX_DEPTH:
         return Request(kind="?", id="?", problem="nested too deeply to be a request")
     try:
         raw = json.loads(line)
@@ -146,7 +146,7 @@ class Mailbox:
         """Remember what the mailbox holds as this run's writer starts: every request already
         in it was asked of a writer that is gone (`Request.old`), whatever time it claims."""
         try:
-            fd = runfiles.open_regular(self.path)  # O_NOFOLLOW|O_NONBLOCK: a FIFO never blocks
+            fd = files.open_regular(self.path)  # O_NOFOLLOW|O_NONBLOCK: a FIFO never blocks
         except OSError:
             self._start = None  # none, or not a regular file (take refuses it)
             return
@@ -213,7 +213,7 @@ class Mailbox:
     def _refuse(self, key: tuple[int, int, str], why: str, remove: bool = False) -> list[Request]:
         if remove:
             try:
-                runfiles.remove(self.path)  # a run's own directory: its requests are never obeyed later
+                files.remove(self.path)  # a run's own directory: its requests are never obeyed later
             except OSError:
                 pass
         if key in self._refused:
@@ -263,7 +263,7 @@ def pending(run_dir: Path) -> list[dict[str, Any]]:
     the same toggle is not asked twice. Read only (the run still takes them); a mailbox that
     is absent, a link, not a regular file or too large holds none."""
     try:
-        data = runfiles.read_bounded(Path(run_dir) / MAILBOX, READ_CAP)
+        data = files.read_bounded(Path(run_dir) / MAILBOX, READ_CAP)
     except OSError:
         return []
     out = []

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import RunConfig, overlay
+from engine.run.preflight import Verdict, preflight
 from engine.run.requests import Request, post
 from engine.errors import UserError
 from engine.text import short, value_text
@@ -58,7 +59,15 @@ def check(config: RunConfig, overrides: dict[str, Any], held: int | None = None)
     """The run's config with the toggled switches, checked as a launch would be; UserError if not.
     `held`: the memory the running segment holds (device.held_bytes() in the run's process,
     the default), which the new segment takes over: the memory budget is free + held."""
-    from engine import device, memory
+    return judge(config, overrides, held).raise_first()
+
+
+def judge(config: RunConfig, overrides: dict[str, Any], held: int | None = None, caps: Any = None) -> Verdict:
+    """The verdict on the toggled set: what a live toggle keeps (the tokens per optimizer step,
+    the model's shapes), then the launch's own preflight (device, memory against free + held,
+    warnings) on the run's data as bound. `caps` (the Switches dialog): refusals at each field.
+    UserError for a request that names no switch, or a value no config takes."""
+    from engine import device
 
     if not overrides:
         raise UserError("the toggle request was empty or unreadable")
@@ -66,9 +75,21 @@ def check(config: RunConfig, overrides: dict[str, Any], held: int | None = None)
     if unknown:
         raise UserError(f"{', '.join(unknown)} cannot change on a live run")
     new = overlay(config.model_dump(mode="json", exclude_none=True), overrides)
+    verdict = preflight(new, dataset=False, caps=caps, explicit=overrides, resume=True,
+                        held=device.held_bytes() if held is None else held)  # fmt: skip
+    kept = _kept(config, new)
+    if kept is not None:
+        verdict.general.insert(0, kept)
+        verdict.found.insert(0, kept)
+        verdict.config = None
+    return verdict
+
+
+def _kept(config: RunConfig, new: RunConfig) -> UserError | None:
+    """What a live toggle may not change: the tokens per optimizer step, the model's shapes."""
     if new.tokens_per_step != config.tokens_per_step:
         t = config.train
-        raise UserError(
+        return UserError(
             f"a live toggle keeps the tokens per optimizer step ({t.batch_size} x {t.grad_accum} micro-batches); "
             "change the micro-batch and grad-accum together so their product stays"
         )
@@ -76,13 +97,11 @@ def check(config: RunConfig, overrides: dict[str, Any], held: int | None = None)
     if changed_shape:
         v0, v1 = config.model.padded_vocab_size, new.model.padded_vocab_size
         rows = f" (padded vocab {v0} -> {v1} rows)" if v0 != v1 else ""
-        raise UserError(
+        return UserError(
             f"a live toggle keeps the model's shapes, and this one changes {changed_shape}{rows}; "
             "the run's checkpoints cannot load into another shape: start a new run with that setting"
         )
-    device.check(new.speed.device, new.speed.precision, new.speed.compile)
-    memory.check_fits(new, force=False, held=device.held_bytes() if held is None else held)
-    return new
+    return None
 
 
 def _shape_change(old: RunConfig, new: RunConfig) -> str | None:

@@ -1,22 +1,106 @@
 """What a segment is built from, given its config: the precision context, the model, its
-optimizer, its batch loaders, its compiled forward. The trainer's set-up calls these in
-order (engine/train/trainer.py `_setup`); each says what it decides and why.
+optimizer, its batch loaders (`parts`), then, once a resume has loaded its state into them,
+the compiled forward and the attention kernel (`finish`). The trainer holds the `Parts`
+(engine/train/trainer.py); each function here says what it decides and why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ContextManager
+
+import numpy as np
 
 import torch
 
 from engine import device as devices
 from engine.config import OptimConfig, RunConfig
 from engine.errors import UserError
-from engine.train import distributed
-from engine.train.data import BatchLoader, BatchSampler, Dataset
+from engine.train import attention, compile_cache, compiling, distributed
+from engine.train.flops import flops_per_token, peak_flops
+from engine.train.guard import StepGuard
+from engine.dataset import Dataset
+from engine.train.batches import BatchLoader, BatchSampler
 from engine.train.model import GPT
+
+
+@dataclass
+class Parts:
+    """What one segment trains with. `forward` is the model until `finish` compiles (and, under
+    DDP, replicates) it; the attention fields name the SDPA kernel measured fastest (CUDA)."""
+
+    device: torch.device
+    device_label: str
+    precision: str
+    autocast: Callable[[], ContextManager[Any]]
+    scaler: Any  # torch.amp.GradScaler (fp16) or None
+    guard: StepGuard
+    model: Any  # GPT, or FSDP2's sharded GPT
+    parallel: str  # "single", "ddp" or "fsdp"
+    optimizer: Any  # torch AdamW or MuonAdamW
+    loader: BatchLoader
+    val_batches: list[Any]
+    forward: Any = None
+    warmup: compiling.Warmup | None = None  # a compiled segment's counters, read after its first steps
+    artifacts_note: str | None = None  # why the run's compile artifacts were ignored
+    sdpa: Any = None  # SDPA's backend priority for the segment (attention.prefer)
+    attention: str | None = None
+    attention_ms: dict[str, float | None] = field(default_factory=dict)
+    n_params: int = 0
+    flops_token: int = 0
+    peak: float | None = None  # the device's peak FLOP/s for MFU (CUDA only; None: unknown)
+
+
+def parts(config: RunConfig, dataset: Dataset, dist: distributed.Context,
+          init_state: Mapping[str, torch.Tensor] | None) -> Parts:  # fmt: skip
+    """Device, precision, seeded model (sharded first under FSDP2: before its optimizer),
+    optimizer and loaders: everything a resume loads its state into."""
+    cfg = config
+    device = distributed.place(devices.pick(cfg.speed.device), dist)
+    precision = devices.precision(cfg.speed.precision, device.type)
+    autocast, scaler = precision_context(precision, device)
+    random.seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)
+    built = model(cfg, device, init_state)
+    parallel = distributed.choose(cfg.speed.parallel, cfg, dist, device)
+    if parallel == "fsdp":
+        built = distributed.shard(built, device, dist, precision)
+    train, val = loaders(cfg, dataset, device, dist)
+    return Parts(device=device, device_label=devices.describe(device), precision=precision, autocast=autocast,
+                 scaler=scaler, guard=StepGuard(cfg.train.max_bad_steps, device), model=built, parallel=parallel,
+                 optimizer=optimizer(built, cfg.optim, device), loader=train, val_batches=val)  # fmt: skip
+
+
+def finish(p: Parts, config: RunConfig, run_dir: Path) -> None:
+    """Last, on the training thread, around the module whose state a resume just loaded: the
+    compiled forward (its caches in gpt2-tui's, the run's saved artifacts first), DDP's
+    replica, the SDPA kernel measured fastest on CUDA, and what MFU divides by."""
+    cfg = config
+    p.forward = p.model
+    if cfg.speed.compile:
+        mode = None if cfg.speed.compile_mode == "default" else cfg.speed.compile_mode
+        compile_cache.enable()  # PyTorch's compile caches in the gpt2-tui cache: a rerun skips the compile
+        loaded, p.artifacts_note = compiling.load_artifacts(run_dir, p.device_label)
+        p.warmup = compiling.Warmup(cfg.speed.compile_scope, loaded)
+        p.forward = compiling.compile_forward(p.model, cfg.speed.compile_scope, mode)
+    if p.parallel == "ddp":
+        p.forward = distributed.replicate(p.forward, p.device)
+    if cfg.model.attention == "flash":  # on CUDA the fastest kernel measured leads SDPA's priority
+        dtype = devices.autocast_dtype(p.precision) or torch.float32
+        shape = attention.shape_of(cfg.train.batch_size, cfg.model.n_head, cfg.seq_len, cfg.model.n_embd, dtype,
+                                   p.device)  # fmt: skip
+        choice = attention.choose(shape)
+        p.sdpa, p.attention_ms = choice.picked, choice.timings
+        with attention.prefer(p.sdpa):
+            p.attention = attention.kernel_name(shape)
+    p.n_params = p.model.num_params()
+    p.flops_token = flops_per_token(cfg.model, p.n_params, cfg.seq_len)
+    p.peak = peak_flops(p.device_label, p.precision) if p.device.type == "cuda" else None
 
 
 def precision_context(precision: str, device: torch.device) -> tuple[Callable[[], ContextManager[Any]], Any]:

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from engine import files as runfiles
+from engine import files
 from engine.errors import UserError
 
 REQUIRED = ("model", "optimizer", "step", "config")
@@ -27,7 +27,7 @@ def _is_bytes_tensor(value: object) -> bool:
     """A generator state: one device's CUDA RNG (what a checkpoint holds)."""
     return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
-TMP_SUFFIX = runfiles.TMP_SUFFIX
+TMP_SUFFIX = files.TMP_SUFFIX
 POINTER_CAP = 4096  # `latest` holds one file name
 
 
@@ -45,11 +45,11 @@ def atomic_save(obj: dict[str, Any], path: Path) -> None:
                 raise
             raise cause from None
 
-    runfiles.atomic_write(path, write)
+    files.atomic_write(path, write)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
-    runfiles.link_or_copy(src, dst)
+    files.link_or_copy(src, dst)
 
 
 class CheckpointDir:
@@ -63,19 +63,19 @@ class CheckpointDir:
             return []
         found = ((_STEP_FILE.match(p.name), p) for p in self.path.iterdir())
         # a FIFO, a device or a link named like a step file is not a checkpoint (lstat)
-        return sorted((int(m.group(1)), p) for m, p in found if m and runfiles.is_regular(p))
+        return sorted((int(m.group(1)), p) for m, p in found if m and files.is_regular(p))
 
     def save(self, state: dict[str, Any], step: int, is_best: bool) -> Path:
-        runfiles.make_dir(self.path)
+        files.make_dir(self.path)
         target = self.path / f"step_{step:06d}.pt"
         atomic_save(state, target)
         if is_best:
             _link_or_copy(target, self.path / "best.pt")
-        runfiles.atomic_write_bytes(self.path / "latest", target.name.encode() + b"\n")
+        files.atomic_write_bytes(self.path / "latest", target.name.encode() + b"\n")
         for _, old in self.step_files()[: -self.keep_last]:
-            runfiles.remove(old)
+            files.remove(old)
         for stale in self.path.glob(f".*{TMP_SUFFIX}"):  # left by a kill -9 mid-write
-            runfiles.remove(stale)
+            files.remove(stale)
         return target
 
     def resolve(self, which: str) -> Path:
@@ -101,11 +101,11 @@ class CheckpointDir:
         if not later:
             return None
         aside = self.path / f"after_step_{step:06d}_{int(time.time())}"
-        runfiles.make_new_dir(aside)
+        files.make_new_dir(aside)
         for p in later:
-            runfiles.replace(p, aside / p.name)
+            files.replace(p, aside / p.name)
         if (self.path / f"step_{step:06d}.pt").is_file():
-            runfiles.atomic_write_bytes(self.path / "latest", f"step_{step:06d}.pt\n".encode())
+            files.atomic_write_bytes(self.path / "latest", f"step_{step:06d}.pt\n".encode())
         return aside
 
     def latest_step(self) -> int | None:
@@ -116,13 +116,13 @@ class CheckpointDir:
 
     def latest(self) -> Path | None:
         try:
-            name = runfiles.read_bounded(self.path / "latest", POINTER_CAP).decode(errors="replace").strip()
+            name = files.read_bounded(self.path / "latest", POINTER_CAP).decode(errors="replace").strip()
         except OSError:  # missing, a link, a FIFO, too big: the listing decides
             name = ""
-        if _STEP_FILE.match(name) and runfiles.is_regular(self.path / name):  # only a step file here
+        if _STEP_FILE.match(name) and files.is_regular(self.path / name):  # only a step file here
             return self.path / name
-        files = self.step_files()  # pointer missing or stale: fall back to the newest file
-        return files[-1][1] if files else None
+        steps = self.step_files()  # pointer missing or stale: fall back to the newest file
+        return steps[-1][1] if steps else None
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -130,9 +130,9 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; check the path")
     try:
-        with runfiles.open_read(path) as f:  # a regular file, not a link; never pickle's code
+        with files.open_read(path) as f:  # a regular file, not a link; never pickle's code
             state = torch.load(f, map_location=map_location, weights_only=True)
-    except runfiles.Refused as err:
+    except files.Refused as err:
         raise UserError(f"checkpoint {path} is refused ({err.strerror}); pass a checkpoint file") from None
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -4,7 +4,7 @@ PyTorch's own caches do the work: inductor's FX graph cache (generated and built
 and the AOTAutograd cache (the traced forward/backward graphs) are read back by any later
 compile of the same graph with the same shapes and settings: a second run, a resume, a
 restart. We keep them under the user's gpt2-tui cache (`$GPT2_TUI_CACHE`, else
-~/.cache/gpt2-tui; engine.paths.cache_root) in `torch-compile/`, instead of inductor's
+~/.cache/gpt2-tui; engine.files.cache_root) in `torch-compile/`, instead of inductor's
 default under /tmp, which a reboot empties. The Trainer calls `enable()` just before
 torch.compile; the measuring tools `redirect()` it to a directory of their own to time a
 cold or a warm compile. Set TORCHINDUCTOR_FX_GRAPH_CACHE=0 to turn the caches off.
@@ -26,7 +26,7 @@ _redirected: Path | None = None
 
 
 def default_dir(cache_root: Path | None = None) -> Path:
-    from engine.paths import cache_root as root
+    from engine.files import cache_root as root
 
     return root(cache_root) / SUBDIR
 

@@ -40,12 +40,12 @@ from typing import Any, Literal
 import torch
 
 from engine import events as ev
-from engine import files as runfiles
+from engine import files
 
 ARTIFACTS = "compile-artifacts.bin"
 MAX_ARTIFACTS_BYTES = 2 << 30  # read bounded: a run directory is a trust boundary
 _MAGIC = b"gpt2-tui compile artifacts 2\n"  # 2: signed (version 1 files are ignored)
-KEY = "compile-artifacts.key"  # in the gpt2-tui cache (engine.paths.cache_root)
+KEY = "compile-artifacts.key"  # in the gpt2-tui cache (engine.files.cache_root)
 Scope = Literal["model", "blocks"]
 
 
@@ -77,9 +77,9 @@ def _stamp(device_label: str) -> dict[str, str]:
 def signing_key(create: bool = False) -> bytes | None:
     """This user's key for the run artifacts (None when there is none yet and not `create`);
     Refused (an OSError) for a key file that is a link, not ours or readable by others."""
-    from engine.paths import cache_root
+    from engine.files import cache_root
 
-    return runfiles.private_key(cache_root() / KEY, create=create)
+    return files.private_key(cache_root() / KEY, create=create)
 
 
 def _mac(key: bytes, signed: bytes) -> bytes:
@@ -124,13 +124,13 @@ def save_artifacts(run_dir: Path, device_label: str) -> int | None:
     if saved is None:
         return None
     data = pack(_stamp(device_label), saved[0], signing_key(create=True))  # type: ignore[arg-type]
-    runfiles.atomic_write_bytes(Path(run_dir) / ARTIFACTS, data)  # O_EXCL temp, rename: never through a link
+    files.atomic_write_bytes(Path(run_dir) / ARTIFACTS, data)  # O_EXCL temp, rename: never through a link
     return len(data)
 
 
 def _read_bounded(path: Path) -> bytes | None:
     try:
-        return runfiles.read_bounded(path, MAX_ARTIFACTS_BYTES)  # a link, FIFO or huge file: Refused
+        return files.read_bounded(path, MAX_ARTIFACTS_BYTES)  # a link, FIFO or huge file: Refused
     except FileNotFoundError:
         return None
 

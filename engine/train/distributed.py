@@ -33,7 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from engine.train.data import BatchSampler, TokenSplit
+from engine.dataset import TokenSplit
+from engine.train.batches import BatchSampler
 from engine.errors import UserError
 
 Parallel = Literal["ddp", "fsdp"]
@@ -159,7 +160,7 @@ def choose(parallel: str, config: Any, ctx: Context, device: torch.device) -> Pa
         return parallel  # type: ignore[return-value]
     if device.type != "cuda":
         return "ddp"
-    from engine import memory, switch_matrix
+    from engine.train import memory, switch_matrix
     from engine.device import budget
 
     target = switch_matrix.Target("cuda", gpus=ctx.world_size)

@@ -259,7 +259,7 @@ def out_of_memory(cfg: RunConfig, device: torch.device, device_label: str, step:
 
     No checkpoint is written: the step was half done; the last periodic checkpoint stands.
     """
-    from engine import memory
+    from engine.train import memory
     from engine.device import memory_bytes
     from engine.text import fix_flags, format_table
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.memory import chunk_rows_for
+from engine.train.memory import chunk_rows_for
 from torch import Tensor
 
 

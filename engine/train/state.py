@@ -1,10 +1,12 @@
-"""What a checkpoint carries besides weights and optimizer: the RNG streams, checked on the way
-back in, and the model-shape check that turns load_state_dict's page into one line."""
+"""What a checkpoint carries besides weights and optimizer: where the segment stands
+(`Progress`), the RNG streams, checked on the way back in, and the model-shape check that
+turns load_state_dict's page into one line."""
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,24 @@ import numpy as np
 import torch
 
 from engine.errors import UserError
+
+
+@dataclass
+class Progress:
+    """Where a segment stands, shared by its loop and its components and saved in each
+    checkpoint: the step, the tokens trained, the best and the last val loss, and the time
+    the steps took so far (resumes included: time to loss sums it)."""
+
+    step: int = 0
+    tokens: int = 0
+    best_val_loss: float | None = None
+    last_eval: tuple[int, float] | None = None  # (step, val loss) of the latest eval
+    train_time_s: float = 0.0
+    timed_to: int = 0  # the step train_time_s counts to
+
+    def val_loss_now(self) -> float | None:
+        """The val loss of this very step, if it was evaluated."""
+        return self.last_eval[1] if self.last_eval and self.last_eval[0] == self.step else None
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

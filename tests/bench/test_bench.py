@@ -9,7 +9,7 @@ import json
 import statistics
 
 import pytest
-from conftest import random_tokens, write_gpt2tui
+from harness import random_tokens, write_gpt2tui
 
 from engine import rundir
 from bench import ladder as bench
@@ -162,7 +162,7 @@ def test_reference_loop_trains_our_shape_on_our_data(tmp_path, tiny_dataset):
     shape = bench_plain.reference_shape(config)
     assert shape.vocab_size == config.model.padded_vocab_size and shape.block_size == config.seq_len
     if config.seq_len == config.model.block_size:
-        assert sum(p.numel() for p in reference.GPT(shape).parameters()) == trainer.n_params
+        assert sum(p.numel() for p in reference.GPT(shape).parameters()) == trainer.parts.n_params
     tokens = bench_plain.reference_tokens(ds)
     assert len(tokens) == min(len(ds.train), bench_plain.REFERENCE_TOKENS)
     losses: list[float] = []

@@ -13,7 +13,7 @@ SKIP = ["preload", "vectorized", "amp", "compile", "flash", "fused", "chunked_lo
 
 
 def test_bench_to_loss_ranks_the_rungs_within_its_budget(tmp_path, capsys) -> None:
-    from conftest import bigram_tokens, write_gpt2tui
+    from harness import bigram_tokens, write_gpt2tui
 
     data = write_gpt2tui(tmp_path / "data", bigram_tokens(20_000, 64, 1), bigram_tokens(4_000, 64, 2), 64)
     out = tmp_path / "to-loss"
@@ -40,7 +40,7 @@ def test_bench_to_loss_ranks_the_rungs_within_its_budget(tmp_path, capsys) -> No
 
 
 def test_to_loss_refuses_another_tool_and_the_speed_ladder_a_loss_rung(tmp_path, tiny_dataset, capsys) -> None:
-    from conftest import cli_fails
+    from harness import cli_fails
 
     cli_fails(capsys, ["bench", "--to-loss", "4", "--plain", "--device", "cpu"], "--to-loss", "--plain")
     cli_fails(capsys, ["bench", "--skip", "muon", "--data", str(tiny_dataset), "--device", "cpu", "--out",

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli_fails
+from harness import cli_fails
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
@@ -153,6 +153,7 @@ def test_installed_console_script_reports_one_line_and_exit_2(tmp_path):
     assert res.returncode == 0 and "train" in res.stdout and "sample" in res.stdout
 
 
+@pytest.mark.slow
 def test_default_dataset_is_the_stdlib_corpus_and_the_model_learns_it(tmp_path, capsys):
     """No --data: the embedded corpus is prepared once (session cache) and trained on."""
     import tomllib

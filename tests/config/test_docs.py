@@ -1,4 +1,4 @@
-"""The docs stay true to the code: docs/cli.md and docs/events.md are what engine.reference
+"""The docs stay true to the code: docs/cli.md and docs/events.md are what engine.cli.reference
 generates (so a new flag or event field cannot land without them), every `train` flag is
 documented, the README stays short, and the user-facing pages name topics, not issue numbers."""
 
@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli, reference
+from engine import cli
+from engine.cli import reference
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-REGENERATE = "out of date: run `python -m engine.reference` and commit docs/cli.md and docs/events.md"
+REGENERATE = "out of date: run `python -m engine.cli.reference` and commit docs/cli.md and docs/events.md"
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:

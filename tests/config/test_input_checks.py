@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from gpt2_tui import main
+from harness import ROOT, cli_process
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-batches", "1"]
-ROOT = Path(__file__).resolve().parents[2]
 HUGE = str(2**63)
 
 
@@ -232,9 +232,7 @@ def test_compile_without_a_working_compiler_is_one_line(tmp_path, tiny_dataset) 
     first step with ~100 lines. A real subprocess: the environment is read as Inductor reads it."""
     run = tmp_path / "run"
     env = os.environ | {"CXX": str(tmp_path / "no-such-g++")}
-    p = subprocess.run([sys.executable, "-m", "engine.cli", "train", *MICRO, "--compile", "--data", str(tiny_dataset),
-                        "--out", str(run), "--max-steps", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
+    p = cli_process("train", *MICRO, "--compile", "--data", tiny_dataset, "--out", run, "--max-steps", "1", env=env)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
     assert "no-such-g++" in lines[0] and "CXX" in lines[0] and "--no-compile" in lines[0], lines[0]

@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import device, memory
+from engine import device
+
+from engine.train import memory
 from engine import text as tx
 from gpt2_tui import main
 from engine.config import resolve
-from engine.memory import MemoryEstimate, estimate, suggest_fit
+from engine.train.memory import MemoryEstimate, estimate, suggest_fit
 from bench.memory_measure import measure_saved, measure_state
 from engine.train.model import GPT
 
@@ -93,7 +95,7 @@ def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, mak
     gradients instead): the predicted allocated peak vs the profiler's memory timeline of one
     steady-state step of the real Trainer on CPU."""
     from bench.memory_measure import measure_peak
-    from engine.run.configs import open_data
+    from engine.run.preflight import open_data
 
     data = make_dataset("gpt2-tui", vocab_size=500)
     cfg = _config({"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 64, "model.block_size": 64,
@@ -269,7 +271,7 @@ def test_train_refuses_a_config_that_cannot_fit_before_writing_anything(tmp_path
 
 def test_force_skips_the_check():
     from engine.errors import UserError
-    from engine.memory import check_fits
+    from engine.train.memory import check_fits
 
     cfg = _config("s1", train__batch_size=65536, model__n_embd=512, model__n_layer=8)  # hundreds of GB
     with pytest.raises(UserError, match="predicted peak memory"):
@@ -306,7 +308,7 @@ def test_muon_state_is_one_buffer_per_block_matrix_to_the_byte(bias: bool) -> No
     two plus a step scalar; the estimate equals what the real optimizers hold after a step."""
     import torch
 
-    from engine import memory
+    from engine.train import memory
     from engine.config import resolve
     from engine.train import build
     from engine.train.model import GPT

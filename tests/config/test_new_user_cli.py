@@ -15,11 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli_fails
 from gpt2_tui import main
+from harness import MICRO, ROOT, cli_fails, python_c
 
-ROOT = Path(__file__).resolve().parents[2]
-MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -103,6 +101,7 @@ def test_train_warns_when_train_holds_fewer_tokens_than_one_step(tmp_path, make_
 # ---------------------------------------------------------------- 4. a quick smoke run
 
 
+@pytest.mark.slow
 def test_train_nano_with_few_max_steps_scales_the_presets_warmup(tmp_path, tiny_dataset, capsys):
     """nano's warmup (50) comes from the preset, max steps (20) from the user: the schedule follows."""
     run = tmp_path / "run"
@@ -234,7 +233,7 @@ def test_help_does_not_import_torch():
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = python_c(code, timeout=300)
     assert "usage" in proc.stdout.lower(), proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("NO-TORCH"), "gpt2-tui --help imported torch"
 

@@ -93,7 +93,7 @@ def test_9_fsdp2_gathers_in_the_run_precision_and_reduces_in_fp32(monkeypatch):
 
 
 def test_9_the_estimator_counts_gathered_units_at_the_gather_dtype(a_cuda_box):
-    from engine import memory
+    from engine.train import memory
 
     bf16 = memory.estimate(_gpt2(**{"speed.precision": "bf16"}), 2, "fsdp")
     fp32 = memory.estimate(_gpt2(**{"speed.precision": "fp32"}), 2, "fsdp")
@@ -105,7 +105,7 @@ def test_9_the_estimator_counts_gathered_units_at_the_gather_dtype(a_cuda_box):
 
 
 def test_10_data_parallel_on_cuda_reserves_nccl_buffers_per_rank(a_cuda_box):
-    from engine import memory
+    from engine.train import memory
 
     cfg = _gpt2(**{"speed.precision": "bf16"})
     for sharding in ("ddp", "fsdp"):
@@ -120,7 +120,7 @@ def test_10_data_parallel_on_cuda_reserves_nccl_buffers_per_rank(a_cuda_box):
 def test_10_a_run_is_judged_against_the_memory_free_at_launch(a_cuda_box, monkeypatch):
     """80 GiB card, 60 GiB held by another process: a run the total would take is refused,
     in one line that says it compared with the free memory."""
-    from engine import memory
+    from engine.train import memory
     from engine.errors import UserError
 
     GiB = 2**30

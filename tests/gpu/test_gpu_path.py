@@ -27,7 +27,7 @@ from engine.errors import UserError
 from engine.events import read_events
 from engine.train.model import GPT
 from engine.run.owner import start
-from conftest import micro_config, run_events
+from harness import micro_config, run_events
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,7 @@ def test_3_fp16_skips_a_finite_spike_and_a_nan_step_like_bf16(tmp_path, tiny_dat
     trainer = run.segment
     assert trainer.config.optim.fused in (None, True)  # fused AdamW: the default on CPU
     run.run()
-    assert trainer.scaler is not None and trainer.optimizer.defaults.get("fused")
+    assert trainer.parts.scaler is not None and trainer.parts.optimizer.defaults.get("fused")
     for before, after in ((3, 4), (4, 5)):
         unchanged = all(torch.equal(a, b) for a, b in zip(snapshots[before], snapshots[after]))
         assert unchanged, f"the update of step {before} reached the weights; the guard skipped it"

@@ -142,7 +142,7 @@ def test_fsdp_mixed_precision_is_per_block_and_the_root_stays_fp32(monkeypatch, 
 def test_parallel_auto_decides_against_the_launch_budget_not_the_cards_total(monkeypatch, tiny_dataset):
     """A card of 80 GB with 10 GB free: the fit check refuses a replica needing 20 GB, so auto
     must shard rather than pick DDP against the 80 GB total."""
-    from engine import memory
+    from engine.train import memory
 
     config = _cfg(tiny_dataset, **{"speed.device": "cuda", "model.vocab_size": 64})
     G = 2**30

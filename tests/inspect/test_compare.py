@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from pilot_wait import until
+from harness import until
 
 from engine import events as ev
 from engine import rundir
@@ -23,7 +23,7 @@ SEGMENT_KEYS = ["from_step", "to_step", "switches", "changed", "reason", "first_
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from conftest import bigram_tokens, write_gpt2tui
+    from harness import bigram_tokens, write_gpt2tui
 
     from gpt2_tui import main
 
@@ -82,7 +82,7 @@ def test_compare_table_marks_what_differs(runs, capsys) -> None:
 
 @pytest.mark.parametrize("case", ["missing", "empty", "no-start"])
 def test_a_bad_run_dir_is_one_line_and_exit_2(runs, tmp_path: Path, capsys, case: str) -> None:
-    from conftest import cli_fails
+    from harness import cli_fails
 
     bad = tmp_path / case
     if case != "missing":
@@ -95,38 +95,45 @@ def test_a_bad_run_dir_is_one_line_and_exit_2(runs, tmp_path: Path, capsys, case
     cli_fails(capsys, ["compare", "--tui", str(bad)], word)  # refused before the screen opens
 
 
-def test_the_compare_screen_overlays_runs_and_shows_their_segments(runs) -> None:
-    from tui.screens.compare import CompareApp, CompareScreen, OverlayChart
-    from tui.widgets.segments import SegmentTable
-
-    a, b = runs
+def on_compare_screen(runs, size: tuple[int, int], check) -> None:
+    """The Compare screen over `runs`, loaded: `await check(pilot, screen)`, then escape quits it."""
+    from tui.screens.compare import CompareApp, CompareScreen
 
     async def body() -> None:
-        app = CompareApp([a, b])
-        async with app.run_test(size=(160, 50)) as pilot:
+        app = CompareApp(list(runs))
+        async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded, "runs loaded")
-            screen = app.screen
-            assert [r.label for r in screen.runs] == ["A", "B"]
-            rb = screen.runs[1]
-            assert [s[0] for s in rb.starts] == [0, 3]  # a marker where the resumed segment starts
-            assert rb.series["step_time"].step == [1, 2, 3, 4, 5, 6] and rb.series["val"].step == [3, 6]
-            legend = str(screen.query_one("#compare-legend").render())
-            assert "step 3: prefetch on -> off (resume)" in legend
-            table = screen.query_one(SegmentTable)
-            assert table.row_count == 3
-            assert [(r.run, r.segment.from_step) for r in table.rows_shown] == [("A", 0), ("B", 0), ("B", 3)]
-            cell = table.get_row_at(2)[-1]  # switches: the last column
-            assert cell.plain == "prefetch=off" and any("yellow" in str(s.style) for s in cell.spans)
-            loss = screen.query_one("#compare-loss", OverlayChart)
-            assert loss.drawn == ["A", "A val", "B", "B val"]
-            await pilot.press("x")
-            assert screen.axis == "tokens" and "x: tokens" in str(screen.query_one("#compare-legend").render())
-            toks = screen.query_one("#compare-toks", OverlayChart)
-            assert toks.drawn == ["A", "B"] and toks.axis == "tokens"
+            await check(pilot, app.screen)
             await pilot.press("escape")
         assert app.return_code == 0
 
     asyncio.run(body())
+
+
+def test_the_compare_screen_overlays_runs_and_shows_their_segments(runs) -> None:
+    from tui.screens.compare import OverlayChart
+    from tui.widgets.segments import SegmentTable
+
+    async def check(pilot, screen) -> None:
+        assert [r.label for r in screen.runs] == ["A", "B"]
+        rb = screen.runs[1]
+        assert [s[0] for s in rb.starts] == [0, 3]  # a marker where the resumed segment starts
+        assert rb.series["step_time"].step == [1, 2, 3, 4, 5, 6] and rb.series["val"].step == [3, 6]
+        legend = str(screen.query_one("#compare-legend").render())
+        assert "step 3: prefetch on -> off (resume)" in legend
+        table = screen.query_one(SegmentTable)
+        assert table.row_count == 3
+        assert [(r.run, r.segment.from_step) for r in table.rows_shown] == [("A", 0), ("B", 0), ("B", 3)]
+        cell = table.get_row_at(2)[-1]  # switches: the last column
+        assert cell.plain == "prefetch=off" and any("yellow" in str(s.style) for s in cell.spans)
+        loss = screen.query_one("#compare-loss", OverlayChart)
+        assert loss.drawn == ["A", "A val", "B", "B val"]
+        await pilot.press("x")
+        assert screen.axis == "tokens" and "x: tokens" in str(screen.query_one("#compare-legend").render())
+        toks = screen.query_one("#compare-toks", OverlayChart)
+        assert toks.drawn == ["A", "B"] and toks.axis == "tokens"
+
+    on_compare_screen(runs, (160, 50), check)
 
 
 def test_the_segment_table_widget_follows_a_runs_events(runs) -> None:
@@ -247,27 +254,19 @@ def test_runs_lists_the_time_to_the_target(runs, capsys) -> None:
 
 
 def test_the_compare_screen_shows_the_time_to_the_target(runs) -> None:
-    from tui.screens.compare import CompareApp, CompareScreen
     from tui.widgets.segments import SegmentTable
 
-    a, b = runs
+    async def check(pilot, screen) -> None:
+        target = max(r.final_val_loss for r in screen.runs)
+        legend = str(screen.query_one("#compare-legend").render())
+        assert f"to val {loss_text(target)}:" in legend and "(the worst final val loss)" in legend
+        for r, d in zip(screen.runs, runs):
+            step, spent, tokens = _reach(d, target)
+            assert r.to_target is not None and (r.to_target.step, r.to_target.tokens) == (step, tokens)
+            assert f"(step {step})" in legend
+        table = screen.query_one(SegmentTable)
+        col = COLUMNS.index("to target")
+        cells = [str(table.get_row_at(i)[col]) for i in range(table.row_count)]
+        assert cells[0].endswith(" tok") and any(c.endswith(" tok") for c in cells[1:])
 
-    async def body() -> None:
-        app = CompareApp([a, b])
-        async with app.run_test(size=(200, 50)) as pilot:
-            await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded, "runs loaded")
-            screen = app.screen
-            target = max(r.final_val_loss for r in screen.runs)
-            legend = str(screen.query_one("#compare-legend").render())
-            assert f"to val {loss_text(target)}:" in legend and "(the worst final val loss)" in legend
-            for r, d in zip(screen.runs, (a, b)):
-                step, spent, tokens = _reach(d, target)
-                assert r.to_target is not None and (r.to_target.step, r.to_target.tokens) == (step, tokens)
-                assert f"(step {step})" in legend
-            table = screen.query_one(SegmentTable)
-            col = COLUMNS.index("to target")
-            cells = [str(table.get_row_at(i)[col]) for i in range(table.row_count)]
-            assert cells[0].endswith(" tok") and any(c.endswith(" tok") for c in cells[1:])
-            await pilot.press("escape")
-
-    asyncio.run(body())
+    on_compare_screen(runs, (200, 50), check)

@@ -87,7 +87,7 @@ def test_a_real_run_from_the_engine(tmp_path: Path, tiny_dataset: Path) -> None:
 
     (r,) = list_runs(root)
     assert r.name == "micro-real" and r.path == run_dir
-    assert r.state == "finished" and not (run_dir / rundir.WRITER).exists()
+    assert r.state == "completed" and not (run_dir / rundir.WRITER).exists()
     assert (r.step, r.max_steps) == (12, 12)
     assert r.preset == "micro" and r.vocab == 64 and r.n_params == started.n_params
     assert r.best_val_loss == pytest.approx(min(vals))
@@ -96,7 +96,7 @@ def test_a_real_run_from_the_engine(tmp_path: Path, tiny_dataset: Path) -> None:
     assert r.started.timestamp() == pytest.approx(started.time)
     table = format_table([r]).splitlines()
     assert len(table) == 2 and table[0].split()[:3] == ["name", "model", "state"]
-    assert "micro" in table[1] and "v64" in table[1] and "12/12" in table[1] and "finished" in table[1]
+    assert "micro" in table[1] and "v64" in table[1] and "12/12" in table[1] and "completed" in table[1]
 
 
 def test_states_steps_losses_and_order(tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_states_steps_losses_and_order(tmp_path: Path) -> None:
     assert [r.name for r in runs] == ["live", "orphan", "crashed", "halted", "done"]  # newest first
     s = by_name(runs)
     assert {n: r.state for n, r in s.items()} == {
-        "done": "finished", "halted": "stopped", "crashed": "failed", "orphan": "writer gone", "live": "running",
+        "done": "completed", "halted": "stopped", "crashed": "failed", "orphan": "writer gone", "live": "running",
     }  # fmt: skip
     assert (s["orphan"].step, s["orphan"].max_steps) == (7, 10)
     assert s["live"].best_val_loss == 3.25 and s["done"].best_val_loss == 4.5
@@ -151,7 +151,7 @@ def test_torn_and_garbage_lines_missing_files_and_non_runs(tmp_path: Path) -> No
     (only_config / rundir.CONFIG).write_text("this is = = not toml")
     runs = by_name(list_runs(tmp_path))
     assert set(runs) == {"messy", "config-only"}
-    assert runs["messy"].state == "finished" and runs["messy"].step == 5 and runs["messy"].best_val_loss == 4.5
+    assert runs["messy"].state == "completed" and runs["messy"].step == 5 and runs["messy"].best_val_loss == 4.5
     lonely = runs["config-only"]
     assert lonely.state == "writer gone" and lonely.step == 0 and lonely.preset is None and lonely.n_params is None
     assert "config-only" in format_table(list(runs.values()))
@@ -173,4 +173,4 @@ def test_a_growing_log_is_read_again(tmp_path: Path) -> None:
                         mfu=None, mem_bytes=None, tokens=300).model_dump_json() + "\n")  # fmt: skip
         f.write(ev.RunFinished(time=1011.0, step=3, reason="completed").model_dump_json() + "\n")
     r = summarize(d)
-    assert r.step == 3 and r.state == "finished"  # the finish counts even while writer.pid is still there
+    assert r.step == 3 and r.state == "completed"  # the finish counts even while writer.pid is still there

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from harness import ROOT, cli_process
+
 pytest.importorskip("safetensors")
 pytest.importorskip("datasets")
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
 
-ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TRAIN = ["--device", "cpu", "--batch-size", "4", "--block-size", "32", "--max-steps", "2", "--warmup-steps", "1"]
 
@@ -37,15 +39,10 @@ def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-
-
 def refused(args: list[str], cwd: Path, env: dict[str, str], match: str) -> str:
     """The command exits 2 with one line matching `match`, and `cwd` is as it was."""
     before = _tree(cwd)
-    done = _cli(args, cwd, env)
+    done = cli_process(*args, cwd=cwd, env=env)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stdout + done.stderr
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +22,8 @@ from engine.inspect.export import export_run  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 from engine.train.model import GPT  # noqa: E402
+from harness import ROOT, python_c  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 100  # padded to 128 by pad_vocab: the padding path is exercised
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=48, vocab_size=VOCAB, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
 
@@ -152,7 +150,7 @@ def test_missing_network_is_one_line(tmp_path: Path) -> None:
     env = os.environ | {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path), "HF_HUB_ETAG_TIMEOUT": "2"}
     env.pop("HF_HUB_OFFLINE", None)
     code = "from engine.prep import hf\nfrom engine.errors import UserError\ntry:\n    hf.resolve('gpt2')\nexcept UserError as e:\n    print(e)\n"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = python_c(code, env=env)
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1, done.stdout + done.stderr
     assert lines[0].startswith("cannot download gpt2 from the Hugging Face Hub (no network?")
@@ -268,5 +266,5 @@ def test_hf_module_imports_no_optional_package() -> None:
         "('safetensors','huggingface_hub','transformers','datasets','tensorboard','wandb')]\n"
         "print(bad)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = python_c(code)
     assert done.stdout.strip() == "[]", done.stderr

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 import engine.prep.prepare as prep
-from engine.train.data import open_dataset
+from engine.dataset import open_dataset
 from engine.errors import UserError
 from engine.prep.prepare import default_dataset, prepare_report
 from gpt2_tui import main

@@ -16,7 +16,7 @@ pytest.importorskip("datasets")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 from engine.prep import hub as ph  # noqa: E402
-from engine.train.data import open_dataset  # noqa: E402
+from engine.dataset import open_dataset  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 
 EOT = "<|endoftext|>"

@@ -25,13 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_hostile_inputs import (
-    Work,
-    make_work,
-    refusal_problems,
-    train_good_run,
-    tree_diff,
-)
+from harness import Work, make_work, refusal_problems, train_good_run, tree_diff
+
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
 
 N_FUZZ = 1200
 

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_hostile_inputs import Work, make_work, refusal_problems
+from harness import Work, make_work, refusal_problems
+
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
 
 HEALTHY = ["train", "--preset", "micro", "--device", "cpu", "--data", "ds", "--out", "run", "--max-steps", "30",
            "--ckpt-interval", "10"]  # fmt: skip

@@ -37,7 +37,7 @@ METHODS = {
 # "module:function" -> why its raw file call is safe. Keep it short; prefer a helper in engine/files.py.
 ALLOWED: dict[str, str] = {
     "engine/config.py:_packaged_preset": "reads our own packaged preset TOML through importlib.resources, no user path",
-    "engine/cli.py:guarded": "opens os.devnull to silence stdout after a reader left the pipe",
+    "engine/cli/__init__.py:guarded": "opens os.devnull to silence stdout after a reader left the pipe",
     "engine/train/checkpoint.py:atomic_save.write": "torch.save into the O_EXCL temp file files.atomic_write opened",
     "engine/train/checkpoint.py:load": "torch.load(weights_only=True) of a file object files.open_read opened (regular, bounded)",
     "engine/prep/hf.py:load_state": "safetensors (no code, a length-checked header) of a file files.open_regular checked first",

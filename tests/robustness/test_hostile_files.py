@@ -17,12 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli_fails, random_tokens, tree_snapshot, write_gpt2tui
+from harness import MICRO, cli_fails, python_c, random_tokens, tree_snapshot, write_gpt2tui
 from engine.errors import UserError
 from gpt2_tui import main
-
-MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -291,13 +288,13 @@ def test_a_dataset_json_nested_100k_deep_or_a_device_is_one_line(data: Path, tmp
 def test_a_cpu_out_of_memory_in_the_first_eval_is_one_line_and_no_run_dir(
     data: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    from engine.train.trainer import Trainer
+    from engine.train.evaluation import Evaluation
 
-    def evaluate(self) -> float:
+    def evaluate(self, parts, at) -> float:
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
                            "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
 
-    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    monkeypatch.setattr(Evaluation, "run", evaluate)
     before = tree_snapshot(tmp_path)
     cli_fails(capsys, ["train", *MICRO, "--data", str(data), "--max-steps", "2", "--out", str(tmp_path / "run"),
                        "--log", "csv"], "out of memory")  # fmt: skip
@@ -325,8 +322,7 @@ sys.exit(main(["export", sys.argv[1], "--hf", sys.argv[2]]))
 def test_sigterm_during_export_leaves_no_temp_dir_and_a_dead_ones_is_swept(trained: Path, tmp_path: Path) -> None:
     pytest.importorskip("safetensors")
     out = tmp_path / "hf"
-    res = subprocess.run([sys.executable, "-c", _EXPORT_TERM, str(trained), str(out)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    res = python_c(_EXPORT_TERM, trained, out, timeout=300)
     assert res.returncode == 130, res.stderr
     assert "Traceback" not in res.stderr
     assert list(tmp_path.iterdir()) == []  # the temp directory went with the interrupt

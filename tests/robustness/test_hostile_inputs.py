@@ -5,370 +5,39 @@ The bar, for every refused input: exit status 2, stderr exactly one non-empty li
 traceback), and the file system exactly as it was: the working directory and the cache
 (paths, file types, modes, sizes, mtimes in ns) are snapshotted before and after.
 
-How the command is run: `import torch` alone takes ~4 s on the 2-core dev box, and the table
-has ~200 rows, so each row runs the console script in a child forked from a warm interpreter
-that has imported torch/numpy/tokenizers/pydantic (nothing of this project: the child imports
-`engine`/`tui` fresh from disk, runs `.venv/bin/gpt2-tui` with runpy as `__main__`, in its own
-cwd, environment and process group, stdout/stderr to files, and its exit status is the
-process's). `test_the_fork_runner_matches_the_real_console_script` checks both ways agree;
-GPT2TUI_REAL_EXEC=1 runs every row as a plain `.venv/bin/gpt2-tui` subprocess instead (slow).
-
-Other test files import the harness from here: `run_cli`, `tree_state`, `tree_diff`,
-`refusal_problems`, `make_work`, `GPT2TUI`.
+How the command is run: tests/harness.py's run_cli, a child forked from a warm interpreter
+(its comment says why and how); `test_the_fork_runner_matches_the_real_console_script` checks
+it agrees with the real console script; GPT2TUI_REAL_EXEC=1 runs every row as a plain
+`.venv/bin/gpt2-tui` subprocess instead (slow).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
 import shutil
-import stat
 import subprocess
-import sys
-import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_tokens, write_gpt2tui
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-GPT2TUI = Path(sys.executable).parent / "gpt2-tui"
+from harness import TRAIN_FAST, make_dataset_dir, make_work, refusal_problems, train_good_run, tree_diff
+
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
+
 HUGE = str(2**63)  # does not fit an int64
 SEED_HUGE = str(2**64)
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
-# ----------------------------------------------------------------------------- the runner
-
-_SERVER = r"""
-import json, os, sys, time, traceback
-proto_in = os.fdopen(os.dup(0), "r")
-proto_out = os.fdopen(os.dup(1), "w")
-null = os.open(os.devnull, os.O_RDWR)
-os.dup2(null, 0); os.dup2(null, 1)
-import numpy, torch, tokenizers, pydantic  # the slow imports, once; nothing of the project
-proto_out.write("ready\n"); proto_out.flush()
-for line in proto_in:
-    req = json.loads(line)
-    sys.stdout.flush(); sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setpgid(0, 0)
-            proto_in.close(); proto_out.close()
-            os.chdir(req["cwd"])
-            os.environ.clear(); os.environ.update(req["env"])
-            for fd, name, flags in ((0, os.devnull, os.O_RDONLY),
-                                    (1, req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                    (2, req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-                f = os.open(name, flags, 0o644); os.dup2(f, fd); os.close(f)
-            script = req["script"]
-            sys.argv = [script, *req["argv"]]
-            sys.path[0] = os.path.dirname(script)  # as when the script itself is exec'd
-            import runpy
-            try:
-                runpy.run_path(script, run_name="__main__")
-                code = 0
-            except SystemExit as e:
-                c = e.code
-                if c is None:
-                    code = 0
-                elif isinstance(c, int):
-                    code = c
-                else:
-                    print(c, file=sys.stderr); code = 1
-            except BaseException:
-                traceback.print_exc(); code = 1
-            try:
-                import threading, atexit
-                threading._shutdown()
-                atexit._run_exitfuncs()
-            except BaseException:
-                pass
-        finally:
-            try:
-                sys.stdout.flush(); sys.stderr.flush()
-            finally:
-                os._exit(code)
-    deadline = time.monotonic() + req["timeout"]
-    rc = None
-    while True:
-        wpid, status = os.waitpid(pid, os.WNOHANG)
-        if wpid:
-            rc = os.waitstatus_to_exitcode(status)
-            break
-        if time.monotonic() > deadline:
-            try:
-                os.killpg(pid, 9)
-            except OSError:
-                pass
-            os.waitpid(pid, 0)
-            rc = "timeout"
-            break
-        time.sleep(0.01)
-    try:
-        os.killpg(pid, 9)  # what the child left running (threads die with it; processes not)
-    except OSError:
-        pass
-    proto_out.write(json.dumps({"rc": rc}) + "\n"); proto_out.flush()
-"""
-
-
-@dataclass
-class Result:
-    argv: list[str]
-    rc: int | str
-    out: str
-    err: str
-
-    def summary(self) -> str:
-        lines = self.err.strip().splitlines()
-        if not lines:
-            first = "<empty stderr>"
-        elif "Traceback" in self.err:
-            first = f"TRACEBACK ... {lines[-1][:200]}"
-        else:
-            first = lines[0][:220] + (
-                f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else ""
-            )
-        return f"exit {self.rc}; stderr: {first}"
-
-
-class _Server:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.proc: subprocess.Popen[str] | None = None
-        self.io = Path(tempfile.mkdtemp(prefix="gpt2tui-runner-"))
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
-        assert self.proc.stdout is not None
-        ready = self.proc.stdout.readline()
-        assert ready.strip() == "ready", f"runner failed to start: {ready!r}"
-
-    def run(
-        self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
-    ) -> Result:
-        with self.lock:
-            if self.proc is None or self.proc.poll() is not None:
-                self.start()
-            assert self.proc is not None and self.proc.stdin and self.proc.stdout
-            out, err = self.io / "stdout", self.io / "stderr"
-            req = {"argv": argv, "cwd": str(cwd), "env": env, "script": str(GPT2TUI),
-                   "stdout": str(out), "stderr": str(err), "timeout": timeout}  # fmt: skip
-            self.proc.stdin.write(json.dumps(req) + "\n")
-            self.proc.stdin.flush()
-            reply = json.loads(self.proc.stdout.readline())
-            return Result(
-                argv,
-                reply["rc"],
-                out.read_text(errors="replace"),
-                err.read_text(errors="replace"),
-            )
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        shutil.rmtree(self.io, ignore_errors=True)
-
-
-_server = _Server()
-atexit.register(_server.close)
-
-
-def cli_env(cache: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PYTEST_", "HYPOTHESIS"))
-    }
-    env["GPT2_TUI_CACHE"] = str(cache)
-    env.update(extra)
-    return env
-
-
-def run_cli(argv: list[str], cwd: Path, cache: Path, timeout: float = 60, real: bool | None = None,
-            **env: str) -> Result:  # fmt: skip
-    """`gpt2-tui ARGV` in cwd with GPT2_TUI_CACHE=cache (forked from the warm runner unless
-    real=True or GPT2TUI_REAL_EXEC=1: then a plain subprocess of the console script)."""
-    real = os.environ.get("GPT2TUI_REAL_EXEC") == "1" if real is None else real
-    environ = cli_env(cache, **env)
-    if not real:
-        return _server.run([str(a) for a in argv], cwd, environ, timeout)
-    try:
-        p = subprocess.run([str(GPT2TUI), *map(str, argv)], cwd=cwd, env=environ, stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, errors="replace", timeout=timeout,
-                           start_new_session=True, check=False)  # fmt: skip
-        return Result(list(argv), p.returncode, p.stdout, p.stderr)
-    except subprocess.TimeoutExpired as e:
-        return Result(list(argv), "timeout", str(e.stdout or ""), str(e.stderr or ""))
-
-
-# ----------------------------------------------------------------------------- file system
-
-
-def tree_state(*roots: Path) -> dict[str, tuple[int, int, int, int]]:
-    """{path: (file type, mode, size, mtime_ns)} of every entry under the roots (lstat: links
-    are not followed, so a symlink loop is one entry)."""
-    out: dict[str, tuple[int, int, int, int]] = {}
-
-    def visit(p: str) -> None:
-        try:
-            s = os.lstat(p)
-        except OSError:
-            return
-        out[p] = (
-            stat.S_IFMT(s.st_mode),
-            stat.S_IMODE(s.st_mode),
-            s.st_size,
-            s.st_mtime_ns,
-        )
-        if stat.S_ISDIR(s.st_mode):
-            try:
-                names = sorted(os.listdir(p))
-            except OSError:
-                return
-            for n in names:
-                visit(os.path.join(p, n))
-
-    for r in roots:
-        visit(str(r))
-    return out
-
-
-def tree_diff(before: dict, after: dict) -> str:
-    """'' when equal, else a short account: +added -removed ~changed (what changed)."""
-    added = sorted(set(after) - set(before))
-    removed = sorted(set(before) - set(after))
-    changed = []
-    for p in sorted(set(before) & set(after)):
-        if before[p] != after[p]:
-            what = [
-                w
-                for w, a, b in zip(
-                    ("type", "mode", "size", "mtime"), before[p], after[p]
-                )
-                if a != b
-            ]
-            changed.append(f"{p} ({','.join(what)})")
-    parts = []
-    for sign, items in (("+", added), ("-", removed), ("~", changed)):
-        if items:
-            parts.append(
-                " ".join(f"{sign}{i}" for i in items[:6])
-                + (f" (+{len(items) - 6} more)" if len(items) > 6 else "")
-            )
-    return "; ".join(parts)
-
-
-def refusal_problems(res: Result, fs_change: str = "") -> list[str]:
-    """What breaks the house rule for a refused input (empty = a proper refusal)."""
-    problems = []
-    if res.rc != 2:
-        problems.append(f"exit status {res.rc}, not 2")
-    lines = res.err.splitlines()
-    if "Traceback" in res.err or "Traceback" in res.out:
-        problems.append("a traceback")
-    if len(lines) != 1 or not lines[0].strip():
-        problems.append(f"stderr has {len(lines)} lines, not one")
-    if fs_change:
-        problems.append(f"file system changed: {fs_change}")
-    return problems
-
 
 def _shorten(text: str, root: str) -> str:
     return text.replace(root + "/", "").replace(root, ".")
-
-
-# ----------------------------------------------------------------------------- the work dir
-
-WORDS = [f"w{i}" for i in range(63)]
-
-
-def write_tokenizer(path: Path) -> None:
-    """A 64-entry word-level tokenizer (w0..w62 + <|endoftext|> = 63), fast to load."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {w: i for i, w in enumerate(WORDS)} | {"<|endoftext|>": 63}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(path))
-
-
-def make_dataset_dir(
-    root: Path, n_train: int = 20_000, n_val: int = 4_000, **sidecar
-) -> Path:
-    sidecar.setdefault("tokenizer", "tokenizer.json")
-    sidecar.setdefault("eot_id", 63)
-    write_gpt2tui(
-        root, random_tokens(n_train, 64, 1), random_tokens(n_val, 64, 2), 64, **sidecar
-    )
-    if sidecar["tokenizer"] == "tokenizer.json":
-        write_tokenizer(root / "tokenizer.json")
-    return root
-
-
-TRAIN_FAST = [
-    "--preset",
-    "micro",
-    "--device",
-    "cpu",
-    "--max-steps",
-    "2",
-    "--eval-batches",
-    "1",
-]
-
-
-@dataclass
-class Work:
-    dir: Path  # the cwd of the command
-    cache: Path  # GPT2_TUI_CACHE
-
-    def run(self, argv: list[str], timeout: float = 60, **kw) -> Result:
-        return run_cli(argv, self.dir, self.cache, timeout=timeout, **kw)
-
-    def state(self, *extra: Path) -> dict:
-        return tree_state(self.dir, self.cache, *extra)
-
-
-def make_work(base: Path, good_run: Path | None = None) -> Work:
-    """cwd with: ds/ (tiny gpt2-tui dataset + tokenizer), text/*.txt (10 documents), notes.txt, and good/ (a
-    real 2-step micro run on ds, when given); an empty cache dir beside it."""
-    d, cache = base / "work", base / "cache"
-    d.mkdir(parents=True)
-    cache.mkdir()
-    make_dataset_dir(d / "ds")
-    (d / "text").mkdir()
-    for i in range(10):
-        (d / "text" / f"{i}.txt").write_text(
-            (f"document {i}: the quick brown fox jumps over the lazy dog. " * 30 + "\n")
-            * 5
-        )
-    (d / "notes.txt").write_text("my notes\n")
-    if good_run is not None:
-        shutil.copytree(good_run, d / "good", symlinks=True)
-    return Work(d, cache)
-
-
-def train_good_run(base: Path) -> Path:
-    """A real run: `gpt2-tui train --preset micro --data ds --out good --max-steps 2` (with a tokenizer)."""
-    w = make_work(base)
-    res = w.run(["train", *TRAIN_FAST, "--data", "ds", "--out", "good"], timeout=120)
-    assert res.rc == 0, res.summary()
-    return w.dir / "good"
 
 
 @pytest.fixture(scope="session")

@@ -500,7 +500,7 @@ def test_09c_sample_on_a_terminal_writes_printable_text(tmp_path, tiny_dataset):
     data = tmp_path / "ds"
     data.mkdir()
     _control_tokenizer(data / "tokenizer.json")
-    from conftest import random_tokens, write_gpt2tui
+    from harness import random_tokens, write_gpt2tui
 
     write_gpt2tui(data, random_tokens(20_000, 64, 1), random_tokens(4_000, 64, 2), 64, tokenizer="tokenizer.json")
     run = trained(tmp_path, data, steps=2)

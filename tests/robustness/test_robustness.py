@@ -15,29 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import cli_fails
 from engine.train import checkpoint as ckpt
 from engine.train import distributed, guard
 from engine import rundir
 from gpt2_tui import main
-from engine.config import resolve
 from engine.events import CallbackSink, read_events
 from engine.train.model import GPT
-from engine.run.owner import start
-from engine.train.trainer import Trainer
-
-MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
-
-
-def _trainer(tmp_path: Path, data: Path, name: str = "run", sinks=(), **overrides) -> Trainer:
-    flags = {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | overrides
-    return start(resolve("micro", None, flags), tmp_path / name, sinks=sinks)
-
-
-def _events(run_dir: Path):
-    events, problems = read_events(run_dir / rundir.EVENTS)
-    assert problems == []
-    return events
+from harness import MICRO, cli_fails, open_run, run_events
 
 
 def _warnings(events) -> list[str]:
@@ -73,24 +57,25 @@ def test_a_few_nan_steps_are_skipped_and_the_run_goes_on(tmp_path, tiny_dataset,
     poison_loss.update({3, 4})
     seen = {}
     snap = lambda e: e.event == "step" and e.step in (2, 4) and seen.update(
-        {e.step: [p.detach().clone() for p in t.segment.model.parameters()]})
-    t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(snap)], **{"train.max_steps": 8, "train.max_bad_steps": 3})
+        {e.step: [p.detach().clone() for p in t.segment.parts.model.parameters()]})
+    t = open_run(tmp_path / "run", tiny_dataset, sinks=[CallbackSink(snap)],
+                 **{"train.max_steps": 8, "train.max_bad_steps": 3})
     assert t.run() == "completed"
     assert all(torch.equal(a, b) for a, b in zip(seen[2], seen[4]))  # steps 3-4 never reached the weights
-    events = _events(t.run_dir)  # NaN losses are written so that they read back
+    events = run_events(t.run_dir)  # NaN losses are written so that they read back
     nan_steps = [e.step for e in events if e.event == "step" and e.loss != e.loss]
     assert nan_steps == [3, 4]
     assert [w.split(":")[0] for w in _warnings(events)] == ["step 3", "step 4"]
     assert events[-1].event == "run_finished" and events[-1].step == 8
-    assert distributed.weights_finite(t.segment.model)
+    assert distributed.weights_finite(t.segment.parts.model)
 
 
 def test_nan_for_max_bad_steps_stops_with_the_last_good_weights(tmp_path, tiny_dataset, poison_loss):
     common = {"train.ckpt_interval": 100, "train.eval_interval": 100, "optim.decay_steps": 50}  # one LR schedule for both
-    good = _trainer(tmp_path, tiny_dataset, "good", **common, **{"train.max_steps": 3})
+    good = open_run(tmp_path / "good", tiny_dataset, **common, **{"train.max_steps": 3})
     good.run()
     poison_loss.update(range(4 + 3, 100))  # the good run above made 3 training calls
-    t = _trainer(tmp_path, tiny_dataset, "bad", **common, **{"train.max_steps": 50, "train.max_bad_steps": 3})
+    t = open_run(tmp_path / "bad", tiny_dataset, **common, **{"train.max_steps": 50, "train.max_bad_steps": 3})
     with pytest.raises(guard.Diverged, match="3 steps in a row") as err:
         t.run()
     msg = str(err.value)
@@ -98,9 +83,9 @@ def test_nan_for_max_bad_steps_stops_with_the_last_good_weights(tmp_path, tiny_d
     assert "step_000006.pt" in msg
     saved = ckpt.load(t.segment.ckpts.latest())
     assert saved["step"] == 6  # steps 4-6 were skipped: the weights are those after step 3
-    expected = good.segment.model.state_dict()
+    expected = good.segment.parts.model.state_dict()
     assert all(torch.equal(saved["model"][k], expected[k]) for k in expected)
-    events = _events(t.run_dir)
+    events = run_events(t.run_dir)
     assert any("likely causes" in w for w in _warnings(events)) and events[-1].event == "run_failed"
 
 
@@ -108,9 +93,9 @@ def test_nan_weights_are_never_saved_as_latest_or_best(tmp_path, tiny_dataset):
     def poison(e):
         if e.event == "step" and e.step == 3:
             with torch.no_grad():
-                next(t.segment.model.parameters()).fill_(float("nan"))
+                next(t.segment.parts.model.parameters()).fill_(float("nan"))
 
-    t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(poison)],
+    t = open_run(tmp_path / "run", tiny_dataset, sinks=[CallbackSink(poison)],
                  **{"train.max_steps": 20, "train.ckpt_interval": 1, "train.eval_interval": 1})  # fmt: skip
     with pytest.raises(guard.Diverged, match="NaN/Inf"):
         t.run()
@@ -137,21 +122,21 @@ def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_data
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", counting_forward)
-    t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 5, "train.max_bad_steps": 1,
-                                            "speed.precision": "fp16", "optim.grad_clip": 0.0})  # fmt: skip
+    t = open_run(tmp_path / "run", tiny_dataset, **{"train.max_steps": 5, "train.max_bad_steps": 1,
+                                                    "speed.precision": "fp16", "optim.grad_clip": 0.0})  # fmt: skip
     original_setup = t.segment.setup
 
     def setup():
         original_setup()
-        next(t.segment.model.parameters()).register_hook(blow_up)
+        next(t.segment.parts.model.parameters()).register_hook(blow_up)
 
     t.segment.setup = setup
     assert t.run() == "completed"
-    events = _events(t.run_dir)
-    assert _warnings(events) == [] and t.segment.guard.total == 0
+    events = run_events(t.run_dir)
+    assert _warnings(events) == [] and t.segment.parts.guard.total == 0
     norms = {e.step: e.grad_norm for e in events if e.event == "step"}
     assert not math.isfinite(norms[2]) and not math.isfinite(norms[3]) and math.isfinite(norms[4])
-    assert t.segment.scaler.get_scale() == 65536.0 / 4  # halved once per skipped step
+    assert t.segment.parts.scaler.get_scale() == 65536.0 / 4  # halved once per skipped step
 
 
 def test_cli_reports_divergence_in_one_line(tmp_path, tiny_dataset, capsys, poison_loss):
@@ -177,9 +162,9 @@ def test_full_disk_warns_keeps_the_old_checkpoints_and_retries(tmp_path, tiny_da
         return real_save(obj, f, *a, **k)
 
     monkeypatch.setattr(torch, "save", full_at_step_4)
-    t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 6, "train.ckpt_interval": 2})
+    t = open_run(tmp_path / "run", tiny_dataset, **{"train.max_steps": 6, "train.ckpt_interval": 2})
     assert t.run() == "completed"
-    events = _events(t.run_dir)
+    events = run_events(t.run_dir)
     assert [e.step for e in events if e.event == "checkpoint"] == [2, 6]
     (warning,) = _warnings(events)
     assert "step 4 could not be written (No space left on device" in warning and "retries" in warning
@@ -363,7 +348,8 @@ def test_token_file_with_a_bad_header_through_the_cli(tmp_path, make_dataset, wr
 def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fits(tmp_path, tiny_dataset, monkeypatch):
     """The OOM itself is raised by a patched train_step (no GPU here); the rest is the real run:
     the estimator's table, the estimator's own fit for a device that holds batch 2, no new checkpoint."""
-    from engine import device, memory
+    from engine import device
+    from engine.train import memory
     from engine.text import format_table
     from engine.train.trainer import Trainer as T
 
@@ -376,8 +362,8 @@ def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fi
 
     monkeypatch.setattr(T, "train_step", train_step)
     seen = []
-    t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(seen.append)], **{"train.max_steps": 8,
-                 "train.ckpt_interval": 2, "train.batch_size": 8})  # fmt: skip
+    t = open_run(tmp_path / "run", tiny_dataset, sinks=[CallbackSink(seen.append)],
+                 **{"train.max_steps": 8, "train.ckpt_interval": 2, "train.batch_size": 8})  # fmt: skip
     holds_batch_2 = memory.estimate(memory.with_batch(t.config, 2, 4)).peak_bytes
     monkeypatch.setattr(device, "memory_bytes", lambda name="auto": holds_batch_2)
     with pytest.raises(guard.OutOfMemory) as err:
@@ -389,7 +375,7 @@ def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fi
     assert format_table(memory.estimate(t.config), holds_batch_2) in warning
     assert [s for s, _ in t.segment.ckpts.step_files()] == [2] and not list(t.segment.ckpts.path.glob(".*"))
     assert [e.event for e in seen][-1] == "run_failed"
-    assert all(p.grad is None for p in t.segment.model.parameters())  # the failed step's memory is let go
+    assert all(p.grad is None for p in t.segment.parts.model.parameters())  # the failed step's memory is let go
 
 
 def test_full_disk_under_events_jsonl_drops_lines_not_the_run(tmp_path, tiny_dataset, monkeypatch):
@@ -409,7 +395,7 @@ def test_full_disk_under_events_jsonl_drops_lines_not_the_run(tmp_path, tiny_dat
     if not os.path.isdir("/proc/self/fd"):
         pytest.skip("needs /proc/self/fd")
     seen = []
-    t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(seen.append)], **{"train.max_steps": 3})
+    t = open_run(tmp_path / "run", tiny_dataset, sinks=[CallbackSink(seen.append)], **{"train.max_steps": 3})
     monkeypatch.setattr(os, "write", full_for_events)
     assert t.run() == "completed"
     assert seen[-1].event == "run_finished" and ckpt.load(t.segment.ckpts.latest())["step"] == 3

@@ -16,6 +16,8 @@ from engine import rundir
 from gpt2_tui import main
 from engine.events import read_events
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from engine.train import checkpoint as ckpt
 from gpt2_tui import main
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
+
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
 

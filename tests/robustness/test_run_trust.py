@@ -17,25 +17,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import micro_config, run_events, tree_snapshot
-from engine import events as ev
+from harness import QUIET, run_events, train, tree_snapshot
 from engine import rundir
 from engine.errors import UserError
-from engine.paths import cache_root
+from engine.files import cache_root
 from engine.run import requests
-from engine.run.configs import resumed_config
-from engine.run.owner import start
+from engine.run.preflight import resumed_config
 from engine.run.requests import Control, Request
 from engine.train import compiling
 
-FLAGS = {"train.eval_interval": 100, "train.ckpt_interval": 100, "train.sample_tokens": 0}
-
 
 def _run(run_dir: Path, data: Path, steps: int, hook=None, resume: bool = False, control=None, **flags) -> str:
-    config = (resumed_config(run_dir, {"train.max_steps": steps}) if resume
-              else micro_config(data, **(FLAGS | {"train.max_steps": steps} | flags)))  # fmt: skip
-    sink = ev.CallbackSink(hook or (lambda e: None))
-    return start(config, run_dir, resume=resume, sinks=[sink], control=control).run()
+    flags = {"train.max_steps": steps} if resume else QUIET | {"train.max_steps": steps} | flags
+    return train(run_dir, data, resume=resume, on_event=hook, control=control, **flags)
 
 
 # ---------------------------------------------------------------- compile artifacts are code
@@ -82,21 +76,23 @@ def test_a_planted_compile_artifact_never_reaches_torch(tmp_path):
     assert (tree_snapshot(cache_root()) if cache_root().exists() else {}) == cache_before
 
 
-def _fake_torch_cache(monkeypatch) -> list[bytes]:
+@pytest.fixture
+def saved(tmp_path, monkeypatch) -> tuple[Path, Path, list[bytes]]:
+    """Artifacts saved into run/ and signed with this user's key in a fresh cache (torch's own
+    save and load faked: nothing compiles): (run, key, what torch was given to load)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GPT2_TUI_CACHE", str(cache))
     loaded: list[bytes] = []
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"our own compiled code", None))
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda body: loaded.append(body) or object())
-    return loaded
-
-
-def test_artifacts_this_user_saved_load_and_an_altered_byte_does_not(tmp_path, monkeypatch):
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("GPT2_TUI_CACHE", str(cache))
-    loaded = _fake_torch_cache(monkeypatch)
     run = tmp_path / "run"
     run.mkdir()
     assert compiling.save_artifacts(run, "cpu")
-    key = cache / compiling.KEY
+    return run, cache / compiling.KEY, loaded
+
+
+def test_artifacts_this_user_saved_load_and_an_altered_byte_does_not(saved):
+    run, key, loaded = saved
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.stat().st_size == 32
     assert compiling.load_artifacts(run, "cpu") == (True, None) and loaded == [b"our own compiled code"]
     data = bytearray((run / compiling.ARTIFACTS).read_bytes())
@@ -106,14 +102,8 @@ def test_artifacts_this_user_saved_load_and_an_altered_byte_does_not(tmp_path, m
     assert not loaded_now and "signature does not match" in note and len(loaded) == 1
 
 
-def test_a_signing_key_that_is_a_link_or_readable_by_others_is_refused(tmp_path, monkeypatch):
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("GPT2_TUI_CACHE", str(cache))
-    loaded = _fake_torch_cache(monkeypatch)
-    run = tmp_path / "run"
-    run.mkdir()
-    compiling.save_artifacts(run, "cpu")
-    key = cache / compiling.KEY
+def test_a_signing_key_that_is_a_link_or_readable_by_others_is_refused(tmp_path, saved):
+    run, key, loaded = saved
     key.chmod(0o644)
     ok, note = compiling.load_artifacts(run, "cpu")
     assert not ok and "signing key" in note and "read or written by others" in note, note
@@ -138,9 +128,9 @@ def test_a_lock_row_of_another_device_with_the_same_inode_is_not_the_runs(tmp_pa
     st = os.stat(run)
     major, minor = os.major(st.st_dev), os.minor(st.st_dev)
     other = f"{major + 1:02x}:{minor:02x}:{st.st_ino}"
-    real_read = rundir.runfiles.read_text
+    real_read = rundir.files.read_text
     rows = {"text": f"1: FLOCK  ADVISORY  WRITE 4242 {other} 0 EOF\n"}
-    monkeypatch.setattr(rundir.runfiles, "read_text",
+    monkeypatch.setattr(rundir.files, "read_text",
                         lambda path, cap, *a, **k: rows["text"] if str(path) == "/proc/locks" else real_read(path, cap, *a, **k))  # fmt: skip
     assert rundir.lock_holder(run) is None and rundir.writer_alive(run) is False
     rows["text"] = f"1: FLOCK  ADVISORY  WRITE 4242 {major:02x}:{minor:02x}:{st.st_ino} 0 EOF\n"
@@ -161,10 +151,10 @@ def test_a_paused_run_with_a_full_mailbox_still_resumes(tmp_path, tiny_dataset):
         if e.event == "paused":
             paused.set()
 
-    def train():
+    def go():
         result["end"] = _run(run_dir, tiny_dataset, 6, hook, control=control, **{"train.log_interval": 1})
 
-    worker = threading.Thread(target=train, daemon=True)
+    worker = threading.Thread(target=go, daemon=True)
     worker.start()
     try:
         assert paused.wait(120), "the run never paused"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tree_snapshot
+from harness import tree_snapshot
 from gpt2_tui import main
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-batches", "1"]
@@ -118,6 +118,7 @@ except UserError as err:
 """
 
 
+@pytest.mark.slow
 def test_of_runs_racing_on_one_new_out_exactly_one_gets_it(tmp_path: Path) -> None:
     for attempt in range(3):
         out = tmp_path / f"race{attempt}" / "run"

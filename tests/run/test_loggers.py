@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,8 +14,7 @@ import pytest
 from engine import events as ev
 from engine.run import loggers
 from engine.errors import UserError
-
-ROOT = Path(__file__).resolve().parents[2]
+from harness import ROOT, python_c
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +22,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run with all three loggers; W&B offline through its own env vars."""
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
-    from tests.conftest import write_gpt2tui, random_tokens
+    from harness import write_gpt2tui, random_tokens
 
     from engine.config import build
     from engine.run.owner import start
@@ -122,7 +120,6 @@ def test_unasked_extras_are_never_imported(tmp_path: Path) -> None:
         "print([m for m in sys.modules if m.split('.')[0] in "
         "('tensorboard','wandb','datasets','transformers','safetensors','huggingface_hub','tensorboardX')])\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    done = python_c(code, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
     assert (tmp_path / loggers.CSV_FILE).read_text().splitlines()[1].startswith(tuple("0123456789"))

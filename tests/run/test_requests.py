@@ -10,30 +10,14 @@ import time
 from pathlib import Path
 
 from engine.run import requests as control, toggle
-from engine import rundir
-from engine.config import resolve
 from engine.run.requests import Request
-from engine.events import CallbackSink, read_events
-from engine.run.configs import resumed_config
-from engine.run.owner import start
-
-FLAGS = {"speed.device": "cpu", "speed.precision": "fp32", "train.eval_interval": 100,
-         "train.ckpt_interval": 100, "train.sample_tokens": 0}  # fmt: skip
-
+from harness import QUIET, run_events, train
 
 def _train(run_dir: Path, data: Path, steps: int, at_step=None, resume: bool = False) -> list:
-    def hook(e):
-        if at_step is not None and e.event == "step":
-            at_step(e.step)
-
-    if resume:
-        config = resumed_config(run_dir, {"train.max_steps": steps})
-    else:
-        config = resolve("micro", None, FLAGS | {"data.path": str(data), "train.max_steps": steps})
-    assert start(config, run_dir, resume=resume, sinks=[CallbackSink(hook)]).run() == "completed"
-    events, problems = read_events(run_dir / rundir.EVENTS)
-    assert problems == []
-    return events
+    hook = lambda e: at_step is not None and e.event == "step" and at_step(e.step)  # noqa: E731
+    flags = {"train.max_steps": steps} if resume else QUIET | {"train.max_steps": steps}
+    assert train(run_dir, data, resume=resume, on_event=hook, **flags) == "completed"
+    return run_events(run_dir)
 
 
 def test_two_toggles_in_one_step_both_apply_and_are_acknowledged(tmp_path, tiny_dataset):

@@ -18,7 +18,7 @@ FLAGS = {"speed.device": "cpu", "speed.precision": "fp32", "train.max_steps": 10
 
 
 def _lrs(run_dir: Path) -> dict[int, float]:
-    from conftest import run_events
+    from harness import run_events
 
     return {e.step: e.lr for e in run_events(run_dir) if e.event == "step"}
 
@@ -56,7 +56,7 @@ def test_decay_steps_at_resume_re_plans(tmp_path: Path, tiny_dataset: Path) -> N
 
 
 def test_resuming_a_finished_run_says_how_to_train_further(tmp_path: Path, tiny_dataset: Path, capsys, file_tree) -> None:
-    from conftest import cli_fails
+    from harness import cli_fails
 
     run_dir = tmp_path / "run"
     start(resolve("micro", None, FLAGS | {"data.path": str(tiny_dataset), "train.max_steps": 3}), run_dir).run()

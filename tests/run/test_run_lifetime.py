@@ -13,7 +13,7 @@ from engine.events import CallbackSink
 from engine.run import toggle
 from engine.run.owner import start
 from engine.train import compiling
-from engine.train.data import Dataset
+from engine.dataset import Dataset
 from engine.train.model import GPT
 
 

@@ -95,7 +95,7 @@ def test_segment_events_replace_the_guess_and_a_live_toggle_splits_the_run() -> 
 @pytest.fixture
 def resumed_run(tmp_path: Path, tiny_dataset: Path) -> Path:
     """A real run: 3 steps, resumed to 6 with --no-pin-memory, then to 8 unchanged."""
-    from engine.run.configs import resumed_config
+    from engine.run.preflight import resumed_config
     from engine.run.owner import start
 
     run_dir = tmp_path / "run"

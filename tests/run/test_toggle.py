@@ -8,33 +8,29 @@ from pathlib import Path
 
 import pytest
 
-from engine import device, memory
+from engine import device
+
+from engine.train import memory
 from engine.run import toggle
 from engine import rundir
 from engine.config import resolve
-from engine.events import CallbackSink, read_events
 from engine.errors import UserError
-from engine.run.configs import open_data
-from engine.run.owner import start
+from engine.run.preflight import open_data
+from harness import QUIET, run_events, train
 
 STEPS = 10
 
 
 def _run(tmp_path: Path, data: Path, name: str, at: int | None = None, switch: dict | None = None, **overrides):
     """Train STEPS steps; with `switch`, ask for it (as any UI does: toggle.json) after step `at`."""
-    flags = {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32", "train.max_steps": STEPS,
-             "train.eval_interval": 100, "train.ckpt_interval": 100, "train.sample_tokens": 0} | overrides  # fmt: skip
     run_dir = tmp_path / name
 
     def ask(e):
         if switch is not None and e.event == "step" and e.step == at:
             toggle.request(run_dir, switch)
 
-    run = start(resolve("micro", None, flags), run_dir, sinks=[CallbackSink(ask)])
-    assert run.run() == "completed"
-    events, problems = read_events(run_dir / rundir.EVENTS)
-    assert problems == []
-    return events
+    assert train(run_dir, data, on_event=ask, **(QUIET | {"train.max_steps": STEPS} | overrides)) == "completed"
+    return run_events(run_dir)
 
 
 def _losses(events) -> dict[int, float]:
@@ -81,6 +77,7 @@ def test_a_toggle_must_keep_the_tokens_per_step_and_name_a_switch(tmp_path, tiny
     assert not (tmp_path / rundir.MAILBOX).exists()
 
 
+@pytest.mark.slow
 def test_gpt2_tui_toggle_switches_a_detached_run(tmp_path, tiny_dataset):
     """The headless way: `gpt2-tui toggle RUN --no-prefetch` on a run training in another process."""
     import json

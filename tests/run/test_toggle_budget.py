@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import device, memory
+from engine import device
+
+from engine.train import memory
 from engine.config import resolve
 from engine.errors import UserError
 from engine.run import toggle

@@ -42,7 +42,7 @@ def test_a_repeated_toggle_is_dropped_as_already_on_and_opens_no_segment(tmp_pat
 
 
 def test_toggle_refuses_to_ask_again_what_is_pending(tmp_path: Path, tiny_dataset: Path, capsys, monkeypatch) -> None:
-    from conftest import cli_fails
+    from harness import cli_fails
     from gpt2_tui import main
 
     run_dir = tmp_path / "run"

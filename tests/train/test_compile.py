@@ -9,6 +9,8 @@ from engine.config import resolve
 from engine.events import read_events
 from engine.run.owner import start
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
+
 
 def _losses(tmp_path, data, name, **flags):
     config = resolve("micro", None, {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32",

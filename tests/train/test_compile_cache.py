@@ -69,6 +69,7 @@ def test_the_ladder_shows_a_compiled_rungs_cold_and_warm_first_step():
     assert rows[1][column] == "41.50" and rows[2][column] == "41.50 cold, 1.25 warm"
 
 
+@pytest.mark.slow
 def test_bench_config_times_the_first_step_cold_then_warm(tmp_path, tiny_dataset, capsys):
     toml = tmp_path / "run.toml"
     toml.write_text(resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu",

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from gpt2_tui import main
 from engine.config import resolve
 from engine.events import read_events
 from engine.run.owner import start
-from conftest import micro_config, run_events
+from harness import cli_process, micro_config, run_events
 
 
 _config, _events = micro_config, run_events
@@ -33,6 +31,7 @@ _config, _events = micro_config, run_events
 # ---------------------------------------------------------------- issue 20, finding 11
 
 
+@pytest.mark.slow
 def test_11_compile_cache_cold_compiles_in_a_fresh_process(tmp_path, tiny_dataset, monkeypatch, capsys):
     """Triton pins its cache directory at a process's first autotune, so a second 'cold'
     compile in the same process reads the first one's kernels. Cold is only cold in a
@@ -59,13 +58,14 @@ def test_11_compile_cache_cold_compiles_in_a_fresh_process(tmp_path, tiny_datase
 
 
 def _losses(config, run_dir: Path) -> tuple[list[float], list[ev.Compiled]]:
-    from bench.common import BenchTrainer  # no evals: only the training graph is compiled
+    from engine.train.trainer import measuring  # no evals: only the training graph is compiled
 
     seen: list = []
-    start(config, run_dir, sinks=[ev.CallbackSink(seen.append)], force=True, segment_class=BenchTrainer).run()
+    start(config, run_dir, sinks=[ev.CallbackSink(seen.append)], force=True, components=measuring).run()
     return [e.loss for e in seen if isinstance(e, ev.Step)], [e for e in seen if isinstance(e, ev.Compiled)]
 
 
+@pytest.mark.slow
 def test_both_compile_scopes_train_to_eager_losses(tmp_path, tiny_dataset):
     base = {"train.max_steps": 3, "train.log_interval": 1, "train.batch_size": 2}
     eager, none = _losses(_config(tiny_dataset, **base), tmp_path / "eager")
@@ -85,10 +85,11 @@ def test_both_compile_scopes_train_to_eager_losses(tmp_path, tiny_dataset):
 
 def _train(args: list[str], cache: Path) -> None:
     env = {**os.environ, "GPT2_TUI_CACHE": str(cache)}  # another cache: a machine that never compiled this
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "train", *args], env=env, capture_output=True, text=True)
+    proc = cli_process("train", *args, env=env, timeout=None)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_compile_artifacts_saved_by_one_process_spare_the_next_its_compile(tmp_path, tiny_dataset):
     run = tmp_path / "run"
     flags = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--compile", "--data", str(tiny_dataset),

@@ -1,4 +1,4 @@
-"""engine.train.data: format detection, validation, samplers and the prefetching loader."""
+"""engine.dataset (format detection, validation) and engine.train.batches (samplers, the prefetching loader)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.train.data import BatchLoader, BatchSampler, Dataset, DatasetInfo, Shard, open_dataset
+from engine.dataset import Dataset, DatasetInfo, Shard, open_dataset
+from engine.train.batches import BatchLoader, BatchSampler
 from engine.errors import UserError
 
 
@@ -181,7 +182,8 @@ def test_check_block(tiny_dataset: Path, make_dataset) -> None:
 
 _READER = """
 import sys, time
-from engine.train.data import BatchSampler, DataFailed, open_dataset
+from engine.dataset import DataFailed, open_dataset
+from engine.train.batches import BatchSampler
 ds = open_dataset(sys.argv[1], preload=False)
 print("open", flush=True)
 sys.stdin.readline()  # the cutter runs

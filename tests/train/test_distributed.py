@@ -10,8 +10,9 @@ import pytest
 
 from engine import cli
 from engine.train import distributed
-from engine.run import launch
-from engine.train.data import BatchSampler, open_dataset
+from engine.run import torchrun
+from engine.dataset import open_dataset
+from engine.train.batches import BatchSampler
 
 
 def _split(path, T=16):
@@ -68,9 +69,9 @@ def test_val_set_is_the_same_for_any_world_size(tiny_dataset):
 
 
 def test_worker_command_drops_nproc_and_pins_the_run_dir(tmp_path):
-    cmd = launch.command(["train", "--nproc", "2", "--preset", "micro", "--lr", "1e-3"], tmp_path / "r", name_dir=True)
+    cmd = torchrun.command(["train", "--nproc", "2", "--preset", "micro", "--lr", "1e-3"], tmp_path / "r", name_dir=True)
     assert cmd == ["-m", "engine.cli", "train", "--preset", "micro", "--lr", "1e-3", "--out", str(tmp_path / "r")]
-    assert launch.command(["train", "--nproc=4", "--out", "x"], tmp_path, name_dir=False) == [
+    assert torchrun.command(["train", "--nproc=4", "--out", "x"], tmp_path, name_dir=False) == [
         "-m", "engine.cli", "train", "--out", "x"]
 
 

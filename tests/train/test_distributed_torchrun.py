@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
+
 ROOT = Path(__file__).resolve().parents[2]
 # same schedule whatever max_steps a run has, so a resumed run can equal a straight one
 COMMON = ["--preset", "micro", "--device", "cpu", "--decay-steps", "8", "--eval-interval", "4",
@@ -30,9 +32,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "engine.cli", "train", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    from harness import cli_process  # here: run as torchrun's script, this file has no tests/ on its path
+
+    return cli_process("train", *args, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=timeout)
 
 
 def _ok(proc: subprocess.CompletedProcess) -> None:
@@ -60,8 +62,7 @@ def _assert_same(run: Path, reference: tuple[dict, dict], steps: range) -> None:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from conftest import random_tokens, write_gpt2tui
+    from harness import random_tokens, write_gpt2tui
 
     root = tmp_path_factory.mktemp("dist-data") / "tiny"
     return write_gpt2tui(root, random_tokens(20_000, 64, 1), random_tokens(4_000, 64, 2), 64)
@@ -268,7 +269,7 @@ def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.
     """One optimizer step of the real Trainer (no clipping); the gradients it produced."""
     from engine.train import distributed
     from engine.config import resolve
-    from engine.run.configs import open_data
+    from engine.run.preflight import open_data
     from engine.train.trainer import Trainer
 
     overrides = {
@@ -280,9 +281,9 @@ def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.
     trainer.setup()
     try:
         trainer.train_step(1e-3)
-        return {n: distributed.local_value(p.grad).detach().clone() for n, p in trainer.model.named_parameters()}
+        return {n: distributed.local_value(p.grad).detach().clone() for n, p in trainer.parts.model.named_parameters()}
     finally:
-        trainer.loader.close()
+        trainer.parts.loader.close()
 
 
 def _grad_worker(out: Path, data: Path) -> None:

@@ -13,23 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import cli_fails
 from engine.train import checkpoint as ckpt
 from engine.train import guard
 from engine import rundir
-from engine.config import resolve
 from engine.events import CallbackSink, read_events
 from engine.train.model import GPT
-from engine.run.owner import Run, start
+from engine.run.owner import start
 from gpt2_tui import main
+from harness import MICRO, cli_fails, open_run
 
-MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "numpy")  # a device tensor reaching the host
-
-
-def _trainer(tmp_path: Path, data: Path, name: str = "run", sinks=(), **overrides) -> Run:
-    flags = {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | overrides
-    return start(resolve("micro", None, flags), tmp_path / name, sinks=sinks)
 
 
 @pytest.fixture
@@ -48,8 +41,8 @@ def host_reads(monkeypatch) -> Counter:
 
 
 def test_a_non_logging_step_reads_nothing_from_the_device(tmp_path, tiny_dataset, host_reads):
-    t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 12, "train.log_interval": 4,
-                                            "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
+    flags = {"train.max_steps": 12, "train.log_interval": 4, "train.eval_interval": 100, "train.ckpt_interval": 100}
+    t = open_run(tmp_path / "run", tiny_dataset, **flags)
     per_step: dict[int, int] = {}
     segment = t.segment
     original = segment.train_step
@@ -87,7 +80,7 @@ def _scale_loss(monkeypatch, factor: Callable[[int], float]) -> None:
 def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_dataset, monkeypatch):
     _scale_loss(monkeypatch, lambda n: float("nan") if n in (2, 3) else 1.0)
     seen = []
-    t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(seen.append)],
+    t = open_run(tmp_path / "run", tiny_dataset, sinks=[CallbackSink(seen.append)],
                  **{"train.max_steps": 8, "train.log_interval": 4, "train.max_bad_steps": 3,
                     "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
     weights: dict[int, list[torch.Tensor]] = {}
@@ -95,12 +88,12 @@ def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_data
 
     def train_step(lr):
         out = step(lr)
-        weights[t.segment.step + 1] = [p.detach().clone() for p in t.segment.model.parameters()]
+        weights[t.segment.step + 1] = [p.detach().clone() for p in t.segment.parts.model.parameters()]
         return out
 
     t.segment.train_step = train_step
     assert t.run() == "completed"
-    assert t.segment.optimizer.defaults["fused"]  # the default on CPU: the skip is the kernel's found_inf
+    assert t.segment.parts.optimizer.defaults["fused"]  # the default on CPU: the skip is the kernel's found_inf
     assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[3]))  # steps 2-3 never reached the weights
     assert not all(torch.equal(a, b) for a, b in zip(weights[3], weights[4]))
     warnings = [e.message for e in seen if e.event == "warning"]
@@ -110,7 +103,7 @@ def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_data
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A healthy 30-step micro run with checkpoints at 10, 20, 30."""
-    from conftest import random_tokens, write_gpt2tui
+    from harness import random_tokens, write_gpt2tui
 
     root = tmp_path_factory.mktemp("trained")
     data = write_gpt2tui(root / "data", random_tokens(20_000, 64), random_tokens(4_000, 64, seed=1), 64)
@@ -159,7 +152,7 @@ def test_a_run_whose_directory_vanishes_stops_in_one_line(tmp_path, tiny_dataset
         if e.event == "step" and e.step == 3:
             shutil.rmtree(t.run_dir)
 
-    t = _trainer(tmp_path, tiny_dataset, sinks=[CallbackSink(vanish)], **{"train.max_steps": 10})
+    t = open_run(tmp_path / "run", tiny_dataset, sinks=[CallbackSink(vanish)], **{"train.max_steps": 10})
     with pytest.raises(Exception, match="vanished at step 4") as err:
         t.run()
     assert "\n" not in str(err.value)
@@ -175,8 +168,8 @@ def test_a_finite_loss_spike_is_skipped_and_stops_the_run_in_a_row(tmp_path, tin
     """Loss x1000 (finite) from the 6th step on: no NaN anywhere, still caught as divergence;
     the skipped updates left the weights healthy, so they are saved before the stop."""
     _scale_loss(monkeypatch, lambda n: 1000.0 if n >= 6 else 1.0)
-    t = _trainer(tmp_path, tiny_dataset, **{"train.max_steps": 30, "train.max_bad_steps": 3,
-                                            "train.eval_interval": 100, "train.ckpt_interval": 100})  # fmt: skip
+    flags = {"train.max_steps": 30, "train.max_bad_steps": 3, "train.eval_interval": 100, "train.ckpt_interval": 100}
+    t = open_run(tmp_path / "run", tiny_dataset, **flags)
     with pytest.raises(guard.Diverged, match="the loss spiked far above its recent level for 3 steps"):
         t.run()
     assert ckpt.load(t.segment.ckpts.latest())["step"] == 8  # steps 6-8 skipped: the weights of step 5, saved at the stop

@@ -8,48 +8,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import rundir
 from engine.config import resolve
 from engine.errors import UserError
-from engine.events import CallbackSink, read_events
-from engine.run.owner import start
-from engine.run.requests import Control
 from engine.train.trainer import lr_at
 from gpt2_tui import main
+from harness import CPU, cli_fails, losses, run_events, stopped_at, train, trained
 
-CPU = {"speed.device": "cpu", "speed.precision": "fp32"}
-
-
-def _run(tmp_path, data, name, control=None, sinks=(), resume=False, **overrides):
-    run_dir = tmp_path / name
-    config = rundir.load_config(run_dir) if resume else resolve("micro", None, {"data.path": str(data)} | CPU | overrides)
-    start(config, run_dir, resume=resume, sinks=sinks, control=control).run()
-    events, problems = read_events(run_dir / rundir.EVENTS)
-    assert problems == []
-    return run_dir, events
-
-
-def _losses(events):
-    return [(e.step, e.loss) for e in events if e.event == "step"]
 
 
 def test_muon_stop_resume_equals_straight_run(tmp_path, tiny_dataset):
     """As tests/train/test_trainer.py's AdamW case: N steps, stop, resume, N steps == 2N straight."""
     common = {"optim.optimizer": "muon", "train.max_steps": 16, "model.dropout": 0.1, "train.eval_interval": 4,
               "train.ckpt_interval": 100, "data.prefetch": True}
-    _, straight = _run(tmp_path, tiny_dataset, "straight", **common)
-    _, adamw = _run(tmp_path, tiny_dataset, "adamw", **(common | {"optim.optimizer": "adamw"}))
-    assert _losses(straight)[3:] != _losses(adamw)[3:]  # Muon trained the matrices, not AdamW
+    straight = trained(tmp_path / "straight", tiny_dataset, **common)
+    adamw = trained(tmp_path / "adamw", tiny_dataset, **(common | {"optim.optimizer": "adamw"}))
+    assert losses(straight)[3:] != losses(adamw)[3:]  # Muon trained the matrices, not AdamW
 
-    control = Control()
-    stopper = CallbackSink(lambda e: e.event == "step" and e.step == 8 and control.stop())
-    run_dir, first = _run(tmp_path, tiny_dataset, "split", control=control, sinks=[stopper], **common)
+    run_dir = tmp_path / "split"
+    first = stopped_at(run_dir, tiny_dataset, 8, **common)
     assert first[-1].event == "run_finished" and first[-1].reason == "stopped" and first[-1].step == 8
     state = torch.load(run_dir / "checkpoints" / "step_000008.pt", weights_only=True)
     kinds = {k for s in state["optimizer"]["state"].values() for k in s}
     assert {"momentum_buffer", "exp_avg", "exp_avg_sq"} <= kinds  # both optimizers' state saved
-    _, both = _run(tmp_path, tiny_dataset, "split", resume=True)
-    assert _losses(both) == _losses(straight)
+    both = trained(run_dir, resume=True)
+    assert losses(both) == losses(straight)
     val = lambda evs: {(e.step, e.val_loss) for e in evs if e.event == "eval"}
     assert val(both) == val(straight)
 
@@ -76,8 +58,8 @@ def test_a_muon_step_the_guard_skips_is_never_taken(tmp_path, tiny_dataset, monk
     from engine.train import guard
 
     monkeypatch.setattr(guard.StepGuard, "judge", lambda self, loss, norm, scaled, agree: torch.ones((), dtype=torch.bool))
-    run_dir, _ = _run(tmp_path, tiny_dataset, "run", **{"optim.optimizer": "muon", "train.max_steps": 3,
-                                                             "train.max_bad_steps": 10})  # fmt: skip
+    run_dir = tmp_path / "run"
+    train(run_dir, tiny_dataset, **{"optim.optimizer": "muon", "train.max_steps": 3, "train.max_bad_steps": 10})
     state = torch.load(run_dir / "checkpoints" / "step_000003.pt", weights_only=True)
     assert state["optimizer"]["state"] == {}
 
@@ -101,20 +83,14 @@ FLAGS = CPU | {"train.max_steps": 10, "optim.warmup_steps": 2, "optim.schedule":
 
 
 def _lrs(run_dir):
-    events, _ = read_events(run_dir / rundir.EVENTS)
+    events = run_events(run_dir)
     return {e.step: e.lr for e in events if e.event == "step"}
-
-
-def _stopped_at(tmp_path, data, step, flags=FLAGS):
-    run_dir, control = tmp_path / "run", Control()
-    sink = CallbackSink(lambda e: e.event == "step" and e.step == step and control.stop())
-    assert start(resolve("micro", None, flags | {"data.path": str(data)}), run_dir, sinks=[sink], control=control).run() == "stopped"
-    return run_dir
 
 
 def test_a_wsd_run_extended_before_its_decay_keeps_every_earlier_lr(tmp_path, tiny_dataset, capsys):
     planned = {s + 1: lr_at(s, resolve("micro", None, FLAGS).optim, 10) for s in range(10)}
-    run_dir = _stopped_at(tmp_path, tiny_dataset, 6)  # the decay would begin at step 8 of 10
+    run_dir = tmp_path / "run"
+    stopped_at(run_dir, tiny_dataset, 6, **FLAGS)  # the decay would begin at step 8 of 10
     capsys.readouterr()
     assert main(["train", "--resume", str(run_dir), "--max-steps", "20"]) == 0
     said = capsys.readouterr()
@@ -130,7 +106,8 @@ def test_a_wsd_run_extended_before_its_decay_keeps_every_earlier_lr(tmp_path, ti
 
 def test_a_wsd_run_extended_in_its_decay_keeps_the_decay_end(tmp_path, tiny_dataset, capsys):
     planned = {s + 1: lr_at(s, resolve("micro", None, FLAGS).optim, 10) for s in range(10)}
-    run_dir = _stopped_at(tmp_path, tiny_dataset, 9)  # decaying since step 8
+    run_dir = tmp_path / "run"
+    stopped_at(run_dir, tiny_dataset, 9, **FLAGS)  # decaying since step 8
     capsys.readouterr()
     assert main(["train", "--resume", str(run_dir), "--max-steps", "12"]) == 0
     said = capsys.readouterr()
@@ -141,7 +118,6 @@ def test_a_wsd_run_extended_in_its_decay_keeps_the_decay_end(tmp_path, tiny_data
 
 
 def test_resume_with_another_optimizer_is_one_line(tmp_path, tiny_dataset, capsys):
-    from conftest import cli_fails
-
-    run_dir = _stopped_at(tmp_path, tiny_dataset, 3)
+    run_dir = tmp_path / "run"
+    stopped_at(run_dir, tiny_dataset, 3, **FLAGS)
     cli_fails(capsys, ["train", "--resume", str(run_dir), "--optimizer", "muon"], "trains with optimizer adamw")

@@ -94,6 +94,7 @@ def test_the_matrix_lists_cpu_combinations_and_refuses_cuda_graphs_with_blocks_o
                 assert c["speed.precision"] != "bf16"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("combo", _cpu(), ids=_name)
 def test_every_supported_cpu_combination_trains_evals_and_saves(combo, tmp_path, tiny_dataset):
     _train(tmp_path, tiny_dataset, "cpu", combo)

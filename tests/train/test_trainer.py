@@ -7,32 +7,12 @@ import threading
 import pytest
 import torch
 
-from engine import rundir
 from engine.train.checkpoint import CheckpointDir
 from engine.config import resolve
-from engine.events import CallbackSink, read_events
 from engine.run.requests import Control
 from engine.run.owner import start
 from engine.train.trainer import lr_at
-
-
-def _run(tmp_path, data, name="run", control=None, sinks=(), resume=False, **overrides):
-    flags = {"data.path": str(data), "speed.device": "cpu", "speed.precision": "fp32"} | overrides
-    run_dir = tmp_path / name
-    if resume:
-        config = rundir.load_config(run_dir)
-        config = config.model_copy(update={"train": config.train.model_copy(update={
-            k.split(".")[1]: v for k, v in overrides.items() if k.startswith("train.")})})
-    else:
-        config = resolve("micro", None, flags)
-    start(config, run_dir, resume=resume, sinks=sinks, control=control).run()
-    events, problems = read_events(run_dir / rundir.EVENTS)
-    assert problems == []
-    return run_dir, events
-
-
-def _losses(events):
-    return [(e.step, e.loss) for e in events if e.event == "step"]
+from harness import losses, stopped_at, train, trained
 
 
 def test_lr_schedule_warms_up_then_decays_to_min():
@@ -48,7 +28,8 @@ def test_lr_schedule_warms_up_then_decays_to_min():
 
 
 def test_events_schema_and_run_directory(tmp_path, tiny_dataset):
-    run_dir, events = _run(tmp_path, tiny_dataset, **{"train.max_steps": 12, "train.grad_accum": 2})
+    run_dir = tmp_path / "run"
+    events = trained(run_dir, tiny_dataset, **{"train.max_steps": 12, "train.grad_accum": 2})
     kinds = [e.event for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
     started = events[0]
@@ -76,25 +57,24 @@ def test_events_schema_and_run_directory(tmp_path, tiny_dataset):
 
 
 def test_same_seed_same_loss_curve(tmp_path, tiny_dataset):
-    _, a = _run(tmp_path, tiny_dataset, "a", **{"train.max_steps": 8, "model.dropout": 0.1})
-    _, b = _run(tmp_path, tiny_dataset, "b", **{"train.max_steps": 8, "model.dropout": 0.1})
-    _, c = _run(tmp_path, tiny_dataset, "c", **{"train.max_steps": 8, "model.dropout": 0.1, "train.seed": 7})
-    assert _losses(a) == _losses(b)
-    assert _losses(a) != _losses(c)
+    a = trained(tmp_path / "a", tiny_dataset, **{"train.max_steps": 8, "model.dropout": 0.1})
+    b = trained(tmp_path / "b", tiny_dataset, **{"train.max_steps": 8, "model.dropout": 0.1})
+    c = trained(tmp_path / "c", tiny_dataset, **{"train.max_steps": 8, "model.dropout": 0.1, "train.seed": 7})
+    assert losses(a) == losses(b)
+    assert losses(a) != losses(c)
 
 
 def test_stop_resume_equals_straight_run(tmp_path, tiny_dataset):
     """N steps, stop, resume, N steps == 2N straight: exact, with dropout and prefetch on."""
     common = {"train.max_steps": 16, "model.dropout": 0.1, "train.eval_interval": 4,
               "train.ckpt_interval": 100, "data.prefetch": True}
-    _, straight = _run(tmp_path, tiny_dataset, "straight", **common)
+    straight = trained(tmp_path / "straight", tiny_dataset, **common)
 
-    control = Control()
-    stopper = CallbackSink(lambda e: e.event == "step" and e.step == 8 and control.stop())
-    run_dir, first = _run(tmp_path, tiny_dataset, "split", control=control, sinks=[stopper], **common)
+    run_dir = tmp_path / "split"
+    first = stopped_at(run_dir, tiny_dataset, 8, **common)
     assert first[-1].event == "run_finished" and first[-1].reason == "stopped" and first[-1].step == 8
-    _, both = _run(tmp_path, tiny_dataset, "split", resume=True)
-    assert _losses(both) == _losses(straight)
+    both = trained(run_dir, resume=True)
+    assert losses(both) == losses(straight)
     val = lambda evs: {(e.step, e.val_loss) for e in evs if e.event == "eval"}
     assert val(both) == val(straight)
 
@@ -113,8 +93,9 @@ def test_control_pause_save_and_stop_from_another_thread(tmp_path, tiny_dataset)
             paused_at_save.append(control.paused)
             threading.Timer(0.1, lambda: (control.resume(), threading.Timer(0.1, control.stop).start())).start()
 
-    run_dir, events = _run(tmp_path, tiny_dataset, control=control, sinks=[CallbackSink(watch)],
-                           **{"train.max_steps": 10**6, "train.ckpt_interval": 10**6})
+    run_dir = tmp_path / "run"
+    events = trained(run_dir, tiny_dataset, control=control, on_event=watch,
+                     **{"train.max_steps": 10**6, "train.ckpt_interval": 10**6})
     ckpt_steps = [e.step for e in events if e.event == "checkpoint"]
     assert ckpt_steps[0] == 3 and paused_at_save == [True]  # save-now saves at once, while paused
     assert events[-1].event == "run_finished" and events[-1].reason == "stopped"
@@ -125,8 +106,9 @@ def test_control_pause_save_and_stop_from_another_thread(tmp_path, tiny_dataset)
 
 def test_keep_last_k_plus_best(tmp_path, make_dataset):
     data = make_dataset("gpt2-tui")
-    run_dir, events = _run(tmp_path, data, **{"train.max_steps": 12, "train.ckpt_interval": 2,
-                                              "train.keep_last": 2, "train.eval_interval": 2})
+    run_dir = tmp_path / "run"
+    events = trained(run_dir, data, **{"train.max_steps": 12, "train.ckpt_interval": 2,
+                                       "train.keep_last": 2, "train.eval_interval": 2})
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     best = [e for e in events if e.event == "checkpoint" and e.best][-1]
     assert "step_000010.pt" in names and "step_000012.pt" in names and "best.pt" in names
@@ -136,7 +118,8 @@ def test_keep_last_k_plus_best(tmp_path, make_dataset):
 
 
 def test_checkpoint_holds_everything_a_resume_needs(tmp_path, tiny_dataset):
-    run_dir, _ = _run(tmp_path, tiny_dataset, **{"train.max_steps": 4, "train.ckpt_interval": 4})
+    run_dir = tmp_path / "run"
+    train(run_dir, tiny_dataset, **{"train.max_steps": 4, "train.ckpt_interval": 4})
     state = torch.load(run_dir / "checkpoints" / "step_000004.pt", weights_only=True)
     assert {"model", "optimizer", "scaler", "step", "best_val_loss", "config", "rng", "data"} <= set(state)
     assert set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
@@ -168,9 +151,9 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, tiny_dataset):
 def test_mixed_precision_paths_train_on_cpu(tmp_path, tiny_dataset, precision):
     """bf16 autocast (no scaler) and fp16 with its GradScaler, through the real loop;
     clipping off exercises the plain pre-clip norm."""
-    _, ref = _run(tmp_path, tiny_dataset, "fp32", **{"train.max_steps": 3, "optim.grad_clip": 0.0})
-    _, got = _run(tmp_path, tiny_dataset, precision, **{"train.max_steps": 3, "optim.grad_clip": 0.0,
-                                                         "speed.precision": precision})
+    ref = trained(tmp_path / "fp32", tiny_dataset, **{"train.max_steps": 3, "optim.grad_clip": 0.0})
+    got = trained(tmp_path / precision, tiny_dataset, **{"train.max_steps": 3, "optim.grad_clip": 0.0,
+                                                       "speed.precision": precision})
     ref_steps = [e for e in ref if e.event == "step"]
     got_steps = [e for e in got if e.event == "step"]
     assert got[0].precision == precision
@@ -185,7 +168,7 @@ def test_queue_sink_gets_what_the_jsonl_gets(tmp_path, tiny_dataset):
     from engine.events import QueueSink
 
     sink = QueueSink()
-    _, events = _run(tmp_path, tiny_dataset, sinks=[sink], **{"train.max_steps": 3})
+    events = trained(tmp_path / "run", tiny_dataset, sinks=[sink], **{"train.max_steps": 3})
     queued = []
     while not sink.queue.empty():
         queued.append(sink.queue.get_nowait())
@@ -195,16 +178,16 @@ def test_queue_sink_gets_what_the_jsonl_gets(tmp_path, tiny_dataset):
 def test_on_cpu_the_batch_is_built_inline_and_the_estimate_says_so(tmp_path, tiny_dataset):
     """prefetch=True (the default) starts no thread when the host is the device: on 2 cores the
     thread took a core from the math (docs/benchmarks.md); the estimator counts one batch, not two."""
-    from engine import memory
+    from engine.train import memory
 
     config = resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu"})
     assert config.data.prefetch and config.data.pin_memory
     trainer = start(config, tmp_path / "inline").segment
     trainer.setup()  # what run() does before step 1
     try:
-        assert trainer.loader.prefetch is False and trainer.loader.pin is False
+        assert trainer.parts.loader.prefetch is False and trainer.parts.loader.pin is False
         assert not [t for t in threading.enumerate() if t.name == "batch-prefetch"]
     finally:
-        trainer.loader.close()
+        trainer.parts.loader.close()
     off = config.model_copy(update={"data": config.data.model_copy(update={"prefetch": False})})
     assert memory.estimate(config).peak_bytes == memory.estimate(off).peak_bytes

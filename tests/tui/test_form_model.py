@@ -4,8 +4,6 @@ the TOML follow the form's rules."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -16,13 +14,12 @@ from engine.errors import UserError
 from engine.run.segments import SWITCHES
 from engine.settings import setting
 from tui.models import form as F
-
-ROOT = Path(__file__).resolve().parents[2]
+from harness import python_c
 
 
 def test_the_form_model_imports_no_textual() -> None:
     code = "import sys, tui.models.form\nassert not [m for m in sys.modules if m.startswith('textual')]\n"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = python_c(code)
     assert out.returncode == 0, out.stderr
 
 

@@ -12,15 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
-from engine import memory
+from engine.train import memory
 from engine.config import resolve
 from tui.app import GPT2App
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.setup import SetupScreen, wid
 from tui.widgets.charts import MetricChart
 from tui.widgets.memory import MemoryPanel
-from pilot_wait import WAIT_S, until  # noqa: F401
+from harness import WAIT_S, until  # noqa: F401
 
 SIZE = (120, 40)
 
@@ -108,6 +109,7 @@ def test_setup_validates_budget_fix_then_launch_in_app_and_watch(tiny_dataset: P
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_pause_save_and_quit_while_running(tiny_dataset: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "long"
 
@@ -151,6 +153,7 @@ def _events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_attach_finished_run(tiny_dataset: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "done"
     cmd = [sys.executable, "-m", "engine.cli", "train", "--preset", "micro", "--data", str(tiny_dataset), "--out", str(run_dir)]
@@ -172,6 +175,7 @@ def test_attach_finished_run(tiny_dataset: Path, tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_detached_launch_is_tailed_live_and_stopped(tiny_dataset: Path, tmp_path: Path) -> None:
     """F5 (the default): the headless CLI in its own session; the dashboard tails it while
     it runs, steers it by signals, and q stops it gracefully (SIGTERM: a checkpoint)."""

@@ -35,7 +35,7 @@ from tui.screens.runs import RunsScreen
 from tui.screens.setup import SetupScreen
 from tui.models.tail import EventTail
 from tui.widgets.charts import MetricChart
-from pilot_wait import WAIT_S, until
+from harness import WAIT_S, until
 
 SIZE = (120, 40)
 DATA = Path(__file__).parents[1] / "data"
@@ -76,6 +76,7 @@ def copy_run(src: Path, dst: Path, *, finished: bool = True) -> Path:
 # ------------------------------------------------------------------------------ item 2: steering
 
 
+@pytest.mark.slow
 def test_reattached_dashboard_steers_an_own_detached_run(tiny_dataset: Path, tmp_path: Path) -> None:
     """The run goes on in its own process after the app that launched it quit; `attach`
     reaches it through its mailbox, the writer pid it recorded holding its lock: pause, save
@@ -231,6 +232,7 @@ def test_compile_warmup_shows_compiling_until_the_first_step(tmp_path: Path) -> 
         rundir.release_writer(run_dir)
 
 
+@pytest.mark.slow
 def test_first_run_builds_the_dataset_visibly_then_the_end_offers_the_form(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,6 +274,7 @@ def test_first_run_builds_the_dataset_visibly_then_the_end_offers_the_form(
 # ------------------------------------------------------------------------------ item 7 and F7: resume
 
 
+@pytest.mark.slow
 def test_resume_from_the_runs_screen_and_from_the_end_menu(
     tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

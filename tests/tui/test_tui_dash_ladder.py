@@ -16,7 +16,7 @@ from textual.widgets import Static
 
 from bench import ladder as bench
 from tui.screens.benchmark import BenchmarkScreen
-from pilot_wait import until
+from harness import until
 
 SIZE = (120, 40)
 

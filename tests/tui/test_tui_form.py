@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 import threading
 import tomllib
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 import pytest
 from textual.widgets import Input, Select, Switch
 
-from engine import memory
+from engine.train import memory
 from engine.cli import main as cli_main
 from engine.config import resolve
 from engine.errors import UserError
@@ -29,11 +27,9 @@ from tui.screens import setup as setup_mod
 from tui.screens.modals import HELP, AskPath, ConfirmScreen, HelpScreen, PickDirectory
 from tui.screens.setup import SetupScreen, wid
 from tui.widgets.memory import MemoryPanel
-from pilot_wait import until
+from harness import DATA, python_c, until
 
 SIZE = (120, 40)
-ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(__file__).parents[1] / "data"
 
 
 def micro(dataset: Path, **over: Any) -> Any:
@@ -92,7 +88,7 @@ def test_the_bare_command_paints_before_torch_is_imported() -> None:
         "assert gpt2_tui.main([]) == 0\n"
         "assert 'torch' not in sys.modules, 'torch imported before the form'\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = python_c(code)
     assert out.returncode == 0, out.stderr
 
 
@@ -192,6 +188,7 @@ def test_f4_when_no_micro_batch_fits_turns_on_grad_checkpointing_or_says_what_to
     run(go)
 
 
+@pytest.mark.slow
 def test_tab_reaches_the_memory_panel(tiny_dataset: Path) -> None:
     async def go() -> None:
         app = GPT2App(micro(tiny_dataset))

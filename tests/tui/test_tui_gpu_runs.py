@@ -7,8 +7,6 @@ Waits are bounded polls on the widgets' own state, never timed assertions (the C
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,17 +14,13 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable, Static
 
-from engine import events as ev
 from engine.text import loss_text
-from engine import rundir
 from engine.gpu_monitor import GpuSample, GpuSampler
 from tui.screens.runs import RunsScreen
 from tui.widgets.gpu_panel import GpuChart, GpuPanel
-from pilot_wait import WAIT_S, until  # noqa: F401
+from harness import WAIT_S, release_claimed, runs_app, until, write_run  # noqa: F401
 
 SIZE = (120, 40)
-
-
 
 
 def recorded(rounds: int = 6, gpus: int = 2) -> list[list[GpuSample]]:
@@ -114,44 +108,10 @@ def test_gpu_panel_without_nvml_says_so_in_one_line() -> None:
 # ------------------------------------------------------------------------------ runs screen
 
 
-def write_run(root: Path, name: str, t0: float, *, end: str | None = None, alive: bool = False) -> Path:
-    d = root / name
-    d.mkdir(parents=True)
-    (d / rundir.CONFIG).write_text('preset = "nano"\n')
-    cfg = {"preset": "nano", "model": {"vocab_size": 8192}, "train": {"max_steps": 10}}
-    lines = [ev.RunStarted(time=t0, config=cfg, n_params=1_858_304, device="cpu", device_name="CPU", precision="fp32",
-                           flops_per_token=1)]  # fmt: skip
-    lines.append(ev.Eval(time=t0 + 1, step=0, val_loss=5.5))
-    if end:
-        lines.append(ev.RunFinished(time=t0 + 2, step=10, reason=end))
-    (d / rundir.EVENTS).write_text("".join(e.model_dump_json() + "\n" for e in lines))
-    if alive:  # this process holds the run's lock: the one liveness rule (issue 21)
-        rundir.claim_writer(d)
-        _claimed.append(d)
-    return d
-
-
-_claimed: list[Path] = []
-
-
 @pytest.fixture(autouse=True)
 def _release_claimed():
     yield
-    while _claimed:
-        rundir.release_writer(_claimed.pop())
-
-
-class RunsApp(App):
-    def __init__(self, root: Path):
-        super().__init__()
-        self.root = root
-        self.opened: list[RunsScreen.Open] = []
-
-    def on_mount(self) -> None:
-        self.push_screen(RunsScreen(self.root, refresh_s=0))
-
-    def on_runs_screen_open(self, message: RunsScreen.Open) -> None:
-        self.opened.append(message)
+    release_claimed()
 
 
 def test_runs_screen_lists_runs_and_posts_open(tmp_path: Path) -> None:
@@ -160,7 +120,7 @@ def test_runs_screen_lists_runs_and_posts_open(tmp_path: Path) -> None:
     new = write_run(tmp_path, "new", 3000.0, alive=True)
 
     async def go() -> None:
-        app = RunsApp(tmp_path)
+        app = runs_app(tmp_path)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded, "the runs listed")
             screen = app.screen
@@ -168,7 +128,7 @@ def test_runs_screen_lists_runs_and_posts_open(tmp_path: Path) -> None:
             assert table.row_count == 3
             rows = [[str(c) for c in table.get_row_at(i)] for i in range(3)]
             assert [r[1] for r in rows] == ["new", "mid", "old"]  # newest first
-            assert [r[3] for r in rows] == ["running", "stopped", "finished"]
+            assert [r[3] for r in rows] == ["running", "stopped", "completed"]
             assert rows[0][2] == "nano 1.9M v8192" and rows[2][4] == "10/10" and rows[2][5] == loss_text(5.5)  # the one loss format
 
             await pilot.press("enter")
@@ -201,7 +161,7 @@ def test_runs_screen_lists_runs_and_posts_open(tmp_path: Path) -> None:
 
 def test_runs_screen_with_no_runs(tmp_path: Path) -> None:
     async def go() -> None:
-        app = RunsApp(tmp_path / "none")
+        app = runs_app(tmp_path / "none")
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded, "the listing")
             assert "no runs under" in str(app.screen.query_one("#runs-info", Static).render())

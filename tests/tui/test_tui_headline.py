@@ -8,7 +8,7 @@
   change again is refused there;
 - keys typed into the setup form from its first paint all reach their field, in order.
 
-The apps run for real (Pilot); waits are bounded polls (tests/pilot_wait.py).
+The apps run for real (Pilot); waits are bounded polls (tests/harness.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from tui.app import GPT2App
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.charts import MetricChart, off_scale, thin
-from pilot_wait import until
+from harness import until
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -96,7 +96,7 @@ def test_the_dashboard_that_launched_a_run_says_writer_gone_after_kill_9(tiny_da
     """F5's kind of run (its own process, launched by this app): kill -9 of that process turns
     the dashboard's state from RUNNING to WRITER GONE within a few seconds, with the elapsed
     time stopped at the last event and no ETA."""
-    from conftest import micro_config
+    from harness import micro_config
 
     run_dir = tmp_path / "own"
     config = micro_config(tiny_dataset, **LONG)

@@ -17,12 +17,11 @@ import pytest
 
 from engine import events as ev
 from engine import rundir
-from tests.tui.test_tui_gpu_runs import RunsApp
 from tui.app import GPT2App
 from tui.screens.compare import CompareApp, CompareScreen
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.runs import RunsScreen
-from pilot_wait import until
+from harness import runs_app, until
 
 TITLE = "\x1b]0;pwned\x07"  # retitles the terminal (or the tmux pane) when written raw
 CLEAR = "\x1b[2J"
@@ -56,7 +55,7 @@ def assert_printable(svg: str, *literal: str) -> None:
 @pytest.mark.parametrize("screen", ["runs", "compare"])
 def test_the_runs_and_compare_screens_show_hostile_names_as_text(tmp_path: Path, screen: str) -> None:
     runs = [hostile_run(tmp_path, name, 1000.0 + i) for i, name in enumerate(NAMES)]
-    app, kind = (RunsApp(tmp_path), RunsScreen) if screen == "runs" else (CompareApp(runs[1:]), CompareScreen)
+    app, kind = (runs_app(tmp_path), RunsScreen) if screen == "runs" else (CompareApp(runs[1:]), CompareScreen)
 
     async def go() -> None:
         async with app.run_test(size=(160, 50)) as pilot:

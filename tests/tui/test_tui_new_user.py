@@ -18,7 +18,7 @@ import pytest
 from engine.config import resolve
 from gpt2_tui import main
 from tui.app import GPT2App
-from pilot_wait import WAIT_S, launch_in_app, until
+from harness import WAIT_S, launch_in_app, until
 
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]
 LONG = {"train.max_steps": 100000, "train.ckpt_interval": 100000, "train.eval_interval": 100000,
@@ -66,6 +66,7 @@ def stop_in_app(app: GPT2App) -> None:
 # ---------------------------------------------------------------- 1. the Segments tab shows the speed at 80 columns
 
 
+@pytest.mark.slow
 def test_segments_tab_at_80_columns_shows_the_speed_once_a_second_segment_lands(tmp_path, tiny_dataset, capsys):
     """The dashboard drew the first segment's row, then a second segment arrived (as a toggle
     adds one on a live run): ms/step and tok/s must still be on screen at 80 columns."""

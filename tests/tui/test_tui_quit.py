@@ -20,7 +20,7 @@ import tui.app
 from engine.config import resolve
 from engine.train.trainer import Trainer
 from tui.app import GPT2App
-from pilot_wait import WAIT_S, launch_in_app, until  # noqa: F401
+from harness import WAIT_S, launch_in_app, until  # noqa: F401
 
 SIZE = (120, 40)
 SLOW_SAVE_S = 3.0  # the stop's checkpoint takes this long (a busy machine, a big model)

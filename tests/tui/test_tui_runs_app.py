@@ -10,18 +10,18 @@ import pytest
 
 import gpt2_tui
 from engine.inspect.runs import DEFAULT_ROOT
-from tests.tui.test_tui_gpu_runs import until, write_run
-from tests.tui.test_tui_gpu_tab import write_run as write_full_run
 from tui.app import GPT2App
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.runs import RunsScreen
+
+from harness import until, write_gpu_run, write_run
 
 
 def test_runs_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_run(tmp_path, "a", 1000.0, end="completed")
     assert gpt2_tui.main(["runs", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "a" in out.split() and "finished" in out and "10/10" in out
+    assert "a" in out.split() and "completed" in out and "10/10" in out
     assert gpt2_tui.main(["runs", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0]
@@ -29,7 +29,7 @@ def test_runs_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_runs_screen_attach_opens_the_dashboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    run = write_full_run(tmp_path / DEFAULT_ROOT, gpus=False)
+    run = write_gpu_run(tmp_path / DEFAULT_ROOT, gpus=False)
 
     async def go() -> None:
         app = GPT2App()

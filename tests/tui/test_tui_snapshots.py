@@ -1,5 +1,11 @@
-"""Snapshot tests (pytest-textual-snapshot): the setup screen, and the dashboard fed a
-recorded run directory (tests/data/tui-run: a 30-step nano run on the default dataset).
+"""Snapshot tests (pytest-textual-snapshot) of the screens that hold still: the setup screen;
+the dashboard fed a recorded run directory (tests/data/tui-run: a 30-step nano run on the
+default dataset) and, over it, the run-end choice (q), the help (?) and the Switches dialog;
+the Runs screen (F7) and the Compare screen over the recorded runs (tui-run, nano-150).
+
+Nothing trains: every picture is of recorded data, read from fixed relative paths (the test
+changes into tests/data or into a tmp dir holding runs/), with times shown in UTC and the
+machine's free memory fixed, so the same SVG comes out on any CPU machine.
 
 Update after an intended UI change with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`
 and look at the SVGs in tests/tui/__snapshots__/.
@@ -7,18 +13,24 @@ and look at the SVGs in tests/tui/__snapshots__/.
 
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.config import resolve
+from harness import DATA, until
 from tui.app import GPT2App
+from tui.screens.modals import HelpScreen
+from tui.screens.run_end import RunEndScreen
+from tui.screens.runs import RunsScreen
+from tui.screens.toggle import ToggleScreen
 from tui.widgets.charts import MetricChart
-from pilot_wait import until
 
-DATA = Path(__file__).parents[1] / "data"
+SIZE = (120, 40)
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="snapshots are of the CPU machine's form (GPU switches differ)"
@@ -46,26 +58,105 @@ def test_setup_screen(snap_compare, monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert snap_compare(GPT2App(resolve("nano")), terminal_size=(120, 40), run_before=fill)
 
 
-def test_dashboard_of_a_recorded_run(snap_compare, monkeypatch: pytest.MonkeyPatch, utc) -> None:
+def drawn(app) -> bool:
+    """The run read to its end and every chart on screen drawn from it at its final size
+    (the top charts grow once the layout is known: a draw at the first size is not the last)."""
+    state = app.session.state if app.session else None
+    charts = [c for c in app.screen.query(MetricChart) if c.display and c.region] if state else []
+    return bool(state and state.finished and charts) and all(
+        c._drawn is not None and c._drawn[0] == state.version and c._drawn[3:] == (c.size.width, c.size.height)
+        for c in charts
+    )
+
+
+async def settle(pilot) -> None:
+    """The attached dashboard of tui-run drawn, its end's toast said and cleared."""
+    app = pilot.app
+    await until(pilot, lambda: drawn(app), "the dashboard drawn", timeout=60)
+    # the end's toast fades after 10 s: said, then cleared, so a slow machine draws the same frame
+    assert any("q for what next" in n.message for n in app._notifications)
+    app.clear_notifications()
+    await pilot.pause()
+    await until(pilot, lambda: drawn(app), "the dashboard drawn again", timeout=60)
+
+
+def on_the_dashboard(key: str | None, screen: type) -> Callable:
+    """run_before: settle the dashboard, then press `key` (or push nothing) and wait for `screen`."""
+
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        if key is not None:
+            await pilot.press(key)
+        await until(pilot, lambda: isinstance(pilot.app.screen, screen), f"the {screen.__name__}")
+        await pilot.pause()
+
+    return run_before
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch, utc) -> GPT2App:
+    """The app attached to tests/data/tui-run (cwd tests/data: the path on screen is `tui-run`)."""
+    monkeypatch.chdir(DATA)
+    return GPT2App(attach_dir=Path("tui-run"))
+
+
+def test_dashboard_of_a_recorded_run(snap_compare, recorded) -> None:
+    assert snap_compare(recorded, terminal_size=SIZE, run_before=settle)
+
+
+def test_run_end_screen(snap_compare, recorded) -> None:
+    """q on the ended dashboard: form, resume or another run."""
+    assert snap_compare(recorded, terminal_size=SIZE, run_before=on_the_dashboard("q", RunEndScreen))
+
+
+def test_help_screen(snap_compare, recorded) -> None:
+    assert snap_compare(recorded, terminal_size=SIZE, run_before=on_the_dashboard("question_mark", HelpScreen))
+
+
+def test_switches_screen(snap_compare, recorded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Switches dialog with the recorded run's switches, as the dashboard's `o` opens it for a
+    live run (this run is over, so the test opens it: `o` would say there is nothing to toggle);
+    the machine's free RAM fixed at 16 GiB, the budget the estimate is shown against."""
+    from engine import device, rundir
+
+    monkeypatch.setattr(device, "available_host_memory", lambda: 16 * 2**30)
+
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        pilot.app.push_screen(ToggleScreen(Path("tui-run"), rundir.load_config(Path("tui-run")), held=0,
+                                           send=lambda request: None))  # fmt: skip
+        await until(pilot, lambda: isinstance(pilot.app.screen, ToggleScreen), "the Switches dialog")
+        await pilot.pause()
+
+    assert snap_compare(recorded, terminal_size=SIZE, run_before=run_before)
+
+
+def test_runs_screen(snap_compare, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, utc) -> None:
+    """F7 from the form: the recorded runs under runs/, newest first."""
+    for name in ("tui-run", "nano-150"):
+        shutil.copytree(DATA / name, tmp_path / "runs" / name)
+    monkeypatch.chdir(tmp_path)
+
+    async def run_before(pilot) -> None:
+        await pilot.pause()
+        await pilot.press("f7")
+        await until(pilot, lambda: isinstance(pilot.app.screen, RunsScreen) and pilot.app.screen.loaded, "the runs")
+        await pilot.pause()
+
+    assert snap_compare(GPT2App(resolve("nano")), terminal_size=SIZE, run_before=run_before)
+
+
+def test_compare_screen(snap_compare, monkeypatch: pytest.MonkeyPatch, utc) -> None:
+    """`gpt2-tui compare --tui tui-run nano-150`: the curves overlaid, the segments listed."""
+    from tui.screens.compare import CompareApp, CompareScreen
+
     monkeypatch.chdir(DATA)
 
-    def drawn(app) -> bool:
-        """The run read to its end and every chart on screen drawn from it at its final size
-        (the top charts grow once the layout is known: a draw at the first size is not the last)."""
-        state = app.session.state if app.session else None
-        charts = [c for c in app.screen.query(MetricChart) if c.display and c.region] if state else []
-        return bool(state and state.finished and charts) and all(
-            c._drawn is not None and c._drawn[0] == state.version and c._drawn[3:] == (c.size.width, c.size.height)
-            for c in charts
-        )
-
-    async def settle(pilot) -> None:
+    async def run_before(pilot) -> None:
         app = pilot.app
-        await until(pilot, lambda: drawn(app), "the dashboard drawn", timeout=60)
-        # the end's toast fades after 10 s: said, then cleared, so a slow machine draws the same frame
-        assert any("q for what next" in n.message for n in app._notifications)
-        app.clear_notifications()
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded, "runs loaded")
         await pilot.pause()
-        await until(pilot, lambda: drawn(app), "the dashboard drawn again", timeout=60)
+        app.screen.redraw()  # at the charts' final size (the first draw may come before the layout)
+        await pilot.pause()
 
-    assert snap_compare(GPT2App(attach_dir=Path("tui-run")), terminal_size=(120, 40), run_before=settle)
+    assert snap_compare(CompareApp([Path("tui-run"), Path("nano-150")]), terminal_size=SIZE, run_before=run_before)

@@ -29,7 +29,8 @@ GPT2_TUI = Path(sys.executable).with_name("gpt2-tui")
 DATA = Path(__file__).parents[1] / "data"
 WAIT_S = 120.0  # bound only; the poll returns as soon as the text is on screen
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"),
+              pytest.mark.slow]
 
 
 class Tmux:

@@ -4,7 +4,7 @@ through np.memmap instead; it costs nothing, unlike compile) continues the run f
 a run in this app and for a detached one watched from an attached dashboard alike; the
 dashboard then shows the segment table's second row, a marker on the speed charts and a
 toast. A set that does not fit the memory budget, or no change at all, is refused on the
-screen and nothing is written. Waits are bounded polls (tests/pilot_wait.py).
+screen and nothing is written. Waits are bounded polls (tests/harness.py).
 """
 
 from __future__ import annotations
@@ -19,16 +19,20 @@ from pathlib import Path
 import pytest
 from textual.widgets import Select, Switch
 
-from engine import device, memory
+from engine import device
+
+from engine.train import memory
 from engine import rundir
 from engine.config import resolve
-from engine.run.configs import open_data
+from engine.run.preflight import open_data
 from tui.app import GPT2App
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.toggle import ToggleScreen
 from tui.widgets.charts import MetricChart
 from tui.widgets.segments import SegmentTable
-from pilot_wait import WAIT_S, launch_in_app, until
+from harness import WAIT_S, launch_in_app, until
+
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
 
 SIZE = (120, 40)
 LONG = {"train.max_steps": 100000, "train.ckpt_interval": 100000, "train.eval_interval": 100000,

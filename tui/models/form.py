@@ -123,6 +123,7 @@ class FormModel:
         self.errors: dict[str, str] = {}
         self.general: list[str] = []
         self.notes: list[str] = []  # what the check decided on its own (a warmup that follows max steps)
+        self.verdict: Any = None  # engine.run.preflight.Verdict of the values, once torch has loaded
 
     def load(self, config: RunConfig) -> None:
         self.base_config = config
@@ -139,17 +140,29 @@ class FormModel:
         self.base = merge(resolve(name).model_dump(mode="json"), {"data": self.base["data"], "speed": self.base["speed"]})
 
     def check(self, values: dict[str, Any]) -> None:
-        """Judge the form's values ({dotted: value}, data.path included): config, errors by field,
-        errors of no field; what this machine cannot run and a dataset too short count too."""
+        """Judge the form's values ({dotted: value}, data.path included): pydantic's validation,
+        then, once torch has loaded (caps), the engine's preflight, as every front door: the
+        `start from` weights' shape, what this machine cannot run, the dataset's vocab and length,
+        inputs of no effect (notes). Errors by field, errors of no field, the config or None."""
         fields = {k: v for k, v in values.items() if k in ALL_FIELDS}
         self.notes = []
+        self.verdict = None
         config, errors, general = validate(merge(self.base, {"data": {"path": values.get("data.path")}}), fields,
                                            self.notes)  # fmt: skip
-        if self.caps is not None:
-            from engine.api import device
+        if config is not None and self.caps is not None:
+            from engine.api import preflight
 
-            for dotted, why in device.refuse(fields, self.caps).items():
-                errors.setdefault(dotted, why)
+            given = {d: fields[d] for d in user_set(self.base, fields)}
+            self.verdict = preflight(config, dataset=self.dataset_info or False, caps=self.caps, explicit=given,
+                                     local_only=True, memory=False)  # the memory panel shows the estimate's verdict
+            for dotted, why in self.verdict.errors.items():
+                if dotted in ALL_FIELDS:
+                    errors.setdefault(dotted, form_words(why))
+                else:
+                    general.append(f"{dotted}: {form_words(why)}")
+            general += [form_words(why) for why in self.verdict.general]
+            self.notes += [form_words(why) for why in self.verdict.warnings]
+            config = self.verdict.judged
         if config is not None and self.caps is not None and config.speed.precision in ("bf16", "fp16"):
             from engine.api import device
 
@@ -157,32 +170,12 @@ class FormModel:
                 slow = device.cpu_half_reason(config.speed.precision, measure=False)  # the ladder's and estimate's rule
                 if slow:
                     self.notes.append(f"{slow}, far slower than fp32: choose fp32 on this CPU")
-        if config is not None and self.dataset_info is not None and config.seq_len > 0:
-            T = config.seq_len
-            if self.dataset_info.val_tokens <= T or self.dataset_info.train_tokens <= T:
-                errors.setdefault("train.block_size", f"the dataset is shorter than one block of {T} tokens")
-        if config is not None and config.model.init_from and self.caps is not None:
-            config = self._pretrained_shape(config, errors)
         self.errors, self.general, self.validated = errors, general, config
-        self.config = config if not errors else None
+        self.config = config if not errors and not general else None
         if self.config is not None and self.caps is not None:  # the vocab the run gets, for the estimate
             from engine.api import memory
 
             self.config = memory.with_dataset_vocab(self.config)  # (F2 and launch leave it to the data)
-
-    @staticmethod
-    def _pretrained_shape(config: RunConfig, errors: dict[str, str]) -> RunConfig:
-        """The shape the `start from` weights decide, so the estimate is theirs: read from a
-        directory or the Hub's cache, never the network (a Hub model not yet downloaded keeps
-        the preset's shape here; the launch fetches it). Torch has loaded by now (caps)."""
-        from engine.api import UserError
-        from engine.api import with_pretrained_shape
-
-        try:
-            return with_pretrained_shape(config, local_only=True)
-        except UserError as err:
-            errors.setdefault("model.init_from", form_words(err))
-            return config
 
     def refusal(self) -> str | None:
         """Why the values cannot launch, naming the field to change; None: as far as they go."""

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engine.api import files as runfiles
+from engine.api import files
 from engine.api import EventLines
 
 
@@ -32,7 +32,7 @@ class EventTail:
     def read_new(self, max_bytes: int = 8 << 20) -> list[Any]:
         """Events appended since the last call (at most max_bytes read per call)."""
         try:
-            with runfiles.open_log(self.path) as f:  # a regular file only: never a link, never a FIFO
+            with files.open_log(self.path) as f:  # a regular file only: never a link, never a FIFO
                 if os.fstat(f.fileno()).st_size < self._pos:
                     self._restart()
                 f.seek(self._pos)

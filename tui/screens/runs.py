@@ -2,7 +2,7 @@
 
 The list comes from engine.inspect.runs (the same summaries `gpt2-tui runs` prints), read on a
 worker thread so a root full of long logs never freezes the UI, and re-read every few
-seconds so states move on (running -> finished, or writer gone). The screen only says what
+seconds so states move on (running -> completed, or writer gone). The screen only says what
 the user chose, by posting `RunsScreen.Open`; the app decides what attach, resume and
 compare mean.
 """

@@ -5,8 +5,9 @@ Each switch of engine.run.segments.SWITCHES gets the widget its setting's kind c
 the pairs that keep the tokens per optimizer step. What this machine cannot use is disabled
 with engine.device's reason. As the user edits, the memory estimate of the new set is shown
 against the budget the trainer will check it against; Apply runs the engine's own toggle
-check (engine.run.toggle.check) and writes the request (engine.run.toggle.request) only when it
-passes, so the screen refuses exactly what the trainer would, and nothing is written then.
+judgement (engine.run.toggle.judge, the launch's preflight) and writes the request
+(engine.run.toggle.request) only when it passes, so the screen refuses exactly what the
+trainer would, and nothing is written then.
 """
 
 from __future__ import annotations
@@ -205,14 +206,14 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         if fits is False:
             assert total is not None
             return self._memory_fix(new, total), False
-        refused = {n: why for n, why in device.refuse({"speed.device": new.speed.device, **self.values()}, self.caps).items()
-                   if n in changes}  # fmt: skip
-        if refused:
-            return "; ".join(f"{setting(n).label}: {why}" for n, why in refused.items()), fits
-        try:
-            toggle.check(self.config, changes, held=self.held)  # the run's own check: what passes here passes there
+        try:  # the run's own judgement (engine.run.toggle.judge: preflight): what passes here passes there
+            judged = toggle.judge(self.config, changes, held=self.held, caps=self.caps)
         except UserError as err:
             return form_words(err), fits
+        at = {id(why): n for n, why in judged.errors.items()}
+        for why in sorted(judged.found, key=lambda w: at.get(id(w)) not in changes):  # the changed switches first
+            n = at.get(id(why))
+            return (f"{setting(n).label}: {form_words(why)}" if n else form_words(why)), fits
         return None, fits
 
     def _memory_fix(self, new: RunConfig, total: int) -> str:

@@ -1,4 +1,4 @@
-"""The setup form's memory budget: engine.memory's breakdown against the device's memory.
+"""The setup form's memory budget: engine.train.memory's breakdown against the device's memory.
 
 Red, and Launch refused, when the estimate does not fit; then `fix` holds the estimator's
 suggestion (a smaller micro-batch with more accumulation, same sequences per step; grad

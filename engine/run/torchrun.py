@@ -47,8 +47,8 @@ def _strip_nproc(argv: list[str]) -> list[str]:
 
 def _check(n: int, config: RunConfig, force: bool) -> None:
     """Everything a worker would refuse, refused here (the config and run directory are
-    already checked by engine.run.configs' new_config / resumed_config)."""
-    from engine.run.configs import open_data
+    already checked by engine.run.preflight's new_config / resumed_config)."""
+    from engine.run.preflight import open_data
 
     if distributed.under_torchrun():
         raise UserError("--nproc starts torchrun itself; under torchrun leave it out")
@@ -66,7 +66,7 @@ def _check(n: int, config: RunConfig, force: bool) -> None:
 
 def _check_memory(config: Any, n: int, force: bool) -> None:
     """The estimator's per-GPU verdict for N ranks, as each worker will judge it."""
-    from engine import memory
+    from engine.train import memory
 
     saved = os.environ.get("WORLD_SIZE")
     os.environ["WORLD_SIZE"] = str(n)  # check_fits reads the world size torchrun will set

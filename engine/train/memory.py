@@ -515,7 +515,7 @@ def check_eval_set(config: RunConfig, world_size: int = 1) -> None:
 def run_vocab(config: RunConfig) -> int:
     """The vocab a run of `config` gets, known without reading token files: the model's own;
     else our dataset's sidecar (dataset.json); with no dataset, the embedded corpus's BPE;
-    else data.vocab_size (nanoGPT/llm.c files carry none). engine.run.configs.open_data binds the
+    else data.vocab_size (nanoGPT/llm.c files carry none). engine.run.preflight.open_data binds the
     same vocab when the run opens its data, so every parameter count shown agrees with it."""
     from pathlib import Path
 

@@ -1,6 +1,6 @@
 """The headless commands: train, estimate, prepare, sample, export, toggle, compare, doctor.
 
-`python -m engine.cli train ...` is what torchrun runs (no UI is loaded); `gpt2-tui`
+`python -m engine.cli train ...` (engine/cli/__main__.py) is what torchrun runs (no UI is loaded); `gpt2-tui`
 (gpt2_tui.py) adds the app, `attach` and the measuring tools (bench/) on top of this parser.
 Here argparse is turned into typed engine calls; the flags of `train` and `estimate` are
 generated from the config models (engine.settings), so each is described once. Bad input
@@ -222,10 +222,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from engine.train import distributed
-    from engine.run import launch
+    from engine.run import torchrun
     from engine.run.requests import Control
     from engine.events import ConsoleSink
-    from engine.run.configs import new_config, resumed_config
+    from engine.run.preflight import new_config, preflight, resumed_config
     from engine.run.owner import start
 
     overrides = overrides_from(args)
@@ -243,11 +243,17 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         if args.resume_from:
             raise UserError("--from picks the checkpoint a --resume continues from; add --resume RUN_DIR")
         config, run_dir = new_config(args.preset, args.config, overrides, args.out)
-    if launch.requested(args.nproc):  # --nproc N: check everything, then relaunch under torch.distributed.run
-        return launch.run(args.nproc, config, run_dir, bool(args.resume), args.force, argv, out_given=bool(args.out))
+    relaunch = torchrun.requested(args.nproc)  # --nproc N: check everything, then relaunch under torch.distributed.run
+    # the one judgement (shape, data, device, memory; warnings ride in config.notes, said as the run starts);
+    # --nproc: the launcher opens the data and judges the memory per rank (engine.run.torchrun), each rank again
+    verdict = preflight(config, explicit=overrides, force=args.force, resume=bool(args.resume), dataset=not relaunch,
+                        memory=not relaunch)  # fmt: skip
+    config = verdict.raise_first()
+    if relaunch:
+        return torchrun.run(args.nproc, config, run_dir, bool(args.resume), args.force, argv, out_given=bool(args.out))
     control = Control()
     run = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force,
-                resume_from=args.resume_from)
+                resume_from=args.resume_from, dataset=verdict.dataset)
     run_dir = run.run_dir
     if distributed.current().is_main:  # before the first step: a second terminal can follow it at once
         out.line(following_text(run_dir, config.speed.compile), flush=True)
@@ -292,7 +298,8 @@ def _steer_by_signals(control: Any, distributed_run: bool) -> Callable[[], None]
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from engine import device, memory, text
+    from engine import device, text
+    from engine.train import memory
     from engine.config import resolve
 
     if args.world_size < 1:
@@ -304,11 +311,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     config = resolve(args.preset or (None if args.config else "gpt2"), args.config, overrides)
     for note in config.notes:
         out.line(note)
-    from engine.run.configs import with_pretrained_shape
+    from engine.run.preflight import with_pretrained_shape
 
     config = with_pretrained_shape(config, {k[6:]: v for k, v in overrides.items() if k.startswith("model.")})
     if config.data.path is not None:
-        from engine.train.data import check_dir
+        from engine.dataset import check_dir
 
         check_dir(Path(config.data.path).expanduser())  # a path that is no dataset: one line, not a guess
     size = memory.size_text(config)  # the model's own size, and what the dataset's vocab makes of it
@@ -557,6 +564,3 @@ def main(argv: list[str] | None = None) -> int:
     route_warnings()  # Python's warnings reach stderr through the same rule
     return guarded(lambda: run_command(args, argv, rest))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

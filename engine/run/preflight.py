@@ -1,0 +1,409 @@
+"""A run's config before it starts, judged once for every front door (the CLI's new run and
+resume, the form, the Switches dialog and `toggle`, the measuring tools): `preflight`.
+
+    config, run_dir = new_config(preset, file, flags)   or   resumed_config(run_dir, flags)
+    verdict = preflight(config, explicit=flags)          # shape, data, device, memory, warnings
+    config = verdict.raise_first()                       # the first refusal, as UserError
+    run = engine.run.owner.start(config, run_dir, dataset=verdict.dataset)
+
+Everything that can be wrong with the config or the data is found here, before a run
+directory exists. The rules are the list RULES, in order; each judges the config in hand
+(a Check) and refuses (at a setting, or of none) or warns. A front end renders the Verdict:
+the CLI raises its first refusal, the form shows each at its field, the dialog its first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine import rundir
+from engine.config import RunConfig, build, overlay, resolve
+from engine.dataset import Dataset, DatasetInfo, open_dataset
+from engine.errors import Refusal, UserError
+
+if TYPE_CHECKING:
+    from engine.device import Capabilities
+    from engine.train.memory import MemoryEstimate
+
+
+def new_config(
+    preset: str | None, file: Path | None, overrides: dict[str, Any], out: Path | None = None
+) -> tuple[RunConfig, Path]:
+    """A new run's config (preset < file < flags; default preset nano) and its directory,
+    refused if that directory is in use. Not judged yet: preflight (explicit=overrides) does."""
+    config = resolve(preset or (None if file else "nano"), file, overrides)
+    run_dir = out or (Path(config.out_dir) if config.out_dir else rundir.default_path(config.preset))
+    rundir.check_new(run_dir)
+    return config.model_copy(update={"out_dir": str(run_dir)}), run_dir
+
+
+def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | None = None) -> RunConfig:
+    """The run's own config with the flags given at resume on top, its lr schedule kept
+    (keep_schedule), or UserError when it asks for another optimizer (its state is the run's:
+    a new optimizer is a new run). A run already trained to its max steps is refused once its
+    checkpoint is loaded and checked (the segment's set-up), so a damaged one says so first."""
+    own = rundir.load_config(run_dir)
+    if overrides.get("optim.optimizer", own.optim.optimizer) != own.optim.optimizer:
+        raise UserError(f"this run trains with optimizer {own.optim.optimizer}; its checkpoints hold that optimizer's state, "
+                        f"so it resumes with it: drop --optimizer, or start a new run with --optimizer "
+                        f"{overrides['optim.optimizer']}")  # fmt: skip
+    from engine.train.checkpoint import CheckpointDir
+
+    step = CheckpointDir(run_dir / rundir.CHECKPOINTS).latest_step() if resume_from is None else None
+    config = keep_schedule(own, overlay(own.model_dump(mode="json", exclude_none=True), overrides), overrides, step)
+    return config
+
+
+REPLAN = frozenset({"optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.schedule", "optim.decay_fraction",
+                    "optim.decay_steps"})  # schedule settings: given at resume, the user re-plans  # fmt: skip
+
+
+def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any], step: int | None = None) -> RunConfig:
+    """The one rule for a resume's lr schedule: the steps already planned keep their lr. The
+    decay ends where the run's plan put it (its decay_steps, else the max steps it was started
+    with), written into the config (optim.decay_steps) so a later resume keeps it too; steps past
+    it train at min_lr, which a note says. A wsd run resumed at `step` before its decay began
+    re-plans the decay to the new end instead: every step before it was at the peak lr under
+    either plan, so only the decay moves. Schedule flags given at resume (--lr, --min-lr,
+    --warmup-steps, --schedule, --decay-fraction, --decay-steps) re-plan it: the user asked."""
+    asked = sorted(set(overrides) & REPLAN)
+    if asked or config.optim.decay_steps is not None:
+        kept, replanned = config, False
+    else:
+        end = own.optim.decay_end(own.train.max_steps)
+        replanned = (own.optim.schedule == config.optim.schedule == "wsd" and step is not None
+                     and step < own.optim.decay_start(own.train.max_steps) and config.train.max_steps != end)  # fmt: skip
+        kept = config if replanned else overlay(config.model_dump(mode="json", exclude_none=True), {"optim.decay_steps": end})
+    o, n = kept.optim, kept.train.max_steps
+    end = o.decay_end(n)
+    notes = list(config.notes)
+    if replanned:
+        notes.append(f"the wsd decay had not begun at step {step}: it is re-planned to the new end, a linear decay "
+                     f"from step {o.decay_start(n)} to min_lr {o.min_lr:g} at step {end}; the steps before keep their lr")  # fmt: skip
+    elif asked:
+        notes.append(f"the lr schedule is re-planned with {', '.join('--' + a.split('.')[1].replace('_', '-') for a in asked)} "
+                     f"given at resume: it decays to min_lr {o.min_lr:g} at step {end}")  # fmt: skip
+    elif n > end:
+        began = "" if o.schedule == "cosine" else "the wsd decay had begun: "
+        notes.append(f"{began}the schedule keeps its decay to step {end}; steps after it train at min_lr {o.min_lr:g}; "
+                     f"pass --decay-steps {n} to re-plan")  # fmt: skip
+    kept._notes = notes
+    return kept
+
+
+def with_pretrained_shape(
+    config: RunConfig, explicit: dict[str, Any] | None = None, local_only: bool = False
+) -> RunConfig:
+    """`config` with the model shape its `--init-from` weights decide (their config.json only:
+    the weights come later, once the run is checked). `explicit`: the model settings the
+    user gave as flags; a shape among them that differs from the weights' is refused in one
+    line. `local_only` (the form, on every change): never the network; unchanged when a Hub
+    model's config is not in the cache yet."""
+    source = config.model.init_from
+    if source is None:
+        return config
+    from engine.prep import hf
+
+    directory = hf.cached_config_dir(source) if local_only else hf.config_dir(source)
+    if directory is None:
+        return config
+    model = hf.shape_config(directory, config.model, explicit, source)
+    return build(config.model_dump(mode="json") | {"model": model.model_dump(mode="json")})
+
+
+def pretrained(config: RunConfig, run_dir: Path, resume: bool) -> Any:
+    """The `--init-from` weights (engine.prep.hf.Pretrained) when this start begins from them: a new
+    run, or a resumed one that stopped before its first checkpoint; else None."""
+    if config.model.init_from is None:
+        return None
+    if resume:
+        from engine.train.checkpoint import CheckpointDir
+
+        if CheckpointDir(run_dir / rundir.CHECKPOINTS).latest() is not None:
+            return None  # the checkpoint holds the weights now
+    from engine.prep import hf
+
+    return hf.init_from(config.model.init_from, config.model)
+
+
+def open_data(config: RunConfig) -> tuple[RunConfig, Dataset]:
+    """Open the dataset and bind what it decides into the config: path, vocab, block size.
+
+    Everything that can be wrong with the data is found here, before a run directory exists.
+    """
+    if config.data.path is None:
+        from engine.prep.prepare import default_dataset
+
+        path = default_dataset()
+    else:
+        path = Path(config.data.path)
+    headerless_vocab = config.model.vocab_size or config.data.vocab_size  # nanoGPT/llm.c files
+    ds = open_dataset(path, vocab_size=headerless_vocab, preload=config.data.preload)
+    vocab = dataset_vocab(config, ds.info)
+    T = config.seq_len
+    ds.check_block(T)
+    data = config.model_dump()
+    data["data"]["path"] = str(path)
+    data["model"]["vocab_size"] = vocab
+    data["train"]["block_size"] = T
+    bound = RunConfig.model_validate(data)
+    bound._notes = [*config.notes, *short_train_notes(bound, ds.info.train_tokens)]  # the trainer warns them
+    return bound, ds
+
+
+def dataset_vocab(config: RunConfig, info: DatasetInfo) -> int:
+    """The run's vocab (the model's, else the dataset's); UserError when the dataset's ids do not fit it."""
+    vocab = config.model.vocab_size or info.vocab_size
+    if vocab < info.vocab_size and config.model.init_from:
+        raise UserError(
+            f"the dataset's vocab {info.vocab_size} is larger than {config.model.init_from}'s {vocab}: it was tokenized "
+            f"with another tokenizer; prepare it with the model's (gpt2-tui prepare ... --tokenizer gpt2, or the model "
+            f"directory's tokenizer.json)"
+        )
+    if vocab < info.vocab_size:
+        raise UserError(f"model vocab {vocab} is smaller than the dataset's {info.vocab_size}",
+                        {"model.vocab_size": f"{info.vocab_size} or more"})  # fmt: skip
+    return vocab
+
+
+def short_train_notes(config: RunConfig, train_tokens: int) -> list[str]:
+    """A train split smaller than one optimizer step's read: every step sees the same text again."""
+    need = config.tokens_per_step
+    if train_tokens >= need:
+        return []
+    t = config.train
+    return [f"the train split holds {train_tokens:,} tokens, fewer than one optimizer step reads "
+            f"({t.batch_size} x {t.grad_accum} x {config.seq_len} = {need:,}): each step repeats the same text; "
+            "prepare more text, or lower the batch size or block size"]  # fmt: skip
+
+
+# ---------------------------------------------------------------- the one preflight
+
+
+@dataclass
+class Verdict:
+    """What preflight found: the config to run (bound and marked; None while anything refuses
+    it), each refusal at its setting (`errors`) or of none (`general`), in the order found,
+    warnings about inputs that have no effect, the memory estimate and the opened dataset."""
+
+    config: RunConfig | None = None
+    judged: RunConfig | None = None  # the config the rules saw last (shape and data bound), refused or not
+    errors: dict[str, Refusal] = field(default_factory=dict)
+    general: list[Refusal] = field(default_factory=list)
+    warnings: list[Refusal] = field(default_factory=list)
+    estimate: MemoryEstimate | None = None
+    dataset: Dataset | None = None
+    found: list[Refusal] = field(default_factory=list)  # every refusal, first found first
+
+    def raise_first(self) -> RunConfig:
+        """The config to run, or the first refusal raised as UserError (its fixes kept as data)."""
+        if self.found:
+            first = self.found[0]
+            if isinstance(first, UserError):
+                raise first
+            raise UserError(first.problem, *first.fixes, also=first.also)
+        assert self.config is not None
+        return self.config
+
+
+@dataclass
+class Check:
+    """What a rule sees (the config in hand, which a rule may replace with a bound one) and
+    where it says what it found."""
+
+    config: RunConfig
+    data: Dataset | DatasetInfo | bool  # True: open it; False: not judged here (a live run's own)
+    caps: Capabilities | None  # the form's and the dialog's: refusals at each field
+    explicit: Mapping[str, Any] | None  # the settings the user gave ({dotted: value}); None: not known
+    held: int | None  # a live toggle: the memory the running segment hands over
+    force: bool  # --force: no memory refusal
+    local_only: bool  # never the network (the form, on every change)
+    resume: bool  # the run's own config: its shape is the run's
+    memory: bool  # refuse what will not fit (False: the caller shows the estimate's verdict itself)
+    verdict: Verdict
+    complete: bool = True  # False: something was left for the launch to judge (a Hub shape not cached)
+
+    def refuse(self, why: Refusal | str, dotted: str | None = None) -> None:
+        why = UserError(why) if isinstance(why, str) else why
+        dotted = dotted or (next(iter(why.fixes[0]), None) if why.fixes else None)
+        if dotted is None:
+            self.verdict.general.append(why)
+        elif dotted in self.verdict.errors:
+            return
+        else:
+            self.verdict.errors[dotted] = why
+        self.verdict.found.append(why)
+
+    def warn(self, why: Refusal | str) -> None:
+        self.verdict.warnings.append(UserError(why) if isinstance(why, str) else why)
+
+    def given(self, dotted: str) -> bool:
+        """The user gave this setting, with a value other than the schema's default (a preset's
+        or a file's value is not the user's here: it does not warn)."""
+        if self.explicit is None or dotted not in self.explicit:
+            return False
+        section, name = dotted.split(".")
+        return getattr(getattr(self.config, section), name) != _default(dotted)
+
+
+Rule = Callable[[Check], None]
+
+
+def _default(dotted: str) -> Any:
+    section, name = dotted.split(".")
+    return RunConfig.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]
+
+
+def pretrained_shape(c: Check) -> None:
+    """The model shape the `--init-from` weights decide (their config.json, read once here)."""
+    if c.resume or c.config._preflighted or c.config.model.init_from is None:
+        return  # a resumed run's shape is its own; a judged config's was read already
+    explicit = {k[6:]: v for k, v in (c.explicit or {}).items() if k.startswith("model.")}
+    try:
+        if c.local_only:
+            from engine.prep import hf
+
+            if hf.cached_config_dir(c.config.model.init_from) is None:
+                c.complete = False  # a Hub model not downloaded yet: the launch reads its shape
+                return
+        c.config = with_pretrained_shape(c.config, explicit, c.local_only)
+    except UserError as err:
+        c.refuse(err, "model.init_from")
+
+
+def device_rule(c: Check) -> None:
+    """What this machine cannot run: at each field (caps given: the form, the dialog), else the
+    launch's one-line check."""
+    from engine import device
+
+    s = c.config.speed
+    if c.caps is not None:
+        values = {f"{section}.{name}": value for section in ("model", "data", "optim", "speed", "train")
+                  for name, value in getattr(c.config, section).model_dump().items()}  # fmt: skip
+        refused = device.refuse(values, c.caps)
+        for dotted, why in refused.items():
+            c.refuse(UserError(why), dotted)
+        if refused:
+            return
+    device.check(s.device, s.precision, s.compile)
+
+
+def loggers_rule(c: Check) -> None:
+    """--log: a logger whose package is missing is refused before the data is opened or a byte written."""
+    if c.config.train.log:
+        from engine.run import loggers
+
+        loggers.check(c.config.train.log)
+
+
+def dataset_rule(c: Check) -> None:
+    """The dataset's vocab and length, bound into the config: opened (path, vocab, block size,
+    the short-train note), or judged from its info alone (the form: the vocab, for the estimate)."""
+    if c.data is False:
+        return
+    if isinstance(c.data, DatasetInfo):
+        info, T = c.data, c.config.seq_len
+        vocab = dataset_vocab(c.config, info)
+        shortest = min(info.train_tokens, info.val_tokens)
+        if T > 0 and shortest < T + 1:
+            fixes = [{"train.block_size": f"{shortest - 1} or less"}] if shortest >= 2 else []
+            c.refuse(UserError(f"the dataset is shorter than one block of {T} tokens", *fixes, also="use more data"),
+                     "train.block_size")  # fmt: skip
+        c.config = c.config.model_copy(update={"model": c.config.model.model_copy(update={"vocab_size": vocab})})
+        return
+    if c.verdict.found:
+        return  # refused already: the data is not opened (nor the default dataset built) for nothing
+    notes = c.config.notes
+    if c.data is True:
+        c.config, c.verdict.dataset = open_data(c.config)
+    else:
+        c.config, c.verdict.dataset = bind(c.config, c.data), c.data
+    c.config._notes = [*notes, *[n for n in c.config.notes if n not in notes]]
+
+
+def bind(config: RunConfig, ds: Dataset) -> RunConfig:
+    """`config` bound to an already opened dataset (its path, vocab and block size), as open_data binds it."""
+    vocab = dataset_vocab(config, ds.info)
+    ds.check_block(config.seq_len)
+    data = config.model_dump()
+    data["data"]["path"] = ds.info.path
+    data["model"]["vocab_size"] = vocab
+    data["train"]["block_size"] = config.seq_len
+    bound = RunConfig.model_validate(data)
+    bound._notes = [*config.notes, *short_train_notes(bound, ds.info.train_tokens)]
+    return bound
+
+
+def memory_rule(c: Check) -> None:
+    """The estimate (the form's and the dialog's panels show it) and, when asked, the refusal of
+    what will not fit the device (engine.train.memory.check_fits: the budget the run will have)."""
+    import os
+
+    from engine.train import memory
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    sharding: memory.Sharding = "fsdp" if c.config.speed.parallel == "fsdp" else "ddp"
+    sized = memory.with_dataset_vocab(c.config)
+    c.verdict.estimate = memory.estimate(sized, world, sharding)
+    if c.memory and not c.verdict.found:
+        memory.check_fits(sized, c.force, c.held)
+
+
+def no_effect_warnings(c: Check) -> None:
+    """Inputs the user gave that change nothing (issue 39), one line each."""
+    o = c.config.optim
+    if o.schedule == "cosine" and c.given("optim.decay_fraction"):
+        c.warn(UserError(f"decay fraction {o.decay_fraction:g} has no effect with the cosine schedule "
+                         "(it sizes the wsd decay)", {"optim.schedule": "wsd"}))  # fmt: skip
+    if o.optimizer == "adamw":
+        for dotted in ("optim.muon_lr", "optim.muon_momentum"):
+            if c.given(dotted):
+                name = dotted.split(".")[1].replace("_", " ")
+                c.warn(UserError(f"{name} {getattr(o, dotted.split('.')[1]):g} has no effect with the AdamW optimizer "
+                                 "(it is Muon's)", {"optim.optimizer": "muon"}))  # fmt: skip
+    n = c.config.train.max_steps
+    asked = any(c.given(d) for d in ("optim.schedule", "optim.decay_fraction", "optim.decay_steps", "train.max_steps"))
+    if o.schedule == "wsd" and asked and o.decay_end(n) - o.decay_start(n) < 1:
+        c.warn(UserError(f"the wsd decay is shorter than one step (decay fraction {o.decay_fraction:g} of "
+                         f"{o.decay_end(n)} steps): the lr stays at its peak to the end",
+                         {"optim.decay_fraction": f"{1 / max(o.decay_end(n), 1):.3g} or more"}))  # fmt: skip
+
+
+RULES: list[Rule] = [pretrained_shape, device_rule, loggers_rule, dataset_rule, memory_rule, no_effect_warnings]
+
+
+def preflight(
+    config: RunConfig, *, dataset: Dataset | DatasetInfo | bool = True, caps: Capabilities | None = None,
+    explicit: Mapping[str, Any] | None = None, held: int | None = None, force: bool = False,
+    local_only: bool = False, resume: bool = False, memory: bool = True,
+) -> Verdict:  # fmt: skip
+    """The one judgement of a config before it runs, for every front door: each rule of RULES
+    in order (pretrained shape, device, loggers, dataset vocab and length, memory, inputs of no effect).
+    `dataset`: True opens it (the CLI, bench), an opened Dataset is bound, a DatasetInfo judged
+    (the form), False leaves the data alone (a live toggle: the run's own). A rule that raises
+    UserError refuses; the others still judge (the form shows every field's refusal)."""
+    verdict = Verdict()
+    c = Check(config, dataset, caps, explicit, held, force, local_only, resume, memory, verdict)
+    for rule in RULES:
+        try:
+            rule(c)
+        except UserError as err:
+            c.refuse(err)
+    verdict.judged = c.config
+    if not verdict.found:
+        bound = c.config.model_copy()
+        bound._notes = [*c.config.notes, *[str(w) for w in verdict.warnings if str(w) not in c.config.notes]]
+        bound._preflighted = c.complete and dataset is not False and not isinstance(dataset, DatasetInfo)
+        verdict.config = bound
+    return verdict
+
+
+def prepared(config: RunConfig, **options: Any) -> tuple[RunConfig, Dataset]:
+    """preflight's config and opened dataset, or its first refusal raised (the measuring tools)."""
+    verdict = preflight(config, **options)
+    bound = verdict.raise_first()
+    assert verdict.dataset is not None
+    return bound, verdict.dataset

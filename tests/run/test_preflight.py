@@ -1,0 +1,155 @@
+"""One preflight for every front door (issue 36): a rule planted in engine.run.preflight.RULES
+is seen by the CLI's new run and resume, the form, the Switches dialog and `toggle`, and the
+measuring tools; the `--init-from` shape is read once on the CLI path; inputs that have no
+effect warn (issue 39), only when the user gave them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from engine import rundir
+from engine.cli import main
+from engine.config import resolve
+from engine.errors import UserError
+from engine.run import preflight as P
+from engine.run import toggle
+
+PLANTED = "planted rule: every config is refused"
+MICRO = ["--preset", "micro", "--device", "cpu", "--max-steps", "1", "--eval-interval", "1", "--sample-tokens", "0"]
+
+
+def planted(c: P.Check) -> None:
+    c.refuse(UserError(PLANTED, {"train.seed": 1}))
+
+
+@pytest.fixture
+def plant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(P, "RULES", [*P.RULES, planted])
+
+
+def test_the_cli_new_run_reaches_preflight(plant, tiny_dataset: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run)]) == 2
+    assert PLANTED in capsys.readouterr().err and not run.exists()  # refused before a byte is written
+
+
+def test_the_cli_resume_reaches_preflight(tiny_dataset: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    run = tmp_path / "run"
+    assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run)]) == 0
+    before = (run / rundir.EVENTS).read_bytes()
+    monkeypatch.setattr(P, "RULES", [*P.RULES, planted])
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--max-steps", "2"]) == 2
+    assert PLANTED in capsys.readouterr().err and (run / rundir.EVENTS).read_bytes() == before
+
+
+def test_the_form_reaches_preflight(plant) -> None:
+    from engine.device import capabilities
+    from tui.models import form as F
+
+    model = F.FormModel(resolve("micro", overrides={"speed.device": "cpu"}))
+    model.caps = capabilities()
+    values = {d: F.to_text(F.get_value(model.base, d)) for d in F.ALL_FIELDS} | {"data.path": None}
+    model.check(values)
+    assert model.errors["train.seed"].startswith(PLANTED) and "set seed to 1" in model.errors["train.seed"]
+    assert model.config is None and "seed" in (model.refusal() or "")
+
+
+def test_toggle_check_reaches_preflight(tiny_dataset: Path, monkeypatch) -> None:
+    config, _ = P.open_data(resolve("micro", overrides={"data.path": str(tiny_dataset), "speed.device": "cpu"}))
+    assert toggle.check(config, {"data.preload": False}, held=0).data.preload is False
+    monkeypatch.setattr(P, "RULES", [*P.RULES, planted])
+    with pytest.raises(UserError, match=PLANTED):
+        toggle.check(config, {"data.preload": False}, held=0)
+
+
+def test_the_switches_dialog_reaches_preflight(tiny_dataset: Path, tmp_path: Path, monkeypatch) -> None:
+    from textual.app import App
+    from textual.widgets import Switch
+
+    from tui.screens.toggle import ToggleScreen, wid
+
+    config, _ = P.open_data(resolve("micro", overrides={"data.path": str(tiny_dataset), "speed.device": "cpu"}))
+    monkeypatch.setattr(P, "RULES", [*P.RULES, planted])
+    screen = ToggleScreen(tmp_path, config, held=0, send=lambda request: None)
+
+    class Host(App):
+        def on_mount(self) -> None:
+            self.push_screen(screen)
+
+    async def drive() -> str | None:
+        async with Host().run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            screen.query_one("#" + wid("data.preload"), Switch).value = False
+            await pilot.pause()
+            return screen.problem
+
+    assert PLANTED in (asyncio.run(drive()) or "")
+
+
+def test_the_measuring_tools_reach_preflight(plant, tiny_dataset: Path, tmp_path: Path) -> None:
+    from bench import plain
+    from bench.common import BenchOptions
+
+    out = tmp_path / "plain"
+    with pytest.raises(UserError, match=PLANTED):
+        plain.run(BenchOptions(preset="micro", data=str(tiny_dataset), device="cpu", out=out, steps=1, rounds=1,
+                               vocab_size=None), "test")  # fmt: skip
+    assert not out.exists()
+
+
+def test_the_cli_reads_the_pretrained_shape_once(tiny_dataset: Path, tmp_path: Path, monkeypatch) -> None:
+    """new_config and Run.open each re-applied the `--init-from` shape; preflight decides it once
+    and Run.open takes the judged config as it is."""
+    pytest.importorskip("transformers")
+    from tests.make_tiny_gpt2 import make
+
+    tiny = make(tmp_path / "tiny")
+    calls: list[str] = []
+    real = P.with_pretrained_shape
+
+    def counted(config, *args, **kwargs):
+        calls.append(str(config.model.init_from))
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(P, "with_pretrained_shape", counted)
+    run = tmp_path / "run"
+    assert main(["train", *MICRO, "--init-from", str(tiny), "--data", str(tiny_dataset), "--out", str(run),
+                 "--block-size", "32"]) == 0  # fmt: skip
+    assert calls == [str(tiny)]
+    assert rundir.load_config(run).model.n_embd == 32  # the weights' shape, not micro's
+
+
+def test_inputs_of_no_effect_warn_once_each_when_the_user_gave_them(tiny_dataset: Path, tmp_path: Path,
+                                                                    capsys) -> None:  # fmt: skip
+    """Issue 39: --decay-fraction with cosine, --muon-lr / --muon-momentum with AdamW, a wsd
+    decay shorter than a step: one `warning:` line each on the CLI, notes in the form; a
+    preset's own values (not the user's) never warn."""
+    given = {"optim.decay_fraction": 0.3, "optim.muon_lr": 0.05, "optim.muon_momentum": 0.9}
+    v = P.preflight(resolve("micro", overrides=given), explicit=given, dataset=False, memory=False)
+    said = [w.problem.split(" ")[:2] for w in v.warnings]
+    assert said == [["decay", "fraction"], ["muon", "lr"], ["muon", "momentum"]]
+    assert P.preflight(resolve("micro", overrides=given), dataset=False, memory=False).warnings == []  # not the user's
+    wsd = {"optim.schedule": "wsd", "optim.decay_fraction": 0.01, "train.max_steps": 20}
+    v = P.preflight(resolve("micro", overrides=wsd), explicit=wsd, dataset=False, memory=False)
+    assert len(v.warnings) == 1 and "shorter than one step" in v.warnings[0].problem
+    run = tmp_path / "run"
+    assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--muon-lr", "0.05"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "muon lr" in ln]
+    assert lines == ["warning: muon lr 0.05 has no effect with the AdamW optimizer (it is Muon's); "
+                     "pass --optimizer muon"]
+
+    from engine.device import capabilities
+    from tui.models import form as F
+
+    model = F.FormModel(resolve("micro", overrides={"speed.device": "cpu"}))
+    model.caps = capabilities()
+    values = {d: F.to_text(F.get_value(model.base, d)) for d in F.ALL_FIELDS} | {"data.path": None}
+    model.check(values)
+    assert model.notes == [] and model.errors == {}
+    if "optim.decay_fraction" in F.ALL_FIELDS:
+        model.check(values | {"optim.decay_fraction": "0.3"})
+        assert any(n.startswith("decay fraction 0.3 has no effect") and "set schedule to wsd" in n for n in model.notes)
