@@ -82,7 +82,7 @@ def _runs(root: Path | None, target: float | None = None) -> int:
     root = DEFAULT_ROOT if root is None else root
     if not root.is_dir():
         raise UserError(f"{path_text(root)} is not a directory; give the directory that holds your runs (default runs/)")
-    out.line(format_table(list_runs(root, target)))
+    out.line(format_table(list_runs(root, target), target))
     return 0
 
 

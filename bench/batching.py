@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from engine import console
 from engine.dataset import TokenSplit, open_dataset
 from engine.train.batches import BatchSampler
 
@@ -96,13 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     B, T = args.batch_size, args.block_size
 
     info = ram.info
-    print(f"dataset: {info.path} ({info.format}, {info.train_tokens:,} train tokens, {info.dtype})")
-    print(
-        f"B={B} T={T}, median of {args.iters} iterations after {args.warmup} warm-up, interleaved; "
+    console.out.line(f"dataset: {info.path} ({info.format}, {info.train_tokens:,} train tokens, {info.dtype})")
+    console.out.line(f"B={B} T={T}, median of {args.iters} iterations after {args.warmup} warm-up, interleaved; "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, "
-        f"{datetime.date.today().isoformat()}"
-    )
+        f"{datetime.date.today().isoformat()}")
 
     vec, loop = _samplers(ram.train, args, True), _samplers(ram.train, args, False)
     nano = _reference(_samplers(ram.train, args, True), "nanogpt")
@@ -111,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     assert all(np.array_equal(np.asarray(a[k]), np.asarray(first[0][k])) for a in first for k in (0, 1))
     fns = [nano, loop.next, index, vec.next]
     t_nano, t_loop, t_index, t_vec = _median_seconds(fns, args.iters, args.warmup)
-    print("\n**Batch construction** (train split preloaded in RAM; x, y int64; same windows in every row)\n")
-    print("| method | ms / batch | speedup vs loop |")
-    print("|---|---:|---:|")
+    console.out.line("\n**Batch construction** (train split preloaded in RAM; x, y int64; same windows in every row)\n")
+    console.out.line("| method | ms / batch | speedup vs loop |")
+    console.out.line("|---|---:|---:|")
     rows = (
         ("nanoGPT get_batch: torch.stack of from_numpy per row (reference)", t_nano),
         ("Python loop: slice, cast, np.stack per row (`vectorized=False`)", t_loop),
@@ -121,15 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         ("sliding-window view, one row gather (`vectorized=True`)", t_vec),
     )
     for name, t in rows:
-        print(f"| {name} | {t * 1e3:.3f} | {t_loop / t:.2f}x |")
+        console.out.line(f"| {name} | {t * 1e3:.3f} | {t_loop / t:.2f}x |")
 
     mm, pre = _samplers(disk.train, args, True), _samplers(ram.train, args, True)
     t_mm, t_pre = _median_seconds([mm.next, pre.next], args.iters, args.warmup)
-    print("\n**Random-batch throughput** (vectorized gather in both; token file warm in the OS page cache)\n")
-    print("| source | batches/s | tokens/s | speedup |")
-    print("|---|---:|---:|---:|")
+    console.out.line("\n**Random-batch throughput** (vectorized gather in both; "
+                     "token file warm in the OS page cache)\n")
+    console.out.line("| source | batches/s | tokens/s | speedup |")
+    console.out.line("|---|---:|---:|---:|")
     for name, t in (("read from the file per batch (pread per row)", t_mm), ("RAM preload (np.fromfile)", t_pre)):
-        print(f"| {name} | {1 / t:,.0f} | {B * T / t:,.0f} | {t_mm / t:.2f}x |")
+        console.out.line(f"| {name} | {1 / t:,.0f} | {B * T / t:,.0f} | {t_mm / t:.2f}x |")
     return 0
 
 

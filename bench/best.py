@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from engine import console
 from engine import rundir
 from bench.common import OUT_OF_MEMORY, BenchOptions, default_out, load_average, out_of_memory, time_config
 from engine.files import atomic_write_bytes
-from engine.text import human
+from engine.text import human, path_text
 from engine import switch_matrix
 from engine.config import resolve
 from engine.errors import UserError
@@ -113,8 +114,8 @@ def sweep(preset: str, base: dict[str, Any], batches: list[int], modes: list[str
             c.mfu = c.tokens_per_s * t.flops_per_token / t.peak_flops if t.peak_flops else None
             c.peak_mem_bytes, c.startup_s = t.mem_bytes, t.startup_s
             result.device_name, result.precision = t.device_name, t.precision
-        print(f"  B={b} {mode}: {c.status}" + (f", {c.tokens_per_s:,.0f} tok/s" if c.tokens_per_s else ""),
-              flush=True)  # fmt: skip
+        console.out.line(f"  B={b} {mode}: {c.status}" + (f", {c.tokens_per_s:,.0f} tok/s" if c.tokens_per_s else ""),
+                         flush=True)  # fmt: skip
         save(result, out)
     return result
 
@@ -171,9 +172,10 @@ def run(args: BenchOptions, command: str) -> int:
         if value is not None:
             base[key] = value
     out = args.out or default_out(f"best-{preset}")
-    print(f"best configuration sweep: preset {preset}, batches {batches}, modes {modes} -> {out}", flush=True)
+    console.out.line(f"best configuration sweep: preset {preset}, batches {batches}, modes {modes} -> {path_text(out)}",
+                     flush=True)  # fmt: skip
     result = sweep(preset, base, batches, modes, steps, warmup, out, command)
-    print()
-    print(to_markdown(result))
-    print(f"wrote {out / 'best.md'} and {out / 'best.json'}")
+    console.out.line()
+    console.out.line(to_markdown(result))
+    console.out.line(f"wrote {path_text(out / 'best.md')} and {path_text(out / 'best.json')}")
     return 0

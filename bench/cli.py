@@ -67,14 +67,20 @@ def add_parsers(sub: Any) -> None:
                    help="ladder and --config: time the first step with torch.compile's caches empty (cold), "
                    "filled by a run of the same config (warm), both, or all: both, then an empty cache with "
                    "the first run's compile artifacts (a resume on a new machine); each run in a fresh process")  # fmt: skip
-    b.add_argument("--gpu-report", action="store_true", help="on a CUDA box: tests, ladder, best, memory and "
-                   "dashboard overhead, written to docs/gpu/DEVICE-DATE.md and .json (about 9 minutes)")  # fmt: skip
+    b.add_argument("--gpu-report", action="store_true", help="on a CUDA box, the short-window profile (<= 8 minutes "
+                   "cold on an H100): headline, switch matrix, ladder, best, dashboard overhead, written to --out "
+                   "(default docs/gpu/) DEVICE-DATE-short.md and .json after every row")  # fmt: skip
+    b.add_argument("--full", action="store_true", help="--gpu-report: the full report instead (tests, ladder, best, "
+                   "memory, overhead; about 22 minutes cold), DEVICE-DATE.md and .json")  # fmt: skip
     b.add_argument("--part", action="append", default=[], choices=PARTS, metavar="PART",
-                   help=f"--gpu-report: only this part (repeatable), merged into the day's report: {', '.join(PARTS)}")  # fmt: skip
+                   help=f"--gpu-report: only this part of the full report (repeatable), merged into the day's: "
+                   f"{', '.join(PARTS)}")  # fmt: skip
+    b.add_argument("--no-doctor", action="store_true", help="--gpu-report: leave the doctor out (it runs once per "
+                   "box: the day's report's entry is reused)")  # fmt: skip
     b.add_argument("--dry-run", action="store_true", help="--gpu-report on CPU with the tiniest shapes (the plumbing)")
     b.add_argument("--budget", type=Bounded(1, 10**6), metavar="S",
-                   help="seconds the whole ladder may take: past it, rungs are skipped with that reason (default: "
-                   "480 on a CPU, none on a GPU); with --gpu-report: seconds each part may take (default: its own)")  # fmt: skip
+                   help="seconds the whole ladder is planned to take: behind it, the rungs left measure fewer steps, "
+                   "never none (default: 480 on a CPU, none on a GPU); with --gpu-report: seconds each part may take (default: its own)")  # fmt: skip
 
 
 def run_command(args: argparse.Namespace, argv: list[str]) -> int:

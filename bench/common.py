@@ -67,6 +67,8 @@ class BenchOptions(BaseModel):
     gpu_report: bool = False
     part: list[str] = []
     dry_run: bool = False
+    full: bool = False  # --gpu-report: the full report's parts, not the short-window profile
+    no_doctor: bool = False  # --gpu-report: leave the doctor out
     budget: int | None = Field(None, ge=1, le=10**6)
     to_loss: float | None = Field(None, gt=0)
 
@@ -112,6 +114,7 @@ class Timing(BaseModel):
     compile_source: str | None = None  # cold | warm disk | run artifacts
     attention: str | None = None  # the SDPA kernel that ran (engine.train.attention); None: manual
     attention_ms: dict[str, float | None] = {}  # CUDA: each kernel's timing that picked it
+    contention: list[ev.Contention | None] = []  # each step_times_s interval's (engine/train/contention.py)
 
     def settled(self, warmup_intervals: int) -> list[float]:
         return self.step_times_s[warmup_intervals:] or self.step_times_s[-1:]
@@ -169,7 +172,7 @@ def time_config(
         device=s.device, device_name=s.device_name, precision=s.precision,
         flops_per_token=s.flops_per_token, peak_flops=s.peak_flops, reason=reason,
         compile_s=compiled[0].compile_s if compiled else None, compile_source=compiled[0].source if compiled else None,
-        attention=s.attention, attention_ms=s.attention_ms,
+        attention=s.attention, attention_ms=s.attention_ms, contention=[e.contention for e in steps],
     )  # fmt: skip
 
 

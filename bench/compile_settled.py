@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from bench.common import load_average
+from engine import console
 from engine.train import compiling
 from engine import device as devices
 from engine.config import resolve
@@ -89,15 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         for scope in ("model", "blocks") if i % 2 == 0 else ("blocks", "model"):
             times[scope].append(step(scope, x, y))
     ratio = statistics.median(np.array(times["blocks"]) / np.array(times["model"]))
-    print(f"{devices.describe(device)}, {precision}, torch {torch.__version__}, {datetime.date.today()}, "
-          f"preset {args.preset} B{args.batch_size} T{config.seq_len}, {args.pairs} pairs after {args.warmup} warm-up "
+    console.out.line(f"{devices.describe(device)}, {precision}, torch {torch.__version__}, {datetime.date.today()}, "
+                     f"preset {args.preset} B{args.batch_size} T{config.seq_len}, {args.pairs} pairs after {args.warmup} warm-up "
           f"steps each, load before {load_before}, after {load_average()}  ")  # fmt: skip
-    print(f"Command: `python -m bench.compile_settled {' '.join(argv or [])}`".rstrip() + "\n")
-    print("| scope | median ms/step | per-pair blocks / model |")
-    print("|---|---:|---:|")
+    console.out.line(f"Command: `python -m bench.compile_settled {' '.join(argv or [])}`".rstrip() + "\n")
+    console.out.line("| scope | median ms/step | per-pair blocks / model |")
+    console.out.line("|---|---:|---:|")
     for scope in ("model", "blocks"):
         cell = f"{ratio:.3f} ({100 * (ratio - 1):+.1f}%)" if scope == "blocks" else ""
-        print(f"| {scope} | {1000 * statistics.median(times[scope]):.1f} | {cell} |")
+        console.out.line(f"| {scope} | {1000 * statistics.median(times[scope]):.1f} | {cell} |")
     return 0
 
 

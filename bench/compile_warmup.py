@@ -27,6 +27,7 @@ import torch
 
 from bench.fresh import time_compile_cache
 from bench.common import default_out, load_average
+from engine import console
 from engine.files import atomic_write_bytes
 from engine.config import resolve
 from engine.events import settled_step_time
@@ -100,10 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             for preset in presets:
                 for scope in SCOPES if rnd % 2 == 0 else SCOPES[::-1]:
-                    print(f"round {rnd + 1}/{args.rounds}: {preset}, compile scope {scope}", flush=True)
+                    console.out.line(f"round {rnd + 1}/{args.rounds}: {preset}, compile scope {scope}", flush=True)
                     row = measure(preset, scope, args, Path(tmp) / f"r{rnd}")
                     results[preset][scope].append(row)
-                    print(json.dumps(row), flush=True)
+                    console.out.line(json.dumps(row), flush=True)
     any_row = next(r for s in results.values() for rows in s.values() for r in rows)
     head = [f"{any_row['device']}, {any_row['precision']}, torch {torch.__version__}, {datetime.date.today()}, "
             f"B{args.batch_size} T{args.block_size}, {args.rounds} rounds (medians), load before {load_before}, "
@@ -111,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(head + table(results)) + "\n"
     atomic_write_bytes(out / "compile_warmup.md", text.encode())
     atomic_write_bytes(out / "compile_warmup.json", json.dumps(results, indent=1).encode())
-    print(text)
-    print(f"wrote {out / 'compile_warmup.md'} and {out / 'compile_warmup.json'}")
+    console.out.line(text)
+    console.out.line(f"wrote {out / 'compile_warmup.md'} and {out / 'compile_warmup.json'}")
     return 0
 
 

@@ -23,10 +23,12 @@ import time
 import uuid
 from pathlib import Path
 
+from engine import console
+
 GPT2_TUI = Path(sys.executable).with_name("gpt2-tui")
 # on screen = the form has painted: its first fields, and the footer, which the frame writes
 # last (a frame can reach the terminal in pieces: its top alone is not a painted form)
-PAINTED = ("preset", "Batch and schedule", "Quit")
+PAINTED = ("preset", "Speed switches", "Quit")
 POLL_S = 0.02
 LIMIT_S = 60.0
 
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", metavar="CMD", help="also time this command, alternating with gpt2-tui")
     args = p.parse_args(argv)
     if shutil.which("tmux") is None:
-        print("tmux is not installed (apt-get install tmux)", file=sys.stderr)
+        console.err.line("tmux is not installed (apt-get install tmux)")
         return 2
     cols, rows = (int(x) for x in args.size.split("x"))
     runs = {"gpt2-tui": str(GPT2_TUI)} | ({"baseline": args.baseline} if args.baseline else {})
@@ -74,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 times[name].append(one_round(cols, rows, runs[name]))
             except TimeoutError as err:
-                print(f"{name}: {err}", file=sys.stderr)
+                console.err.line(f"{name}: {err}")
                 return 1
-            print(f"round {i + 1}, {name}: form on screen after {times[name][-1]:.2f} s", flush=True)
+            console.out.line(f"round {i + 1}, {name}: form on screen after {times[name][-1]:.2f} s", flush=True)
     for name, ts in times.items():
-        print(f"{name}: median {statistics.median(ts):.2f} s (min {min(ts):.2f}, max {max(ts):.2f}) "
-              f"at {cols}x{rows}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+        console.out.line(f"{name}: median {statistics.median(ts):.2f} s (min {min(ts):.2f}, max {max(ts):.2f}) "
+                         f"at {cols}x{rows}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     return 0
 
 

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from engine import console
 from engine import events as ev
 from engine.config import RunConfig
 from engine.run.requests import Control
@@ -60,7 +61,7 @@ def time_fresh(
             elif line.startswith(_TIMING):
                 timing = Timing.model_validate_json(line[len(_TIMING) :])
             else:
-                sys.stdout.write(line)
+                console.out.line(line.rstrip("\n"))
         code = proc.wait()
     finally:
         done.set()
@@ -128,11 +129,11 @@ def _child(job: dict) -> int:
         if job["artifacts_from"]:
             label = devices.describe(devices.pick(config.speed.device))
             loaded, note = compiling.load_artifacts(Path(job["artifacts_from"]), label)
-            print(note or f"loaded the compile artifacts of {job['artifacts_from']}" if loaded else
-                  f"no compile artifacts in {job['artifacts_from']}", flush=True)  # fmt: skip
+            console.out.line(note or f"loaded the compile artifacts of {job['artifacts_from']}" if loaded else
+                             f"no compile artifacts in {job['artifacts_from']}", flush=True)  # fmt: skip
         timing = time_config(config, dataset, Path(job["run_dir"]), control,
-                             lambda e: print(_STEP + e.model_dump_json(), flush=True))  # fmt: skip
-    print(_TIMING + timing.model_dump_json(), flush=True)
+                             lambda e: console.out.line(_STEP + e.model_dump_json(), flush=True))  # fmt: skip
+    console.out.line(_TIMING + timing.model_dump_json(), flush=True)
     return 0
 
 

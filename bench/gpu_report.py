@@ -1,12 +1,16 @@
 """The GPU report: the figures a CUDA box owes docs/gpu/, in one command.
 
-    gpt2-tui bench --gpu-report                      every part, about 22 minutes cold on an H100, less warm
-    gpt2-tui bench --gpu-report --part memory        one part (repeatable), merged into the day's report
+    gpt2-tui bench --gpu-report --out DIR            the short-window profile: <= 8 minutes cold on an H100
+    gpt2-tui bench --gpu-report --full               every part, about 22 minutes cold on an H100, less warm
+    gpt2-tui bench --gpu-report --part memory        one part of the full report (repeatable), merged into the day's
     gpt2-tui bench --gpu-report --dry-run --out DIR  the same plumbing on CPU, with the tiniest shapes
 
-Each part is a command of its own, run as a child process from the checkout under a time
-budget; what it writes or prints becomes the part's figures, recorded with the command
-that gives them (its --out left out: the tool then picks a fresh directory):
+The short-window profile (bench/gpu_window.py: its items, their order and budgets) is what a
+first contact of about 15 minutes can bring back: the headline first, then the rest, each item
+under its own budget, the report rewritten after every finished row (DEVICE-DATE-short.md and
+.json). The full report's parts, each a command of its own run as a child process from the
+checkout under a time budget; what it writes or prints becomes the part's figures, recorded
+with the command that gives them (its --out left out: the tool then picks a fresh directory):
 
     tests     pytest tests/train/test_switch_matrix.py tests/gpu/test_gpu.py: every supported switch
               combination on this GPU (engine/switch_matrix.py), then the CUDA code paths
@@ -18,10 +22,15 @@ that gives them (its --out left out: the tool then picks a fresh directory):
 A part past its budget is interrupted and keeps what it finished (the ladder and the sweep
 save after every rung). The report, docs/gpu/DEVICE-DATE.json and .md, is rewritten after
 every part; a part run again the same day replaces its own entry and leaves the others.
+The doctor runs once per box and day: a report finding its entry in the day's report (either
+profile) reuses it; --no-doctor leaves it out. Every child runs in its own process group and
+dies with the report: a report stopped by a signal (a time limit's SIGTERM, Ctrl-C) kills them
+and writes what they finished, and one killed outright takes them with it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.util
 import os
@@ -33,14 +42,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from engine import console
 from engine.files import atomic_write_bytes
 from engine.errors import UserError
 from bench.common import BenchOptions
+from bench import gpu_window
 
 from bench.names import PARTS  # noqa: E402  (torch-free, for --help)
 # Budgets for a first, cold run on an H100 (no compile cache, no dataset yet); a part past its
@@ -53,6 +65,7 @@ from bench.names import PARTS  # noqa: E402  (torch-free, for --help)
 # uncompiled combination of the micro preset, and each compile mode x scope once), then test_gpu.py.
 BUDGET_S = {"tests": 600, "ladder": 600, "best": 400, "memory": 120, "overhead": 90}
 DOCTOR_BUDGET_S = 240  # its short runs: under a minute on CPU, a cold micro compile on CUDA
+KILL_GRACE_S = {"full": 20, "short": 5}  # after a budget's SIGINT, before SIGKILL: the short window has no time
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: every part runs from here
 TAIL_LINES = 15  # of a failed or interrupted part's output, kept in the report
 
@@ -65,6 +78,7 @@ class PartResult(BaseModel):
     ran_at: str = ""
     figures: dict[str, Any] = {}
     markdown: str = ""
+    rows: list[str] = []  # the short profile: one line per finished row, written as each lands
 
 
 class Report(BaseModel):
@@ -76,7 +90,9 @@ class Report(BaseModel):
     commit: str | None
     date: str
     dry_run: bool
+    profile: str = "full"  # full | short (the short-window profile: bench/gpu_window.py)
     doctor: dict[str, Any] = {}  # `gpt2-tui doctor --json`, run first: what this box can run
+    doctor_runs: bool = False  # whether that entry has the doctor's short runs (the full report's), or only its checks
     parts: dict[str, PartResult] = {}
 
 
@@ -117,47 +133,102 @@ def commands(opts: BenchOptions, work: Path) -> dict[str, list[str] | str]:
             "best": [*best, "--out", str(work / "best")], "memory": memory, "overhead": dashboard}  # fmt: skip
 
 
-def run_doctor(dry_run: bool) -> dict[str, Any]:
+def run_doctor(dry_run: bool, runs: bool = True) -> dict[str, Any]:
     """`doctor --json` first, as a child (no CUDA context held here while the parts run);
-    its problems are printed, and the report goes on: each part says what it could do."""
-    import json
-
-    argv = [sys.executable, "-m", "gpt2_tui", "doctor", "--json", *([] if dry_run else ["--compile"])]
-    print(f"[doctor] {shown(argv)}  (budget {DOCTOR_BUDGET_S} s)", flush=True)
+    its problems are printed, and the report goes on: each part says what it could do.
+    Without `runs`, only its checks (no short training runs, nothing compiled)."""
+    argv = [sys.executable, "-m", "gpt2_tui", "doctor", "--json",
+            *(["--no-runs"] if not runs else [] if dry_run else ["--compile"])]  # fmt: skip
+    console.out.line(f"[doctor] {shown(argv)}  (budget {DOCTOR_BUDGET_S} s)", flush=True)
     rc, wall, text = run_part(argv, DOCTOR_BUDGET_S, echo=False)
-    try:
-        start = text.find('{\n "rows"')  # the JSON, after whatever torch may have warned on stderr
-        found = json.loads(text[start:]) if start >= 0 else {}
-    except ValueError:
-        found = {}
+    found = gpu_window.doctor_json(text)
     if not found:
-        print(f"[doctor] no result ({'timed out' if rc is None else f'exit {rc}'})", flush=True)
+        console.out.line(f"[doctor] no result ({'timed out' if rc is None else f'exit {rc}'})", flush=True)
         return {"problems": [f"doctor gave no result ({'timed out' if rc is None else f'exit {rc}'})"], "rows": []}
     for line in found.get("problems", []):
-        print(f"[doctor] problem: {line}", flush=True)
-    print(f"[doctor] {len(found.get('problems', []))} problems in {wall:.0f} s", flush=True)
+        console.out.line(f"[doctor] problem: {line}", flush=True)
+    console.out.line(f"[doctor] {len(found.get('problems', []))} problems in {wall:.0f} s", flush=True)
     return found
 
 
 def shown(argv: list[str]) -> str:
-    """The command as a person would type it in the checkout: `python`, no --out."""
+    """The command as a person would type it in the checkout: `python`, no --out (nor --rows-out)."""
     out = ["python"]
     args = iter(argv[1:])
     for a in args:
-        if a == "--out":
+        if a in ("--out", "--rows-out"):
             next(args)
             continue
         out.append(os.path.relpath(a, ROOT) if os.path.isabs(a) and Path(a).is_relative_to(ROOT) else a)
     return shlex.join(out)
 
 
-def run_part(argv: list[str], budget_s: int, echo: bool = True) -> tuple[int | None, float, str]:
-    """Run argv from the checkout, its output echoed; past budget_s, interrupt it (SIGINT,
-    then SIGKILL) with everything it started. (exit status or None, seconds, output)."""
+class Stopped(KeyboardInterrupt):
+    """The report was told to stop (SIGTERM, SIGHUP): handled as Ctrl-C is, children killed first."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped(f"signal {signum}")
+
+
+_PRCTL: list[Any] = []  # libc's prctl, looked up before any fork (nothing is imported in the child)
+
+
+def _die_with_parent() -> None:
+    """In the child between fork and exec: SIGKILL when the report's process dies, however it dies."""
+    if _PRCTL:
+        _PRCTL[0](1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; [] elsewhere): listed before a kill, so that one
+    that made a session of its own (out of its parent's process group) is killed too."""
+    from engine import files
+
+    below: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            text = files.read_text(f"/proc/{entry}/stat", 4096)
+            below.setdefault(int(text[text.rindex(")") + 2 :].split()[1]), []).append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    out, todo = [], [pid]
+    while todo:
+        for child in below.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to a child's process group and to everything below it."""
+    below = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def run_part(
+    argv: list[str], budget_s: float, echo: bool = True, poll: Callable[[str], None] | None = None,
+    grace_s: float = KILL_GRACE_S["full"],
+) -> tuple[int | None, float, str]:  # fmt: skip
+    """Run argv from the checkout, its output echoed, `poll` called with the output so far about
+    twice a second; past budget_s, interrupt it (SIGINT, then SIGKILL after grace_s) with
+    everything it started. Stopped here (a signal, Ctrl-C): it and everything below it are
+    killed at once, then the stop goes on up. (exit status or None, seconds, output)."""
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
+    if sys.platform.startswith("linux") and not _PRCTL:
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=_die_with_parent if _PRCTL else None)  # fmt: skip
     assert proc.stdout is not None
     lines: list[str] = []
 
@@ -165,22 +236,39 @@ def run_part(argv: list[str], budget_s: int, echo: bool = True) -> tuple[int | N
         for line in proc.stdout:  # type: ignore[union-attr]
             lines.append(line)
             if echo:
-                print(f"    {line}", end="", flush=True)
+                console.out.line("    " + line.rstrip("\n"), flush=True)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    rc: int | None = None
     try:
-        rc: int | None = proc.wait(timeout=budget_s)
-    except subprocess.TimeoutExpired:
-        rc = None
-        for sig, grace in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+        deadline = t0 + budget_s
+        while True:
             try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=grace)
+                rc = proc.wait(timeout=max(0.01, min(0.5, deadline - time.perf_counter())))
                 break
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                continue
-    reader.join(timeout=10)
+            except subprocess.TimeoutExpired:
+                if poll is not None:
+                    poll("".join(lines))
+                if time.perf_counter() >= deadline:
+                    break
+        if rc is None:
+            for sig, grace in ((signal.SIGINT, grace_s), (signal.SIGKILL, 10)):
+                kill_tree(proc, sig)
+                try:
+                    proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+    except BaseException:  # stopped: nothing of it may outlive the report
+        kill_tree(proc, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        raise
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever it started and left behind in its group
+        reader.join(timeout=10)
     return rc, time.perf_counter() - t0, "".join(lines)
 
 
@@ -253,14 +341,17 @@ def describe(dry_run: bool) -> Report:
     )  # fmt: skip
 
 
-def stem(report: Report) -> str:
-    """DEVICE-DATE: the report's file name without suffix."""
-    return re.sub(r"[^a-z0-9]+", "-", report.device.lower()).strip("-") + "-" + report.date
+def stem(report: Report, profile: str | None = None) -> str:
+    """DEVICE-DATE (the full report) or DEVICE-DATE-short: the report's file name without suffix."""
+    base = re.sub(r"[^a-z0-9]+", "-", report.device.lower()).strip("-") + "-" + report.date
+    return base + ("-short" if (profile or report.profile) == "short" else "")
 
 
 def to_markdown(r: Report) -> str:
     from engine.text import human
 
+    if r.profile == "short":
+        return short_markdown(r)
     memory = f", {human(r.device_memory_bytes)}" if r.device_memory_bytes else ""
     lines = [
         f"# GPU report: {r.device}, {r.date}" + (" (dry run: CPU, tiniest shapes; not a GPU figure)" if r.dry_run else ""),
@@ -286,6 +377,34 @@ def to_markdown(r: Report) -> str:
     for p in done:
         part = r.parts[p]
         lines += ["", f"## {p}", "", f"Command: `{part.command}`  ", f"Status: {part.status}", "", part.markdown.rstrip()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def short_markdown(r: Report) -> str:
+    """The short-window report: the headline first, then each item as far as it got."""
+    from bench import headline
+    from engine.text import human
+
+    memory = f", {human(r.device_memory_bytes)}" if r.device_memory_bytes else ""
+    head = r.parts.get("headline")
+    top = headline.line(headline.Headline.model_validate(head.figures)) if head and head.figures else (
+        f"not measured ({head.status})" if head else "not measured yet")  # fmt: skip
+    lines = [
+        f"# GPU report, short window: {r.device}, {r.date}"
+        + (" (dry run: CPU, tiniest shapes; not a GPU figure)" if r.dry_run else ""),
+        "", f"**Headline.** {top}", "",
+        f"{r.device}{memory}; torch {r.torch_version}, CUDA {r.cuda_version or 'none'}; {r.cpus} CPUs; "
+        f"commit {r.commit or 'unknown'}. Written by `gpt2-tui bench --gpu-report` (the short-window profile, "
+        "docs/gpu/README.md), rewritten after every finished row; each item gives the commands that reproduce it.",
+        "", "| item | status | rows | wall s | budget s | ran at |", "|---|---|---:|---:|---:|---|",
+    ]  # fmt: skip
+    done = [i for i in gpu_window.ITEMS if i in r.parts]
+    lines += [f"| {i} | {r.parts[i].status} | {len(r.parts[i].rows)} | {r.parts[i].wall_s:.0f} | {r.parts[i].budget_s} "
+              f"| {r.parts[i].ran_at} |" for i in done]  # fmt: skip
+    for i in done:
+        item = r.parts[i]
+        lines += ["", f"## {i}: {gpu_window.TITLES[i]}", "", f"Command: `{item.command}`  ", f"Status: {item.status}",
+                  "", item.markdown.rstrip()]  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -321,40 +440,167 @@ def check(opts: BenchOptions) -> None:
         raise UserError(f"--out {opts.out} is a file; give a directory for the report")
 
 
+def day_doctor(out: Path, report: Report, runs: bool) -> tuple[dict[str, Any], bool] | None:
+    """The doctor entry of the day's report on this device (either profile), when it has what
+    is asked for (`runs`: the short runs as well as the checks): the doctor runs once per box."""
+    for profile in ("full", "short"):
+        earlier = load(out / f"{stem(report, profile)}.json")
+        if earlier is not None and earlier.doctor.get("rows") and (earlier.doctor_runs or not runs):
+            return earlier.doctor, earlier.doctor_runs
+    return None
+
+
 def run(opts: BenchOptions, command: str) -> int:
+    """The short-window profile (no part flags) or the full report (--full, --part); a stop by
+    signal kills the running child and everything below it, and keeps what it finished."""
     check(opts)
     report = describe(opts.dry_run)
+    report.profile = "full" if opts.full or opts.part else "short"
     out = opts.out or (Path("runs") / "gpu-report-dry-run" if opts.dry_run else Path("docs") / "gpu")
+    reused = None if opts.no_doctor else day_doctor(out, report, runs=report.profile == "full")
+    if reused is not None:
+        report.doctor, report.doctor_runs = reused
+    if report.profile == "full":
+        load(out / f"{stem(report)}.json")  # a file there that is no report: refused before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpt2-tui-gpu-report-") as tmp:
+            if report.profile == "short":
+                return run_short(opts, report, out, Path(tmp), reused is not None)
+            return run_full(opts, report, out, Path(tmp), reused is not None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_full(opts: BenchOptions, report: Report, out: Path, work: Path, reused: bool) -> int:
     earlier = load(out / f"{stem(report)}.json")
     if earlier is not None:
         report.parts = earlier.parts
     parts = [p for p in PARTS if p in opts.part] if opts.part else list(PARTS)
-    print(f"GPU report: {report.device}, torch {report.torch_version}; parts {', '.join(parts)} "
-          f"-> {out / stem(report)}.md and .json", flush=True)  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    report.doctor = run_doctor(opts.dry_run)
+    console.out.line(f"GPU report: {report.device}, torch {report.torch_version}; parts {', '.join(parts)} "
+                     f"-> {out / stem(report)}.md and .json", flush=True)  # fmt: skip
+    if opts.no_doctor:
+        console.out.line("[doctor] left out (--no-doctor)", flush=True)
+    elif reused:
+        console.out.line("[doctor] the day's entry reused (the doctor runs once per box)", flush=True)
+    else:
+        report.doctor, report.doctor_runs = run_doctor(opts.dry_run), True
     save(report, out)
-    with tempfile.TemporaryDirectory(prefix="gpt2-tui-gpu-report-") as tmp:
-        work = Path(tmp)
-        planned = commands(opts, work)
-        for part in parts:
-            argv, budget = planned[part], opts.budget or BUDGET_S[part]
-            ran_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-            if isinstance(argv, str):
-                result = PartResult(command="-", status=argv, budget_s=budget, ran_at=ran_at)
-            else:
-                print(f"[{part}] {shown(argv)}  (budget {budget} s)", flush=True)
-                rc, wall, text = run_part(argv, budget)
-                status = "ok" if rc == 0 else f"timed out after {budget} s" if rc is None else f"failed (exit {rc})"
-                figs, md, note = figures(part, work / part, text, shown(argv))
-                status += f"; {note}" if note else ""
-                if rc != 0:
-                    tail = "\n".join(text.rstrip().splitlines()[-TAIL_LINES:])
-                    md += f"\nThe end of its output:\n\n```\n{tail}\n```\n"
-                result = PartResult(command=shown(argv), status=status, budget_s=budget, wall_s=wall, ran_at=ran_at,
-                                    figures=figs, markdown=md)  # fmt: skip
-            print(f"[{part}] {result.status}" + (f" in {result.wall_s:.0f} s" if result.wall_s else ""), flush=True)
-            report.parts[part] = result
-            save(report, out)
-    print(f"wrote {out / stem(report)}.md and {out / stem(report)}.json")
+    planned = commands(opts, work)
+    for part in parts:
+        argv, budget = planned[part], opts.budget or BUDGET_S[part]
+        ran_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+        if isinstance(argv, str):
+            result = PartResult(command="-", status=argv, budget_s=budget, ran_at=ran_at)
+        else:
+            console.out.line(f"[{part}] {shown(argv)}  (budget {budget} s)", flush=True)
+            rc, wall, text = run_part(argv, budget)
+            status = "ok" if rc == 0 else f"timed out after {budget} s" if rc is None else f"failed (exit {rc})"
+            figs, md, note = figures(part, work / part, text, shown(argv))
+            status += f"; {note}" if note else ""
+            if rc != 0:
+                tail = "\n".join(text.rstrip().splitlines()[-TAIL_LINES:])
+                md += f"\nThe end of its output:\n\n```\n{tail}\n```\n"
+            result = PartResult(command=shown(argv), status=status, budget_s=budget, wall_s=wall, ran_at=ran_at,
+                                figures=figs, markdown=md)  # fmt: skip
+        console.out.line(f"[{part}] {result.status}" + (f" in {result.wall_s:.0f} s" if result.wall_s else ""),
+                         flush=True)  # fmt: skip
+        report.parts[part] = result
+        save(report, out)
+    console.out.line(f"wrote {out / stem(report)}.md and {out / stem(report)}.json")
     return 1 if any("failed" in report.parts[p].status for p in parts) else 0
+
+
+def run_short(opts: BenchOptions, report: Report, out: Path, work: Path, reused: bool) -> int:
+    """The short-window profile: each item under its own budget, the report saved after every row."""
+    full = commands(opts, work)
+    missing = {k: v for k, v in full.items() if k in ("tests", "overhead") and isinstance(v, str)}
+    planned = gpu_window.commands(opts, work, missing)
+    console.out.line(f"GPU report, short window: {report.device}, torch {report.torch_version}; items "
+                     f"{', '.join(gpu_window.ITEMS)} -> {out / stem(report)}.md and .json", flush=True)  # fmt: skip
+    save(report, out)
+    for name in gpu_window.ITEMS:
+        budget = opts.budget or (gpu_window.DRY_BUDGET_S if opts.dry_run else gpu_window.BUDGET_S[name])
+        ran_at = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+        cmds = planned[name]
+        if name == "env" and (opts.no_doctor or reused):
+            why = "skipped: --no-doctor" if opts.no_doctor else "ok: the day's doctor entry, reused (once per box)"
+            md = gpu_window.doctor_markdown(report.doctor) if reused else ""
+            report.parts[name] = PartResult(command="python -m gpt2_tui doctor --json --no-runs", status=why,
+                                            budget_s=budget, ran_at=ran_at, markdown=md)  # fmt: skip
+        elif isinstance(cmds, str):
+            report.parts[name] = PartResult(command="-", status=cmds, budget_s=budget, ran_at=ran_at)
+        else:
+            report.parts[name] = run_item(name, cmds, budget, work, report, out, opts.dry_run)
+            if name == "env" and report.parts[name].figures.get("doctor"):
+                report.doctor, report.doctor_runs = report.parts[name].figures["doctor"], False
+        result = report.parts[name]
+        console.out.line(f"[{name}] {result.status}" + (f" in {result.wall_s:.0f} s" if result.wall_s else ""),
+                         flush=True)  # fmt: skip
+        save(report, out)
+    console.out.line(f"wrote {out / stem(report)}.md and {out / stem(report)}.json")
+    return 1 if any(report.parts[i].status.startswith("failed") for i in gpu_window.ITEMS) else 0
+
+
+def run_item(name: str, cmds: list[list[str]], budget: int, work: Path, report: Report, out: Path,
+             dry_run: bool) -> PartResult:  # fmt: skip
+    """Run an item's commands in order within `budget`; after each finished row (read as the
+    commands write them) the report is saved, then the row is printed: a row printed is on disk."""
+    grace = KILL_GRACE_S["short"]
+    t0 = time.perf_counter()
+    result = PartResult(command="; ".join(shown(c) for c in cmds), status="running", budget_s=budget,
+                        ran_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))  # fmt: skip
+    report.parts[name] = result
+    texts: list[str] = []
+    latest = [""]  # all the output so far, the running command's included (stopped, it returns none)
+
+    def refresh(text: str, force: bool = False) -> gpu_window.Rows:
+        latest[0] = text = text if len(text) >= len(latest[0]) else latest[0]
+        rows = gpu_window.read(name, work, text, dry_run)
+        if force or rows.rows != result.rows:
+            new = rows.rows[len(result.rows) :] if rows.rows[: len(result.rows)] == result.rows else rows.rows
+            result.rows, result.figures, result.markdown = rows.rows, rows.figures, rows.markdown
+            result.wall_s = time.perf_counter() - t0
+            save(report, out)
+            for line in new:
+                console.out.line(f"[{name}] row: {line}", flush=True)
+        return rows
+
+    rc: int | None = 0
+    try:
+        for argv in cmds:
+            left = budget - (time.perf_counter() - t0)
+            if left <= grace + 1:
+                rc = None
+                break
+            console.out.line(f"[{name}] {shown(argv)}  ({left:.0f} s of its {budget} s budget left)", flush=True)
+            rc, _, text = run_part(argv, left - grace, poll=lambda t: refresh("".join(texts) + t), grace_s=grace)
+            texts.append(text)
+            if rc in gpu_window.OK_EXITS.get(name, (0,)):
+                rc = 0
+            else:
+                break
+    except BaseException:
+        rows = refresh(latest[0], force=True)
+        result.status = f"stopped: the report was interrupted ({len(rows.rows)} rows done)"
+        save(report, out)
+        raise
+    rows = refresh("".join(texts), force=True)
+    result.wall_s = time.perf_counter() - t0
+    if rc == 0:
+        result.status = "ok"
+    elif rc is None:
+        result.status = (f"not reached: past its {budget} s budget; {len(rows.rows)} rows done, "
+                         f"{len(rows.pending)} not reached")  # fmt: skip
+    else:
+        result.status = f"failed (exit {rc})"
+    if rows.pending:
+        result.markdown += f"\nNot reached ({'past the budget' if rc is None else 'the command ended first'}): " \
+                           + "; ".join(rows.pending) + ".\n"
+    if rc != 0:
+        tail = "\n".join("".join(texts).rstrip().splitlines()[-TAIL_LINES:])
+        result.markdown += f"\nThe end of its output:\n\n```\n{tail}\n```\n"
+    return result

@@ -9,6 +9,11 @@ engine's own Trainer (no copy of the loop): step times come from its Step events
 are device-synchronized. A rung whose switch cannot work on this device is listed as
 skipped with the reason, and the ladder goes on without it. Checkpoints and evals are
 left out of bench runs: they happen outside the step clock anyway and only cost time.
+
+Each rung's timed steps carry the machine's contention (engine/train/contention.py): a rung
+timed on a busy machine is marked in the table, and one line under the header says how many.
+With a time budget the ladder re-plans as it climbs (replan): when it falls behind, the rungs
+left measure fewer steps, never none; a rung is not skipped for time.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from typing import Any, Literal, NamedTuple
 import torch
 from pydantic import BaseModel, Field
 
+from engine import console
 from engine import events as ev
+from engine.train import contention
 from engine import rundir
 from engine.files import atomic_write_bytes
 from engine.train.memory import param_count
-from engine.text import attention_text, human, params_text, ratio_text
+from engine.text import attention_text, contention_text, human, params_text, path_text, ratio_text
 from engine.config import RunConfig, resolve
 from engine.dataset import Dataset
 from engine.errors import UserError
@@ -45,7 +52,7 @@ from bench.rungs import BASELINE, RUNGS
 from engine.run.preflight import prepared
 
 GPT2_VOCAB = 50257
-CPU_BUDGET_S = 480  # the whole ladder on a CPU: nano's finishes in minutes even on 2 cores, measured or skipped
+CPU_BUDGET_S = 480  # the whole ladder on a CPU: nano's finishes in minutes even on 2 cores (a busy one: longer)
 
 
 class RungSpec(BaseModel):
@@ -121,6 +128,9 @@ class RungResult(BaseModel):
     first_steps: list[FirstStep] = []  # compiled rungs under --compile-cache: cold, then warm
     attention: str | None = None  # the SDPA kernel that ran (on CUDA the fastest of those timed)
     attention_ms: dict[str, float | None] = {}  # CUDA: what each kernel took, which picked it
+    warmup: int | None = None  # this rung's warm-up and timed steps (the ladder's, unless re-planned)
+    steps: int | None = None
+    contention: ev.Contention | None = None  # over its timed steps (engine/train/contention.py)
 
 
 class LadderResult(BaseModel):
@@ -141,6 +151,7 @@ class LadderResult(BaseModel):
     warmup: int = 0
     command: str = ""
     rungs: list[RungResult] = []
+    replan_note: str = ""  # the last time the ladder re-planned its rungs' steps for the budget, and why
 
 
 # ---------------------------------------------------------------- the ladder
@@ -272,6 +283,19 @@ def fit_shape(
     return (fitting, True) if fitting is not None else (candidates[-1], False)
 
 
+def replan(start: Shape, startup_s: float, step_s: float, rungs: int, left_s: float) -> tuple[Shape, bool]:
+    """(the steps the `rungs` rungs still to climb measure, whether they fit `left_s`): each
+    costs `startup_s` plus its warm-up and timed steps at `step_s` (measured on the rung before).
+    `start`'s steps when they fit; else the warm-up shrinks to 1, then the timed steps to
+    MIN_STEPS (never above `start`'s own): fewer steps, never no rung, and False when even
+    those do not fit (the ladder then takes longer than its budget and says so)."""
+    room = left_s / max(1, rungs) - startup_s
+    fit = int(room / step_s) if step_s > 0 and room > 0 else (10**9 if room > 0 else 0)
+    warmup = max(min(start.warmup, 1), min(start.warmup, fit - start.steps))
+    steps = max(min(start.steps, MIN_STEPS), min(start.steps, fit - warmup))
+    return start._replace(warmup=warmup, steps=steps), warmup + steps <= fit
+
+
 def _probe(
     bench: BenchConfig, base: dict[str, Any], baseline: dict[str, Any], dataset: Dataset, run_dir: Path, batch: int
 ) -> tuple[float, float]:
@@ -318,8 +342,10 @@ def run_ladder(
 
     With a time budget (a CPU's by default), the batch size (and with fit_steps the steps) is
     picked from a measured first step of the baseline so that every rung runs within it
-    (fit_shape); the result's shape_note says so. Bad input (preset, data, sizes, --skip,
-    --out) is found before anything is written. A rung that fails (out of memory, a kernel
+    (fit_shape); the result's shape_note says so. As it climbs, each rung's steps are re-planned
+    from the rung before's measured cost (replan): behind the budget the rest measure fewer
+    steps, never none (result.replan_note says the last re-plan). Bad input (preset, data,
+    sizes, --skip, --out) is found before anything is written. A rung that fails (out of memory, a kernel
     missing) is recorded and the ladder goes on.
     """
     tell = say or (lambda line: None)
@@ -351,7 +377,8 @@ def run_ladder(
         how = f"batch size {fitted.batch_size}, {fitted.warmup} + {fitted.steps} steps per rung"
         if not fits:
             shape_note = (f"{measured}: {how}, the smallest shape, and still not all {len(runnable)} rungs may fit "
-                          f"the {budget:g} s budget: rungs past it are skipped (raise --budget)")  # fmt: skip
+                          f"the {budget:g} s budget: the rungs re-plan to fewer steps as they climb and the ladder may "
+                          "outlast it (raise --budget)")  # fmt: skip
         elif fitted != start:
             shape_note = (f"{measured}: {how}, so all {len(runnable)} rungs fit the {budget:g} s budget "
                           "(--batch-size and --steps choose)")  # fmt: skip
@@ -370,35 +397,42 @@ def run_ladder(
         rungs=[RungResult(name=s.name, label=s.label) for s, _, _, _ in the_plan], shape_note=shape_note,
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    warm_intervals = -(-bench.warmup // bench.log_interval)
     baseline: float | None = None
     prev: float | None = None
     deadline = None if budget is None else t0 + budget
-    last_rung_s: float | None = None  # the wall time of the rung before: the next one's prediction
+    planned = current = Shape(result.batch_size, bench.warmup, bench.steps)  # the ladder's steps; the next rung's
+    # what a rung costs (start-up s, s a step): the rung before's, measured; before the first, the probe's
+    pace = None if step_s is None else (startup_s, step_s / small * result.batch_size)
+    compiled_ran, short_said, started = False, False, False
     for i, (spec, overrides, skip_reason, notes) in enumerate(the_plan):
         r = result.rungs[i]
         r.notes = notes
-        left = None if deadline is None else deadline - time.monotonic()
         if stop is not None and stop.is_set():
             r.status, r.reason = "skipped", "stopped before this rung"
         elif overrides is None:
             r.status, r.reason = "skipped", skip_reason
-        elif left is not None and left <= 0:
-            r.status, r.reason = "skipped", f"past the ladder's time budget of {budget:g} s (--budget)"
-        elif left is not None and last_rung_s is not None and last_rung_s > left:
-            r.status, r.reason = "skipped", (f"would outlast the ladder's time budget of {budget:g} s (--budget): "
-                                             f"the rung before took {last_rung_s:.0f} s, {left:.0f} s are left")  # fmt: skip
         else:
-            tell(f"  {spec.label}: measuring {bench.warmup} + {bench.steps} steps"
-                 + ("" if left is None else f" ({left:.0f} s of the budget left)"))
-            began = time.monotonic()
-            _run_rung(r, bench, base | overrides, dataset, out / f"{i}-{spec.name}", result, warm_intervals,
-                      stop, on_step, deadline)  # fmt: skip
-            last_rung_s = time.monotonic() - began
-            stopped_by_user = stop is not None and stop.is_set()
-            if r.status == "skipped" and deadline is not None and time.monotonic() >= deadline and not stopped_by_user:
-                r.reason = f"stopped during this rung: past the ladder's time budget of {budget:g} s (--budget)"
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and pace is not None:  # behind (or back within) the budget: re-plan the rest
+                ahead = [p.overrides for p in the_plan[i:] if p.overrides is not None]
+                compiling = not compiled_ran and device.type == "cpu" and any(o.get("speed.compile") for o in ahead)
+                shape, fits = replan(planned, *pace, len(ahead), left - (CPU_COMPILE_S if compiling else 0.0))
+                if shape != current or (not fits and not short_said):
+                    result.replan_note = _replan_line(shape, current, fits, pace, len(ahead), left, budget or 0.0)
+                    tell(f"  {result.replan_note}")
+                    short_said = not fits
+                current = shape
+            r.warmup, r.steps = current.warmup, current.steps
+            tell(f"  {spec.label}: measuring {current.warmup} + {current.steps} steps"
+                 + ("" if left is None else f" ({left:.0f} s of the budget left)" if left >= 0 else
+                    f" ({-left:.0f} s past the budget)"))
+            climb = bench.model_copy(update={"warmup": current.warmup, "steps": current.steps})
+            _run_rung(r, climb, base_overrides(climb) | overrides, dataset, out / f"{i}-{spec.name}", result,
+                      -(-current.warmup // bench.log_interval), stop, on_step)  # fmt: skip
+            started = True
+            compiled_ran = compiled_ran or bool(overrides.get("speed.compile"))
             if r.status == "ran" and r.median_step_s:
+                pace = (r.startup_s or 0.0, r.median_step_s)
                 baseline = baseline or r.median_step_s
                 r.speedup_vs_baseline = baseline / r.median_step_s
                 r.speedup_vs_prev = (prev / r.median_step_s) if prev else 1.0
@@ -406,25 +440,48 @@ def run_ladder(
         if on_rung is not None:
             on_rung(r)
         save(result, out)
-    if stop is not None and stop.is_set() and last_rung_s is None:
+    if budget is not None and started and (took := time.monotonic() - t0) > budget:
+        fewer = any(r.steps is not None and (r.warmup, r.steps) != planned[1:] for r in result.rungs)
+        result.replan_note = (result.replan_note + "; " if result.replan_note else "") + (
+            f"the ladder took {took:.0f} s, over its {budget:g} s budget: every rung ran"
+            + (", at fewer steps" if fewer else "") + " (raise --budget)")
+        tell(f"  {result.replan_note}")
+        save(result, out)
+    if stop is not None and stop.is_set() and not started:
         shutil.rmtree(out, ignore_errors=True)  # stopped before any rung started: no empty tables left behind
     return result
+
+
+def _replan_line(shape: Shape, was: Shape, fits: bool, pace: tuple[float, float], rungs: int, left: float,
+                 budget: float) -> str:  # fmt: skip
+    """What a re-plan did and why, in one line (said as it happens; the table's header keeps the last)."""
+    startup, step = pace
+    cost = startup + (was.warmup + was.steps) * step
+    why = (f"{max(0.0, left):.0f} s of the {budget:g} s budget left for {rungs} rung{'s' * (rungs != 1)} at about "
+           f"{cost:.0f} s each as last measured ({startup:.1f} s start-up, {step:.2f} s a step)")
+    steps = f"{shape.warmup} + {shape.steps} steps, not {was.warmup} + {was.steps}" if shape != was else (
+        f"{shape.warmup} + {shape.steps} steps")
+    if not fits:
+        return f"re-planned: {why}: the rest measure {steps}, the fewest; the ladder will outlast its budget"
+    if shape.warmup + shape.steps < was.warmup + was.steps:
+        return f"re-planned (behind the budget): {why}: the rest measure {steps}"
+    return f"re-planned (back within the budget): {why}: the rest measure {steps}"
 
 
 def _run_rung(
     r: RungResult, bench: BenchConfig, overrides: dict[str, Any], dataset: Dataset, run_dir: Path,
     result: LadderResult, warm_intervals: int, stop: threading.Event | None,
-    on_step: Callable[[str, ev.Step], None] | None, deadline: float | None = None,
+    on_step: Callable[[str, ev.Step], None] | None,
 ) -> None:  # fmt: skip
     config, ds = prepared(resolve(bench.preset, None, overrides), memory=False)
     control = Control()
     watcher = None
-    if stop is not None or deadline is not None:  # forward a stop request (or the budget's end) to this rung's trainer
+    if stop is not None:  # forward a stop request to this rung's trainer (the budget never stops a rung: replan)
         done = threading.Event()
 
         def watch() -> None:
             while not done.wait(0.1):
-                if (stop is not None and stop.is_set()) or (deadline is not None and time.monotonic() >= deadline):
+                if stop.is_set():
                     control.stop()
                     return
 
@@ -461,6 +518,7 @@ def _run_rung(
     r.data_time_s = statistics.median(timing.data_times_s[warm_intervals:] or timing.data_times_s[-1:])
     r.step_times_s = timing.step_times_s
     r.attention, r.attention_ms = timing.attention, timing.attention_ms
+    r.contention = contention.combine(timing.contention[warm_intervals:] or timing.contention[-1:])  # settled's window
     result.device, result.device_name, result.n_params = timing.device, timing.device_name, timing.n_params
 
 
@@ -488,11 +546,14 @@ def table_rows(result: LadderResult) -> list[list[str]]:
             continue
         mfu = "unknown" if r.mfu is None else f"{100 * r.mfu:.1f}%"
         notes = [f"not applied: {n}" for n in r.notes]
+        if r.steps is not None and (r.warmup, r.steps) != (result.warmup, result.steps):
+            notes.append(f"{r.warmup} + {r.steps} steps (re-planned for the budget)")
         if r.attention != kernel and r.attention:
             notes.append(attention_text(r))
         kernel = r.attention
         rows.append([
-            r.label, r.precision or "-", f"{1000 * r.median_step_s:.1f}", f"{r.tokens_per_s:,.0f}", mfu,
+            r.label, r.precision or "-", contention.marked(f"{1000 * r.median_step_s:.1f}", r.contention),
+            f"{r.tokens_per_s:,.0f}", mfu,
             human(r.peak_mem_bytes), ratio_text(r.speedup_vs_baseline), ratio_text(r.speedup_vs_prev),
             _first_step(r), f"{r.startup_s:.2f}", "; ".join(notes),
         ])  # fmt: skip
@@ -509,6 +570,9 @@ def header_lines(result: LadderResult) -> list[str]:
         f"median of {result.steps} timed steps after {result.warmup} warm-up steps per rung "
         "(device-synchronized); 'first step' includes compilation; 'startup' is trainer start to first step done",
         *([f"shape: {result.shape_note}"] if result.shape_note else []),
+        *([result.replan_note] if result.replan_note else []),
+        *([busy] if (busy := contention.line([r.contention for r in result.rungs if r.status == "ran"], "rungs"))
+          else []),
     ]
 
 
@@ -557,14 +621,17 @@ def run(args: BenchOptions, command: str) -> int:
 
     def progress(r: RungResult) -> None:
         if r.status == "ran":
-            print(f"  {r.label}: {1000 * (r.median_step_s or 0):.1f} ms/step ({ratio_text(r.speedup_vs_baseline)})",
-                  flush=True)  # fmt: skip
+            busy = contention_text(r.contention, short=True)
+            speed = f"{1000 * (r.median_step_s or 0):.1f} ms/step ({ratio_text(r.speedup_vs_baseline)})"
+            console.out.line(f"  {r.label}: {speed}" + (f"  {contention.MARK} {busy}" if busy else ""), flush=True)
         else:
-            print(f"  {r.label}: {r.status} ({r.reason})", flush=True)
+            console.out.line(f"  {r.label}: {r.status} ({r.reason})", flush=True)
 
-    print(f"speed ladder: preset {preset}, {bench.warmup} + {bench.steps} steps per rung -> {out}", flush=True)
-    result = run_ladder(bench, out, on_rung=progress, command=command, say=lambda line: print(line, flush=True))
-    print()
-    print(to_text(result))
-    print(f"\nwrote {out / 'ladder.md'} and {out / 'ladder.json'}")
+    console.out.line(f"speed ladder: preset {preset}, {bench.warmup} + {bench.steps} steps per rung "
+                     f"-> {path_text(out)}", flush=True)  # fmt: skip
+    result = run_ladder(bench, out, on_rung=progress, command=command,
+                        say=lambda line: console.out.line(line, flush=True))  # fmt: skip
+    console.out.line()
+    console.out.line(to_text(result))
+    console.out.line(f"\nwrote {path_text(out / 'ladder.md')} and {path_text(out / 'ladder.json')}")
     return 0

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine import console
 from engine import device
 
 from engine.train import memory
@@ -188,7 +189,7 @@ def gpu_tables(presets: list[str], batches: list[int], compile_modes: list[bool]
             else:
                 out.append(f"| {preset} | {compile_} | {b} | {human(pred)} | {human(alloc)} | "
                            f"{_pct(pred, alloc)} | {human(reserved)} | {reserved / alloc:.3f} |")  # fmt: skip
-            print(out[-1], flush=True)
+            console.out.line(out[-1], flush=True)
         out += ["", "Largest micro-batch predicted to fit (peak incl. CUDA context and allocator margin "
                 f"<= {human(total)}), run, and the next size up:", "",
                 "| preset | compile | predicted largest | run at it | next size up |", "|---|---|---:|---|---|"]  # fmt: skip
@@ -199,7 +200,7 @@ def gpu_tables(presets: list[str], batches: list[int], compile_modes: list[bool]
                 alloc, _, outcome = run_peak(_gpu_config(preset, b, compile_, data, steps), work)
                 results.append(f"{outcome} ({human(alloc)} allocated)" if outcome == "ok" else outcome)
             out.append(f"| {preset} | {compile_} | {best} | {results[0]} | {results[1]} |")
-            print(out[-1], flush=True)
+            console.out.line(out[-1], flush=True)
     return "\n".join(out)
 
 
@@ -213,20 +214,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.cpu:
-            print(_header("CPU (saved_tensors_hooks; device-independent)"))
-            print()
-            print(cpu_table())
-            print()
-            print("L2 H2 C64 V500 T64 B8, the real Trainer (prefetch off), one steady-state step profiled:")
-            print()
-            print(cpu_peak_table())
+            console.out.line(_header("CPU (saved_tensors_hooks; device-independent)"))
+            console.out.line()
+            console.out.line(cpu_table())
+            console.out.line()
+            console.out.line("L2 H2 C64 V500 T64 B8, the real Trainer (prefetch off), one steady-state step profiled:")
+            console.out.line()
+            console.out.line(cpu_peak_table())
             return 0
         modes = {"both": [False, True], "on": [True], "off": [False]}[args.compile]
         batches = [int(b) for b in args.batch_sizes.split(",")]
-        print(gpu_tables(args.presets.split(","), batches, modes, args.steps))
+        console.out.line(gpu_tables(args.presets.split(","), batches, modes, args.steps))
         return 0
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        console.err.line(f"error: {err}")
         return 2
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
+from engine import console
 from engine import rundir
 from bench.common import BenchOptions, default_out, load_average, time_config
 from bench.reference import ReferenceShape, reference_step_times
@@ -122,7 +123,8 @@ def compare(config: RunConfig, dataset: Dataset, out: Path, steps: int, warmup: 
             timed = times[warmup:]
             settled[name] += timed
             result.per_round_ms.setdefault(name, []).append(1000 * statistics.median(timed))
-            print(f"  round {n + 1}/{rounds} {name}: {1000 * statistics.median(timed):.1f} ms/step", flush=True)
+            console.out.line(f"  round {n + 1}/{rounds} {name}: {1000 * statistics.median(timed):.1f} ms/step",
+                             flush=True)  # fmt: skip
     result.ms = {k: 1000 * statistics.median(v) for k, v in settled.items()}
     result.cpu_ms = {k: 1000 * v / (rounds * total) for k, v in cpu.items()}
     result.load_after = load_average()
@@ -160,12 +162,12 @@ def run(args: BenchOptions, command: str) -> int:
     out = args.out or default_out(f"plain-{preset}")
     rundir.check_new(out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"our loop vs the independent reference loop: preset {preset} -> {out}", flush=True)
+    console.out.line(f"our loop vs the independent reference loop: preset {preset} -> {out}", flush=True)
     result = compare(config, dataset, out, args.steps or 30, args.warmup, args.rounds, command, preset)
     text = to_markdown(result)
     atomic_write_bytes(out / "plain.md", text.encode())
     atomic_write_bytes(out / "plain.json", json.dumps(result.model_dump(mode="json"), indent=1).encode())
-    print()
-    print(text)
-    print(f"wrote {out / 'plain.md'} and {out / 'plain.json'}")
+    console.out.line()
+    console.out.line(text)
+    console.out.line(f"wrote {out / 'plain.md'} and {out / 'plain.json'}")
     return 0

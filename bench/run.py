@@ -4,7 +4,7 @@
     bench --config FILE         one config over time: the compile warm-up settling (timeline.py)
     bench --plain               our Trainer vs an independent plain GPT-2 loop (plain.py)
     bench --best                every optimization on, micro-batch x compile mode swept (best.py)
-    bench --gpu-report          every GPU figure for docs/gpu/, in parts under time budgets (gpu_report.py)
+    bench --gpu-report          the GPU figures for docs/gpu/: a short window's profile, or --full (gpu_report.py)
     bench --to-loss X           each rung trained to val loss X, ranked by training time to it (to_loss.py)
 """
 
@@ -25,7 +25,8 @@ def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
     device.pick(opts.device)  # a device this machine lacks: one line, before any out dir exists
     if opts.out is not None:
         rundir.check_new(opts.out)  # each tool checks again where it creates it
-    report_only = [f for f, v in (("--part", opts.part), ("--dry-run", opts.dry_run)) if v]
+    report_only = [f for f, v in (("--part", opts.part), ("--dry-run", opts.dry_run), ("--full", opts.full),
+                                  ("--no-doctor", opts.no_doctor)) if v]  # fmt: skip
     if report_only:
         raise UserError(f"{report_only[0]} belongs to --gpu-report; add --gpu-report or leave it out")
     if opts.budget and (opts.config is not None or opts.plain or opts.best):

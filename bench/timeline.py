@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel
 
+from engine import console
 from engine import rundir
 from bench.fresh import time_compile_cache
 from bench.common import BenchOptions, FirstStep, default_out, load_average
@@ -133,11 +134,11 @@ def run(args: BenchOptions, command: str) -> int:
     out = args.out or default_out(Path(args.config).stem)
     rundir.check_new(out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"timing {args.config} for {steps} steps -> {out}", flush=True)
+    console.out.line(f"timing {args.config} for {steps} steps -> {out}", flush=True)
     t = timeline(config, dataset, str(args.config), out, command, args.compile_cache)
     text = to_markdown(t)
     atomic_write_bytes(out / "timeline.md", text.encode())
     atomic_write_bytes(out / "timeline.json", json.dumps(t.model_dump(mode="json"), indent=1).encode())
-    print(text)
-    print(f"wrote {out / 'timeline.md'} and {out / 'timeline.json'}")
+    console.out.line(text)
+    console.out.line(f"wrote {out / 'timeline.md'} and {out / 'timeline.json'}")
     return 0

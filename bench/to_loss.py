@@ -13,6 +13,10 @@ device runs), then the optimizer and schedule rungs of bench/rungs.py (LOSS_RUNG
 
 The budget (default: the ladder's, CPU_BUDGET_S on a CPU) is split as the rungs go: each gets
 an equal share of what is left, so the whole run ends within it.
+
+A rung's steps carry the machine's contention (engine/train/contention.py): a rung whose
+training time was taken on a busy machine is marked in the table, and one line says how many
+(a busy machine can rank the slowest rung first).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from bench import ladder
 from bench.common import BenchOptions, default_out, load_average
 from bench.names import LOSS_RUNG_NAMES, RUNG_NAMES
 from bench.rungs import LOSS_RUNGS
+from engine import console
 from engine import events as ev
 from engine import files
 from engine.config import resolve
@@ -40,11 +45,13 @@ from engine.errors import UserError
 from engine.events import CallbackSink
 from engine.run.owner import start
 from engine.run.requests import Control
-from engine.text import loss_text, ratio_text
+from engine.text import contention_text, loss_text, path_text, ratio_text
+from engine.train import contention
 
 EVAL_EVERY = 5  # steps between evals: how finely the time to the loss is resolved
 EVAL_BATCHES = 4  # the same val batches for every rung (seeded)
 DEFAULT_STEPS = 300  # a rung's most steps when --steps is not given
+RAN = ("reached", "not reached")  # a rung that trained (and so was timed)
 
 
 class LossRung(BaseModel):
@@ -60,6 +67,7 @@ class LossRung(BaseModel):
     steps_trained: int = 0
     rank: int | None = None  # 1 = the least training time to the target
     vs_fastest: float | None = None  # its time over the fastest rung's
+    contention: ev.Contention | None = None  # over all its steps (its train time sums them all)
 
 
 class ToLossResult(BaseModel):
@@ -141,7 +149,8 @@ def run_to_loss(
                 tell(f"  {spec.label}: training to val loss {loss_text(target)}"
                      + ("" if share is None else f" (at most {share:.0f} s)"))  # fmt: skip
                 _train(r, bench.preset, base | overrides, target, out / f"{i}-{spec.name}", share)
-                tell(f"  {spec.label}: {_outcome(r)}")
+                busy = contention_text(r.contention, short=True)
+                tell(f"  {spec.label}: {_outcome(r)}" + (f"  {contention.MARK} {busy}" if busy else ""))
         _save(result, out)
     rank(result)
     _save(result, out)
@@ -152,6 +161,7 @@ def _train(r: LossRung, preset: str, overrides: dict[str, Any], target: float, r
     """One rung from scratch: stopped at the first eval at or below `target`, or at its share."""
     control = Control()
     last: list[ev.Eval] = []
+    readings: list[ev.Contention | None] = []
 
     def watch(e: Any) -> None:
         if isinstance(e, ev.Eval):
@@ -161,6 +171,7 @@ def _train(r: LossRung, preset: str, overrides: dict[str, Any], target: float, r
                 control.stop()
         elif isinstance(e, ev.Step):
             r.steps_trained = e.step
+            readings.append(e.contention)
 
     done = threading.Event()
     if share is not None:
@@ -181,6 +192,7 @@ def _train(r: LossRung, preset: str, overrides: dict[str, Any], target: float, r
         return
     finally:
         done.set()
+        r.contention = contention.combine(readings)
     if r.step is not None:
         r.status = "reached"
         return
@@ -211,8 +223,8 @@ def table_rows(result: ToLossResult) -> list[list[str]]:
     ordered = sorted(result.rungs, key=lambda r: (r.rank is None, r.rank or 0))
     for r in ordered:
         if r.status == "reached":
-            rows.append([str(r.rank), r.label, str(r.step), f"{r.train_time_s:.2f}", f"{r.tokens:,}",
-                         ratio_text(r.vs_fastest), loss_text(r.val_loss or 0.0), ""])  # fmt: skip
+            rows.append([str(r.rank), r.label, str(r.step), contention.marked(f"{r.train_time_s:.2f}", r.contention),
+                         f"{r.tokens:,}", ratio_text(r.vs_fastest), loss_text(r.val_loss or 0.0), ""])  # fmt: skip
         else:
             rows.append(["-", r.label, "-", "-", "-", "-", "-" if r.val_loss is None else loss_text(r.val_loss),
                          f"{r.status}: {r.reason}"])  # fmt: skip
@@ -227,6 +239,7 @@ def header_lines(result: ToLossResult) -> list[str]:
         f"load average at start {result.load}",
         "train time = the sum of the rung's step times to its first eval at or below the target (evals, checkpoints and "
         "start-up left out, compile warm-up in); rungs are cumulative, the speed ladder's then + Muon, + WSD",
+        *([busy] if (busy := contention.line([r.contention for r in result.rungs if r.status in RAN], "rungs")) else []),
     ]
 
 
@@ -259,9 +272,10 @@ def run(args: BenchOptions, command: str) -> int:
         budget_s=args.budget,
     )  # fmt: skip
     out = args.out or default_out(f"{preset}-to-loss")
-    print(f"time to val loss {loss_text(args.to_loss)}: preset {preset}, at most {bench.steps} steps a rung -> {out}", flush=True)
-    result = run_to_loss(bench, args.to_loss, out, command, say=lambda line: print(line, flush=True))
-    print()
-    print(to_text(result))
-    print(f"\nwrote {out / 'to_loss.md'} and {out / 'to_loss.json'}")
+    console.out.line(f"time to val loss {loss_text(args.to_loss)}: preset {preset}, at most {bench.steps} steps a rung "
+                     f"-> {path_text(out)}", flush=True)  # fmt: skip
+    result = run_to_loss(bench, args.to_loss, out, command, say=lambda line: console.out.line(line, flush=True))
+    console.out.line()
+    console.out.line(to_text(result))
+    console.out.line(f"\nwrote {path_text(out / 'to_loss.md')} and {path_text(out / 'to_loss.json')}")
     return 0

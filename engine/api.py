@@ -38,15 +38,15 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "COMPARE_COLUMNS": ("engine.inspect.compare", "COLUMNS"),
     "LEFT": ("engine.inspect.compare", "LEFT"),
     "Row": ("engine.inspect.compare", "Row"),
-    "SWITCHES_COLUMN": ("engine.inspect.compare", "SWITCHES_COLUMN"),
+    "SETTINGS_COLUMN": ("engine.inspect.compare", "SETTINGS_COLUMN"),
     "best_val_loss": ("engine.inspect.compare", "best_val_loss"),
     "cells": ("engine.inspect.compare", "cells"),
     "labels": ("engine.inspect.compare", "labels"),
     "read_run": ("engine.inspect.compare", "read_run"),
     "reach_text": ("engine.inspect.compare", "reach_text"),
     "rows": ("engine.inspect.compare", "rows"),
-    "shown_switches": ("engine.inspect.compare", "shown_switches"),
-    "switch_items": ("engine.inspect.compare", "switch_items"),
+    "shown_settings": ("engine.inspect.compare", "shown_settings"),
+    "setting_items": ("engine.inspect.compare", "setting_items"),
     "DEFAULT_ROOT": ("engine.inspect.runs", "DEFAULT_ROOT"),
     "RUN_COLUMNS": ("engine.inspect.runs", "COLUMNS"),
     "RunSummary": ("engine.inspect.runs", "RunSummary"),
@@ -82,6 +82,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "setting": ("engine.settings", "setting"),
     "change_text": ("engine.text", "change_text"),
     "clock_text": ("engine.text", "clock_text"),
+    "contention_text": ("engine.text", "contention_text"),
     "describe": ("engine.text", "describe"),
     "format_table": ("engine.text", "format_table"),
     "human": ("engine.text", "human"),
@@ -111,7 +112,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and the import graph
     from engine.events import EventLines  # noqa: F401
     from engine.files import atomic_write_bytes  # noqa: F401
     from engine.gpu_monitor import GpuSample, available  # noqa: F401
-    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SWITCHES_COLUMN, best_val_loss, cells, labels, reach_text, read_run, rows, shown_switches, switch_items  # noqa: F401
+    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SETTINGS_COLUMN, best_val_loss, cells, labels, reach_text, read_run, rows, setting_items, shown_settings  # noqa: F401
     from engine.inspect.runs import DEFAULT_ROOT, COLUMNS as RUN_COLUMNS, RunSummary, list_runs, row, summarize  # noqa: F401
     from engine.prep.prepare import default_dataset  # noqa: F401
     from engine.run.preflight import Verdict, preflight  # noqa: F401
@@ -120,7 +121,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and the import graph
     from engine.run.requests import Control, Request, post  # noqa: F401
     from engine.run.segments import SWITCHES, Reach, SegmentReader, SegmentSummary, changed, default_target, final_val_loss, mark_target, segments_of, switches  # noqa: F401
     from engine.settings import Setting, form_sections, setting  # noqa: F401
-    from engine.text import change_text, clock_text, describe, format_table, human, loss_text, parse_bytes, path_text, printable, program, shown, verdict  # noqa: F401
+    from engine.text import change_text, clock_text, contention_text, describe, format_table, human, loss_text, parse_bytes, path_text, printable, program, shown, verdict  # noqa: F401
     from engine.dataset import open_dataset  # noqa: F401
 
 

@@ -53,12 +53,13 @@ DEFAULT_VOCAB = 8192  # entries of the BPE `prepare` trains unless told (the def
 SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's range)
 
 
-# The setup form's sections, in the form's order; a setting without one keeps the preset's value.
+# The setup form's sections, in the form's order (the speed switches first: what the product
+# toggles, on the form's first screen); a setting without one keeps the preset's value.
 WEIGHTS = "Starting weights"
 BATCH = "Batch and schedule"
 DEVICE = "Device"
 SWITCH = "Speed switches"
-FORM_SECTIONS = (WEIGHTS, BATCH, DEVICE, SWITCH)
+FORM_SECTIONS = (SWITCH, DEVICE, BATCH, WEIGHTS)
 # OpenAI's GPT-2 on the Hugging Face Hub (engine/prep/hf.py)
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 LOGGERS = ("tensorboard", "wandb", "csv")  # engine/run/loggers.py
@@ -88,7 +89,7 @@ class ModelConfig(_Strict):
             WEIGHTS,
             label="start from",
             metavar="NAME|DIR",
-            blank=f"random weights, or {', '.join(PRETRAINED)}, or a directory",
+            blank="random weights",
         ),
     )
     n_layer: int = Field(
@@ -354,7 +355,8 @@ class OptimConfig(_Strict):
     fused: bool | None = Field(
         None,
         description=(
-            "fused AdamW kernel (default: on for CUDA and CPU; off costs a host sync per step)"
+            "fused AdamW kernel (default: on for CUDA and CPU; off, the guard's skip copies "
+            "what a step changes)"
         ),
         json_schema_extra=_meta(SWITCH, live=True, flag="--fused-adamw"),
     )
@@ -476,7 +478,7 @@ class TrainConfig(_Strict):
         1,
         ge=1,
         le=MAX_STEPS,
-        description="steps between step reports (each reads the device: a host sync)",
+        description="steps between step reports (read a step late: the device never waits)",
     )
     ckpt_interval: int = Field(
         500,
@@ -692,8 +694,9 @@ def check_file_types(
             continue
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            if isinstance(value, dict):
-                check_file_types(value, source, annotation, f"{prefix}{key}.")
+            if not isinstance(value, dict):  # merged, a value would drop the section's settings
+                raise UserError(_not_a_table(source, f"{prefix}{key}", value))
+            check_file_types(value, source, annotation, f"{prefix}{key}.")
             continue
         try:
             _adapter(annotation).validate_json(json.dumps(value, default=str), strict=True)
@@ -711,6 +714,19 @@ def check_file_types(
             ) from None
     return data
 
+
+
+def _not_a_table(source: str, section: str, value: Any) -> str:
+    """A section written as a value (`optim = "muon"`, `model = "gpt2-medium"`): one line
+    naming it and the table it should be (a preset's name: the flag that picks the preset)."""
+    import json
+
+    shown = json.dumps(value, default=str)[:60]
+    got = next((n for t, n in _TOML_TYPES.items() if isinstance(value, t)), type(value).__name__)
+    fix = f"write its settings under [{section}], one a line"
+    if section == "model" and isinstance(value, str) and value in preset_names():
+        fix = f"{fix}, or pick the preset with --preset {value}"
+    return f"{source}: {section} = {shown} is {got}, but {section} is a section of settings; {fix}"
 
 
 def read_toml(path: Path, what: str = "config") -> dict[str, Any]:

@@ -7,13 +7,14 @@ queue or callback for the TUI. `read_events` parses a run's file back, for `atta
 
 from __future__ import annotations
 
+import math
 import queue
 import statistics
 import time
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal, Protocol, TextIO, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine import files, text
 from engine.console import Console, out as console_out
@@ -21,36 +22,114 @@ from engine.errors import UserError
 from engine.gpu_monitor import GpuSample
 
 
+# ------------------------------------------------------------------------------ numbers
+# The one reading of a run's numbers (docs/reliability.md): each numeric field below declares its
+# range with one of these types, so a line holding 10**400 tokens, an infinite time or a NaN step
+# time fails validation and is skipped like a torn line (EventLines): no reader computes with it.
+# Constructing an event checks the same rule, so what a run writes reads back. Free-form parts
+# (config, dataset, summary, switches, GPU readings) hold only int64s and finite floats (`Plain`):
+# a config may set --lr 1e30 (the guard stops that run in words), and its events must still be written.
+INT_MAX = 2**63 - 1  # int64: what torch and numpy hold; float() of it is finite, str() of it short
+FIGURE_MAX = 1e18  # seconds, rates, ratios: a figure times a figure or a count stays finite
+TIME_MAX = 1e11  # a time.time() (year 5138): datetime and time.localtime show it
+
+Count = Annotated[int, Field(ge=0, le=INT_MAX)]  # steps, tokens, bytes, FLOPs, parameters, graphs
+Measure = Annotated[float, Field(ge=0, le=FIGURE_MAX, allow_inf_nan=False)]  # seconds, ms, tokens/s: >= 0
+Figure = Annotated[float, Field(ge=-FIGURE_MAX, le=FIGURE_MAX, allow_inf_nan=False)]  # MFU, FLOP/s
+Finite = Annotated[float, Field(allow_inf_nan=False)]  # a setting's value as it ran (lr): the config bounds it
+Timestamp = Annotated[float, Field(ge=0, le=TIME_MAX, allow_inf_nan=False)]  # seconds since the epoch
+# a loss or grad norm: NaN/Inf is what a diverged step measured, written as NaN/Infinity and read back
+# (readers check math.isfinite); only here may a number be non-finite
+Loss = Annotated[float, Field(allow_inf_nan=True)]
+
+
+def _plain_numbers(value: Any) -> Any:
+    """A free-form value whose every number is an int64 or a finite float (else ValueError)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            todo.extend(v)
+        elif isinstance(v, BaseModel):
+            todo.extend(v.__dict__.values())
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("a number out of range")
+        elif isinstance(v, int) and not -INT_MAX - 1 <= v <= INT_MAX:
+            raise ValueError("a number out of range")
+    return value
+
+
+Plain = AfterValidator(_plain_numbers)  # on a free-form field: Annotated[dict[str, Any], Plain]
+_STRICT = ConfigDict(strict=True)
+_adapters: dict[int, TypeAdapter[Any]] = {}
+
+
+def bounded(kind: Any, value: Any) -> Any:
+    """`value` read by one of the types above (Timestamp, Count...) from a JSON number that is
+    not a bool, or None when it is none or out of range: the rule for numbers read elsewhere
+    (the mailbox). `kind` Plain: any JSON value whose numbers fit."""
+    if kind is Plain:
+        try:
+            return _plain_numbers(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    adapter = _adapters.get(id(kind))
+    if adapter is None:
+        adapter = _adapters[id(kind)] = TypeAdapter(kind, config=_STRICT)
+    try:
+        return adapter.validate_python(value)
+    except ValidationError:
+        return None
+
+
 class _Event(BaseModel):
     # NaN/Inf losses are written as NaN/Infinity (which json and pydantic read back), not as
     # null, which would make the very step that diverged an unreadable line
     model_config = ConfigDict(ser_json_inf_nan="constants")
 
-    time: float = Field(default_factory=time.time)
+    time: Timestamp = Field(default_factory=time.time)
 
 
 class _AtStep(_Event):
-    step: int  # optimizer steps completed when it happened
+    step: Count  # optimizer steps completed when it happened
+
+
+class Contention(BaseModel):
+    """How much of the machine a timed window had (engine/train/contention.py measures and judges
+    it): a timing taken on a busy machine says so."""
+
+    load: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None  # 1-minute load average
+    cores: Annotated[int, Field(ge=1, le=1 << 24)] = 1  # the CPUs this process may run on
+    cpu: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None  # CPU s per wall s; None: no window
+    # of the time its threads wanted a CPU, the share spent waiting for one; None: not measured here
+    stolen: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    contended: bool = False  # the rule's verdict (engine/train/contention.py)
 
 
 class RunStarted(_Event):
     """A run (or a resume of it) began: its resolved config, model size, device and data."""
 
     event: Literal["run_started"] = "run_started"
-    config: dict[str, Any]  # the fully resolved config, as in the run's config.toml
-    n_params: int  # the model's parameter count
+    config: Annotated[dict[str, Any], Plain]  # the fully resolved config, as in the run's config.toml
+    n_params: Count  # the model's parameter count
     device: str  # the torch device: cpu, cuda, cuda:0, mps
     device_name: str  # the device as people name it (GPU model, CPU architecture)
     precision: str  # what "auto" resolved to on this device
-    start_step: int = 0  # the step it starts from (0, or the resumed checkpoint's)
-    flops_per_token: int  # model FLOPs per trained token (forward and backward), for MFU
-    peak_flops: float | None = None  # the device's peak FLOP/s at this precision; None: unknown
-    dataset: dict[str, Any] = {}  # the dataset's description (dataset.json: dtype, vocab, token counts)
-    world_size: int = 1  # processes training together (torchrun); 1 alone
+    start_step: Count = 0  # the step it starts from (0, or the resumed checkpoint's)
+    flops_per_token: Count  # model FLOPs per trained token (forward and backward), for MFU
+    # the device's peak FLOP/s at this precision (> 0: MFU divides by it); None: unknown
+    peak_flops: Annotated[float, Field(gt=0, le=FIGURE_MAX, allow_inf_nan=False)] | None = None
+    dataset: Annotated[dict[str, Any], Plain] = {}  # the dataset's description (dataset.json: dtype, vocab, counts)
+    world_size: Annotated[int, Field(ge=1, le=INT_MAX)] = 1  # processes training together (torchrun); 1 alone
     parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
     init_from: str | None = None  # this start loaded pretrained weights (--init-from: gpt2, or a directory)
     attention: str | None = None  # the SDPA kernel `flash` runs here (SDPA's own pick: flash, cuDNN, efficient, math); None: manual
-    attention_ms: dict[str, float | None] = {}  # CUDA: ms per attention forward+backward of each kernel timed (None: cannot run)
+    attention_ms: dict[str, Measure | None] = {}  # CUDA: ms per attention forward+backward of each kernel timed (None: cannot run)
+    contention: Contention | None = None  # the machine's load as it started (engine/train/contention.py)
 
     def setting(self, dotted: str, kind: type | tuple[type, ...] = int) -> Any:
         """One value of the run's config by dotted name ("train.max_steps"), or None when the
@@ -68,28 +147,29 @@ class Step(_AtStep):
     """Training progress, every --log-interval steps."""
 
     event: Literal["step"] = "step"
-    loss: float  # mean train loss over the step's micro-batches
-    lr: float  # the learning rate of this step
-    grad_norm: float  # global norm before clipping
-    step_time_s: float  # device-synchronized, averaged over the steps since the last event
-    tokens_per_s: float  # training tokens per second, all ranks together
-    mfu: float | None  # None: the device's peak is unknown
-    mem_bytes: int | None  # peak allocated device memory; None on CPU
-    tokens: int  # tokens seen so far
-    data_time_s: float = 0.0  # of step_time_s, host time spent waiting for batches
-    rank_step_times: list[float] | None = None  # under torchrun: each rank's step time, by rank
+    loss: Loss  # mean train loss over the step's micro-batches
+    lr: Finite  # the learning rate of this step
+    grad_norm: Loss  # global norm before clipping
+    step_time_s: Measure  # device-synchronized, averaged over the steps since the last event
+    tokens_per_s: Measure  # training tokens per second, all ranks together
+    mfu: Figure | None  # None: the device's peak is unknown
+    mem_bytes: Count | None  # peak allocated device memory; None on CPU
+    tokens: Count  # tokens seen so far
+    data_time_s: Measure = 0.0  # of step_time_s, host time spent waiting for batches
+    rank_step_times: list[Measure] | None = None  # under torchrun: each rank's step time, by rank
+    contention: Contention | None = None  # the machine's contention since the last step event
 
 
 class Eval(_AtStep):
     """A validation-loss measurement, every --eval-interval steps."""
 
     event: Literal["eval"] = "eval"
-    val_loss: float  # mean loss over --eval-batches val batches
-    tokens: int | None = None  # training tokens the weights saw by then (None: logged before it existed)
+    val_loss: Loss  # mean loss over --eval-batches val batches
+    tokens: Count | None = None  # training tokens the weights saw by then (None: logged before it existed)
     # training time by then: the sum of the step times (each logged interval's step time x its steps),
     # across segments, kept through resumes; evals, checkpoints, pauses and resume gaps left out,
     # a compile's warm-up counted (its first steps are slow). None: logged before it existed
-    train_time_s: float | None = None
+    train_time_s: Measure | None = None
 
 
 class Checkpoint(_AtStep):
@@ -97,9 +177,9 @@ class Checkpoint(_AtStep):
 
     event: Literal["checkpoint"] = "checkpoint"
     path: str  # the checkpoint file
-    val_loss: float | None  # the val loss it was saved at; None: no eval yet
+    val_loss: Loss | None  # the val loss it was saved at; None: no eval yet
     best: bool = False  # the best val loss so far: also saved as best.pt
-    size_bytes: int = 0  # the file's size
+    size_bytes: Count = 0  # the file's size
 
 
 class Warning_(_Event):
@@ -114,15 +194,15 @@ class RunFinished(_AtStep):
 
     event: Literal["run_finished"] = "run_finished"
     reason: Literal["completed", "stopped"] = "completed"  # completed: max_steps reached; stopped: asked to stop
-    best_val_loss: float | None = None  # the lowest val loss of the run; None: no eval
-    summary: dict[str, Any] = {}  # settled speed: first and median step time, tokens/s, MFU, peak memory
+    best_val_loss: Loss | None = None  # the lowest val loss of the run; None: no eval
+    summary: Annotated[dict[str, Any], Plain] = {}  # settled: first/median step s, tok/s, MFU, peak mem, contention
 
 
 class RunFailed(_Event):
     """The run ended on an error (the last checkpoint stays loadable)."""
 
     event: Literal["run_failed"] = "run_failed"
-    step: int | None = None  # the step it failed at, when known
+    step: Count | None = None  # the step it failed at, when known
     error: str  # what went wrong, in one line with its fix where there is one
 
 
@@ -149,7 +229,7 @@ class Gpu(_Event):
     """One round of GPU readings (engine.gpu_monitor, about 1 Hz): for the dashboard's GPU tab."""
 
     event: Literal["gpu"] = "gpu"
-    gpus: list[GpuSample]  # one per visible GPU
+    gpus: Annotated[list[GpuSample], Plain]  # one per visible GPU (its numbers: int64s, finite floats)
 
 
 class RequestAck(_AtStep):
@@ -170,8 +250,8 @@ class Segment(_AtStep):
     right after run_started, and on a live toggle or an OOM fallback."""
 
     event: Literal["segment"] = "segment"
-    switches: dict[str, Any]  # dotted name -> value, engine.run.segments.SWITCHES
-    changed: dict[str, list[Any]]  # dotted name -> [old, new], against the previous segment
+    switches: Annotated[dict[str, Any], Plain]  # dotted name -> value, engine.run.segments.SWITCHES
+    changed: Annotated[dict[str, list[Any]], Plain]  # dotted name -> [old, new], against the previous segment
     reason: SegmentReason  # start, resume, toggle (a live change) or oom (the fallback after out of memory)
     init_from: str | None = None  # the segment began from these pretrained weights (a new run's first)
 
@@ -183,11 +263,11 @@ class Compiled(_AtStep):
     event: Literal["compiled"] = "compiled"
     scope: str  # speed.compile_scope: model | blocks
     compiled: bool  # Dynamo captured a graph this segment; False: it ran eager (e.g. the recompile limit)
-    graphs: int  # graphs Dynamo captured this segment
-    compile_s: float  # seconds torch spent compiling (forward and backward, eval's graph included)
+    graphs: Count  # graphs Dynamo captured this segment
+    compile_s: Measure  # seconds torch spent compiling (forward and backward, eval's graph included)
     source: Literal["cold", "warm disk", "run artifacts"]  # any cache miss: cold
-    cache_hits: int  # inductor FX graph + AOTAutograd cache hits this segment
-    cache_misses: int  # inductor FX graph + AOTAutograd cache misses this segment
+    cache_hits: Count  # inductor FX graph + AOTAutograd cache hits this segment
+    cache_misses: Count  # inductor FX graph + AOTAutograd cache misses this segment
 
 
 Event = Annotated[
@@ -202,10 +282,16 @@ def parse_event(line: str | bytes) -> Event:
     return _adapter.validate_json(line)
 
 
+# how pydantic says a number broke its field's range (the numbers above); `value_error`: Plain's
+_RANGE = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number",
+                    "value_error", "int_parsing_size"})
+
+
 class EventLines:
     """The one reading of an events.jsonl's lines as typed events (read_events, attach's tail,
-    `runs`): a torn, garbage, unknown, too deeply nested (pydantic-core's recursion limit) or
-    not-UTF-8 line is skipped and counted in `problems`, never raised."""
+    `runs`): a torn, garbage, unknown, too deeply nested (pydantic-core's recursion limit),
+    not-UTF-8 or out-of-range (the numbers above) line is skipped and counted in `problems`,
+    never raised."""
 
     def __init__(self, source: Path | str) -> None:
         self.source, self.line = source, 0
@@ -217,7 +303,12 @@ class EventLines:
             return None
         try:
             return _adapter.validate_json(raw)
-        except (ValidationError, ValueError, RecursionError, MemoryError):
+        except ValidationError as err:
+            field = next((e["loc"][1] for e in err.errors() if e["type"] in _RANGE and len(e["loc"]) > 1), None)
+            why = f"a number out of range in {field}" if isinstance(field, str) else "an unreadable line"
+            self.problems.append(f"{self.source}:{self.line}: skipped {why}")
+            return None
+        except (ValueError, RecursionError, MemoryError):
             self.problems.append(f"{self.source}:{self.line}: skipped an unreadable line")
             return None
 
@@ -304,6 +395,9 @@ def settled_step_time(times: list[float]) -> float | None:
 # median skips it. A segment with fewer step reports has no settled speed: "too short to settle".
 SETTLE_MIN_REPORTS = 3
 ETA_MIN_REPORTS = SETTLE_MIN_REPORTS
+# The ETA's window: the latest step reports of the settled window, so a run that slows down (a
+# busy machine, a throttled GPU) gets a later ETA within a few reports, not half a segment later.
+ETA_RECENT_REPORTS = 10
 
 
 def settles(times: list[float]) -> bool:
@@ -312,32 +406,41 @@ def settles(times: list[float]) -> bool:
 
 
 def eta_seconds(times: list[float], step: int, max_steps: int | None) -> float | None:
-    """Time left to max_steps at the settled step time; None until there is a basis for it."""
+    """Time left to max_steps at the recent step time: the median of the latest
+    ETA_RECENT_REPORTS reports of the settled window (past the warm-up); None until there is
+    a basis for it."""
     if max_steps is None or len(times) < ETA_MIN_REPORTS:
         return None
-    return max(0, max_steps - step) * settled_step_time(times)  # type: ignore[operator]
+    return max(0, max_steps - step) * statistics.median(times[len(times) // 2 :][-ETA_RECENT_REPORTS:])
 
 
 class ConsoleSink:
     """Each event's text (describe), for headless runs and logs; step lines carry an ETA from
     the step times of the current segment (a toggle changes the speed, so it starts afresh)."""
 
-    def __init__(self, stream: TextIO | None = None):
+    def __init__(self, stream: TextIO | None = None, settled_before: Callable[[int], Any] | None = None):
         self._out = Console(stream) if stream is not None else console_out  # the one terminal boundary
         self._max_steps: int | None = None
         self._times: list[float] = []
+        # the run's last segment that settled before a step (an engine.run.segments.SegmentSummary, or
+        # None): what the closing summary falls back on when the last segment is too short to settle
+        self._settled_before = settled_before or (lambda step: None)
+        self._from_step = 0  # where the current segment began
 
     def emit(self, event: _Event) -> None:
         eta = None
         if isinstance(event, RunStarted):
             self._max_steps = event.setting("train.max_steps")
-            self._times = []
+            self._times, self._from_step = [], event.start_step
         elif isinstance(event, Segment) and event.reason != "start":
-            self._times = []
+            self._times, self._from_step = [], event.step
         elif isinstance(event, Step):
             self._times.append(event.step_time_s)
             eta = eta_seconds(self._times, event.step, self._max_steps)
-        line = text.describe(event, self._max_steps, eta)
+        if isinstance(event, RunFinished) and event.summary and not settles(self._times):
+            line = text.unsettled_end(event, self._from_step, len(self._times), self._settled_before(self._from_step))
+        else:
+            line = text.describe(event, self._max_steps, eta)
         if line:
             self._out.line(line, flush=True)
 

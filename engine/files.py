@@ -10,6 +10,11 @@ else, so every reader and writer of its files goes through here:
   only a regular file of at most `cap` bytes, and says why not in a `Refused` (an OSError, so
   a caller that handles "cannot read" handles it too). `parse_json` / `parse_toml` refuse
   nesting deeper than a cap instead of recursing into a RecursionError.
+- identity: `not_own` is the one rule for a file written or appended in place: a regular file
+  with one link (a hard link is another file's name), this user's, writable by no one else.
+  `open_own` (AppendLog, open_append, truncate, create_new) opens without following a link or
+  blocking on a FIFO and holds the file to it; `private_dir` is the rule for a directory a
+  library reads code back from (torch's compile caches).
 - write: `atomic_write` writes a temp file made with O_CREAT|O_EXCL|O_NOFOLLOW (a random name:
   nothing planted is ever opened), fsyncs it and renames it over the target (a rename replaces
   a link, never writes through it). `AppendLog` appends whole lines or none: a write cut short
@@ -180,6 +185,88 @@ def read_toml(path: Path | str, cap: int = MiB, max_depth: int = MAX_DEPTH, foll
 # ---------------------------------------------------------------- writing, never through a link
 
 
+def not_own(st: os.stat_result) -> str | None:
+    """Why the file `st` describes (an lstat or an fstat) is not this process's own plain file
+    to write in place, or None when it is. The one identity rule for every file written or
+    appended in a run directory, a dataset, a cache or a model directory: a regular file (not a
+    link, a FIFO, a device), one link (a hard link is another file's name: `cp -al` makes them,
+    and writing one writes the other), owned by this user, writable by no one else."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_nlink > 1:
+        return f"a hard link ({st.st_nlink} names for one file: writing it writes the others)"
+    if st.st_uid != os.geteuid():
+        return "not owned by this user"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def own_fd(fd: int, path: Path | str) -> int:
+    """`fd` (just opened at `path`) if it passes the identity rule (`not_own`); else it is closed
+    and the refusal is one UserError line. Non-blocking I/O is turned off again (a regular file)."""
+    try:
+        why = not_own(os.fstat(fd))
+        if why is None:
+            os.set_blocking(fd, True)
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    raise UserError(f"{path} is {why}; gpt2-tui writes only its own files: remove it (or make a real copy of "
+                    "the directory with `cp -a`) and try again")  # fmt: skip
+
+
+def open_own(path: Path | str, flags: int, mode: int = 0o644) -> int:
+    """An fd to write `path` in place (created if missing): opened with O_NOFOLLOW and O_NONBLOCK
+    (a FIFO never blocks the open, with a reader or without), then held to the identity rule."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symbolic link; gpt2-tui writes only its own files: remove the link "
+                            "and try again") from None  # fmt: skip
+        if err.errno == errno.ENXIO:  # a FIFO no one reads (O_WRONLY|O_NONBLOCK)
+            raise UserError(f"{path} is not a regular file; remove it and try again") from None
+        raise
+    return own_fd(fd, path)
+
+
+def private_dir(path: Path | str) -> Path:
+    """A directory only this user can write or list (made 0700 when missing), for what a
+    library reads back as code (torch's compile caches unpickle what they find). One that is a
+    link, not this user's, or writable by others is Refused; one of ours that others may only
+    read (an older version made it 0755) is closed to them first."""
+    path = Path(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        make_dir(path.parent)
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise Refused(errno.ELOOP, f"{path} is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(errno.ENOTDIR, f"{path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise Refused(errno.EPERM, f"{path} is not owned by this user")
+    if st.st_mode & 0o022:
+        raise Refused(errno.EPERM, f"{path} may be written by others (mode {stat.S_IMODE(st.st_mode):o})")
+    up = os.stat(path.absolute().parent)
+    if up.st_mode & 0o022 and not up.st_mode & stat.S_ISVTX:  # they could rename ours away and put theirs
+        mode = stat.S_IMODE(up.st_mode)
+        raise Refused(errno.EPERM, f"{path.absolute().parent} may be written by others (mode {mode:o})")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700, follow_symlinks=False)
+    return path
+
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -196,8 +283,9 @@ def temp_name(path: Path) -> Path:
 
 
 def create_new(path: Path, mode: int = 0o644) -> int:
-    """A new file at `path` (O_EXCL|O_NOFOLLOW: never an existing file, never through a link)."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    """A new file at `path` (O_EXCL|O_NOFOLLOW: never an existing file, never through a link),
+    checked by the identity rule like every file written here (`own_fd`)."""
+    return own_fd(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode), path)
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -205,6 +293,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     never half; nothing outside the directory is written whatever `path` was. A failed write
     (disk full, an interrupt) removes its temp file."""
     path = Path(path)
+    _check_target(path)
     tmp = temp_name(path)
     try:
         with os.fdopen(create_new(tmp), "wb") as f:
@@ -215,6 +304,23 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
         _discard(tmp)
         raise
     _publish(tmp, path)
+
+
+def _check_target(path: Path) -> None:
+    """What atomic_write renames over: nothing, or a regular file (or a link: the rename replaces
+    the name, never writes through it) of this user. A hard link or a loose mode does not matter
+    here (the rename gives `path` a new file of its own); a directory, a FIFO, a device or
+    another user's file at `path` is Refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused(errno.EINVAL, f"{path} is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise Refused(errno.EPERM, f"{path} is not owned by this user")
 
 
 def _discard(tmp: Path) -> None:
@@ -253,11 +359,9 @@ def open_new(path: Path) -> BinaryIO:
 
 
 def truncate(path: Path | str, size: int) -> None:
-    """Cut a regular file (not a link) back to `size` bytes (a partial prepare resumed)."""
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    """Cut a file of our own (`own_fd`) back to `size` bytes (a partial prepare resumed)."""
+    fd = own_fd(os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Refused(errno.EINVAL, f"{path} is not a regular file")
         os.ftruncate(fd, size)
     finally:
         os.close(fd)
@@ -407,18 +511,10 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def open_append(path: Path) -> BinaryIO:
-    """A file to append to (a child's console log): never through a link, a regular file only;
+    """A file to append to (a child's console log, metrics.csv, a dataset being streamed): never
+    through a link, never blocking on a FIFO, and only this process's own plain file (`own_fd`);
     UserError in one line otherwise."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise UserError(f"{path} is a symbolic link; remove it and try again") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UserError(f"{path} is not a regular file; remove it and try again")
-    f = os.fdopen(fd, "ab")
+    f = os.fdopen(open_own(path, os.O_WRONLY | os.O_APPEND), "ab")
     f.seek(0, os.SEEK_END)
     return f
 
@@ -437,17 +533,7 @@ class AppendLog:
             self.write(b"\n")  # a kill -9 tore the last line: end it, so the next event stays whole
 
     def _open(self) -> int:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as err:
-            if err.errno == errno.ELOOP:
-                raise UserError(f"{self.path} is a symbolic link; a run writes only its own files: "
-                                "remove the link (or move the run) and try again") from None  # fmt: skip
-            raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise UserError(f"{self.path} is not a regular file; remove it and try again")
-        return fd
+        return open_own(self.path, os.O_RDWR | os.O_APPEND)
 
     def moved(self) -> bool:
         """The file we write is no longer at its path (log rotation moved or deleted it)."""
@@ -492,9 +578,10 @@ class AppendLog:
 
 def not_own_files(directory: Path) -> list[str]:
     """What in a work directory this process resumes (a `.partial` prepare) is not its own plain
-    file: the directory itself a link, or an entry that is a link, a directory, a special file, or
-    a hard link to a file elsewhere (writing it would write there). Empty when all is plain, or
-    when nothing is at `directory`."""
+    file by the identity rule (`not_own`): the directory itself a link, or an entry that is a
+    link, a directory, a special file, a hard link to a file elsewhere (writing it would write
+    there), another user's or writable by others. Empty when all is plain, or when nothing is
+    at `directory`."""
     directory = Path(directory)
     try:
         st = os.lstat(directory)
@@ -504,13 +591,22 @@ def not_own_files(directory: Path) -> list[str]:
         return [directory.name + (" (a symbolic link)" if stat.S_ISLNK(st.st_mode) else " (not a directory)")]
     found = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        est = entry.stat(follow_symlinks=False)
-        if stat.S_ISLNK(est.st_mode):
-            found.append(f"{entry.name} (a symbolic link)")
-        elif not stat.S_ISREG(est.st_mode):
-            found.append(f"{entry.name} (not a regular file)")
-        elif est.st_nlink > 1:
-            found.append(f"{entry.name} (a hard link)")
+        why = not_own(entry.stat(follow_symlinks=False))
+        if why is not None:
+            found.append(f"{entry.name} ({why.split(' (')[0]})")
+    return found
+
+
+def not_own_names(directory: Path, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(name, why) for each of `names` present in `directory` that fails the identity rule."""
+    found = []
+    for name in names:
+        try:
+            why = not_own(os.lstat(Path(directory) / name))
+        except OSError:
+            continue
+        if why is not None:
+            found.append((name, why))
     return found
 
 

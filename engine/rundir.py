@@ -34,6 +34,8 @@ METRICS_CSV, TENSORBOARD, WANDB = "metrics.csv", "tensorboard", "wandb"  # engin
 WRITTEN = (CONFIG, EVENTS, WRITER, WRITER_LOCK, TOKENIZER, MAILBOX, LAUNCH_LOG, CHECKPOINTS, f"{CHECKPOINTS}/latest",
            f"{CHECKPOINTS}/best.pt", METRICS_CSV, TENSORBOARD, WANDB)  # fmt: skip
 PID_CAP = 4096  # writer.pid is one short line
+# written or appended in place (not renamed over): each is held to files.not_own (regular, one link, ours)
+IN_PLACE = (EVENTS, METRICS_CSV, LAUNCH_LOG, WRITER_LOCK)
 _NOT_CONTENT = frozenset({LAUNCH_LOG, WRITER, WRITER_LOCK})  # what a fresh --out may already hold
 # kernel file systems that look like directories but hold no files of ours
 _PSEUDO_FS = frozenset(
@@ -267,11 +269,19 @@ def lock(path: Path) -> None:
             f"{path} is being written by {holder(path)}; wait for it, stop it, or watch it with "
             f"`{program()} attach {path}`"
         ) from None
+    try:
+        here = _check_own(path, os.fstat(dir_fd))  # a clone by hard links, a planted FIFO: refused, nothing written
+    except BaseException:
+        os.close(dir_fd)
+        raise
     try:  # older versions lock writer.lock: hold it too, so they are refused as well
-        file_fd = os.open(path / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        file_fd = files.open_own(path / WRITER_LOCK, os.O_RDWR)
     except OSError as err:
         os.close(dir_fd)
         raise UserError(f"cannot lock run directory {path} ({err.strerror}); check its permissions") from None
+    except BaseException:
+        os.close(dir_fd)
+        raise
     try:
         fcntl.flock(file_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -279,6 +289,61 @@ def lock(path: Path) -> None:
         os.close(dir_fd)
         raise UserError(f"{path} is being written by {holder(path)}; wait for it or stop it") from None
     _held[key] = (dir_fd, file_fd)
+    _record_identity(file_fd, here)
+
+
+def _identity(path: Path, st: os.stat_result) -> dict[str, object]:
+    return {"dev": st.st_dev, "ino": st.st_ino, "path": str(Path(path).absolute())}
+
+
+def _recorded_identity(path: Path) -> dict[str, object] | None:
+    """The run directory's identity as writer.lock records it (the last writer's), or None."""
+    try:
+        record = files.read_json(Path(path) / WRITER_LOCK, PID_CAP, max_depth=2)
+    except (OSError, ValueError):
+        return None
+    kinds = (("dev", int), ("ino", int), ("path", str))
+    ok = isinstance(record, dict) and all(isinstance(record.get(k), t) for k, t in kinds)
+    return record if ok else None
+
+
+def _check_own(path: Path, st: os.stat_result) -> dict[str, object]:
+    """Under the directory's lock, before anything is written: each file the run writes in place
+    (IN_PLACE) is its own by files.not_own. A directory whose writer.lock records another
+    directory's identity and whose files are hard links is a clone (`cp -al RUN CLONE`): its
+    files ARE the other run's, so it is refused in one line that says how to copy it for real.
+    Returns this directory's identity (recorded once the lock is held)."""
+    here = _identity(path, st)
+    bad = files.not_own_names(path, IN_PLACE)
+    if not bad:
+        return here
+    linked = [name for name, why in bad if why.startswith("a hard link")]
+    record = _recorded_identity(path)
+    shown = text.path_text(str(path))
+    if linked and record is not None and (record["dev"], record["ino"]) != (here["dev"], here["ino"]):
+        source = text.path_text(str(record["path"]))
+        raise UserError(f"{shown} is a copy of the run {source} made with hard links (cp -al): its "
+                        f"{', '.join(linked)} {'is' if len(linked) == 1 else 'are'} that run's own file"
+                        f"{'' if len(linked) == 1 else 's'}, and writing here would write there; make a real "
+                        f"copy with `cp -a {shown} NEW` and resume NEW")  # fmt: skip
+    name, why = (linked[0], next(w for n, w in bad if n == linked[0])) if linked else bad[0]
+    fix = (f"make a real copy with `cp -a {shown} NEW` and resume NEW" if linked else
+           "remove it (or give it back to this user, writable by no one else) and try again")  # fmt: skip
+    raise UserError(f"{text.path_text(str(Path(path) / name))} is {why}; a run writes only its own files: {fix}")
+
+
+def _record_identity(fd: int, identity: dict[str, object]) -> None:
+    """writer.lock (held, our own file) records which directory this run is, so a copy of it by
+    hard links is told apart from it (_check_own). Written in place: the lock stays on its inode."""
+    import json
+
+    data = (json.dumps(identity) + "\n").encode()
+    try:
+        if os.pread(fd, PID_CAP, 0) != data:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+    except OSError:
+        pass  # a full disk: the record is a guard, not the lock
 
 
 def unlock(path: Path) -> None:

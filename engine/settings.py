@@ -105,6 +105,6 @@ def switches() -> tuple[str, ...]:
 
 
 def form_sections() -> list[tuple[str, list[Setting]]]:
-    """The setup form's sections in order, each with its settings (batch geometry first)."""
+    """The setup form's sections in order, each with its settings (engine.config.FORM_SECTIONS: the speed switches first)."""
     shown = all_settings(("train", "speed", "model", "optim", "data"))
     return [(title, [s for s in shown if s.form == title]) for title in FORM_SECTIONS]

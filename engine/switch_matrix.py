@@ -124,6 +124,23 @@ REFUSED: tuple[Rule, ...] = (
 )  # fmt: skip
 
 
+# The compiles that only several ranks reach, each either trained by the matrix test under
+# torchrun (gloo on CPU, where CUDA graphs idle; NCCL on a box of 2+ GPUs) or refused by a rule
+# above, its reason said (`verdict`): DDP replicating a CUDA-graph compile (scope model: graphs
+# with blocks are refused), and FSDP2 sharding compiled blocks (torchtitan's own layout).
+PARALLEL_COMPILES: dict[str, dict[str, Any]] = {
+    "ddp + reduce-overhead": {"speed.parallel": "ddp", "speed.compile": True, "speed.compile_mode": "reduce-overhead",
+                              "speed.compile_scope": "model"},
+    "fsdp + compiled blocks": {"speed.parallel": "fsdp", "speed.compile": True, "speed.compile_scope": "blocks"},
+}  # fmt: skip
+
+
+def verdict(values: Values, target: Target) -> str | None:
+    """None when these values train on this target, else why not (the first refusing rule's reason)."""
+    rules = refusals(values, target)
+    return rules[0].why(values) if rules else None
+
+
 @dataclass(frozen=True)
 class Idle:
     """A switch value that does nothing on some targets (`off` says where), and why."""

@@ -162,6 +162,26 @@ def describe(e: Any, max_steps: int | None = None, eta: float | None = None) -> 
     return printable(_describe(e, max_steps, eta))
 
 
+def unsettled_end(e: Any, from_step: int, reports: int, before: Any = None) -> str:
+    """A run's end whose last segment has too few step reports to settle (a one-step compile
+    segment): its speed is no settled one, said so; then the last segment that did settle
+    (`before`: an engine.run.segments.SegmentSummary; None: none did), named as such."""
+    first = e.summary.get("first_step_time_s") if isinstance(e.summary, dict) else None
+    head = describe(e.model_copy(update={"summary": {}}))
+    plural = "s" * (reports != 1)
+    line = (f"{head}\nthe last segment (from step {from_step}) has {reports} step report{plural}, too few to settle"
+            + (f" (first step {first:.2f} s)" if isinstance(first, (int, float)) else ""))  # fmt: skip
+    if before is None or before.settled_step_time_s is None:
+        return line + ": no settled speed"
+    c = before.contention
+    summary = {"median_step_time_s": before.settled_step_time_s, "tokens_per_s": before.tokens_per_s or 0.0,
+               "mfu": before.mfu, "peak_mem_bytes": before.peak_mem_bytes,
+               "first_step_time_s": before.first_step_time_s or 0.0,
+               "contention": c.model_dump() if c is not None and hasattr(c, "model_dump") else c}  # fmt: skip
+    speed = describe(e.model_copy(update={"summary": summary})).split("\n", 1)[1]
+    return f"{line}; the last settled segment instead (steps {before.from_step}-{before.to_step}):\n{speed}"
+
+
 def shown(value: object) -> str:
     """A cell or a one-line message made from file contents: `printable`, on one line."""
     return printable(str(value)).replace("\n", " ").replace("\t", " ")
@@ -179,6 +199,29 @@ def attention_text(e: Any) -> str:
     return f"attention {printable(kernel)}" + (f" (measured: {timed})" if timed else "")
 
 
+def contention_text(c: Any, short: bool = False) -> str:
+    """A timing taken on a busy machine, in words ('' when it was not): the load against the
+    CPUs and the share of the CPU time the process wanted that it spent waiting, the figures
+    engine/train/contention.py judged it by. `c`: an engine.events.Contention, or its dict in a
+    run_finished summary (read from a file: the numbers are checked here). `short`: a marker."""
+    get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
+    if c is None or get("contended") is not True:
+        return ""
+
+    def num(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    load, cores, stolen = get("load"), get("cores"), get("stolen")
+    parts = [f"load {load:.1f}{'/' if short else ' on '}{cores:g} CPUs"] if num(load) and num(cores) else []
+    if num(stolen):
+        parts.append(f"{100 * stolen:.0f}% CPU wait" if short else
+                     f"{100 * stolen:.0f}% of the CPU time it wanted spent waiting")
+    what = ", ".join(parts) or "a busy machine"
+    if short:
+        return f"busy: {what}"
+    return f"timed on a busy machine ({what}): slower and noisier than this machine can do; rerun when it is quiet"
+
+
 def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
     match e.event:
         case "run_started":
@@ -188,7 +231,9 @@ def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
                 f"{b}x{a}x{t} tokens/step, from step {e.start_step}"
             ) + (f", {e.world_size} processes ({e.parallel})" if e.world_size > 1 else "") + (
                 f", weights from {printable(e.init_from)}" if getattr(e, "init_from", None) else ""
-            ) + (f", {attention_text(e)}" if getattr(e, "attention", None) else "")
+            ) + (f", {attention_text(e)}" if getattr(e, "attention", None) else "") + (
+                f" ({busy})" if (busy := contention_text(getattr(e, "contention", None), short=True)) else ""
+            )
         case "step":
             mfu = "-" if e.mfu is None else f"{100 * e.mfu:.1f}%"
             return (
@@ -213,6 +258,8 @@ def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
                     f"{s['tokens_per_s']:,.0f} tok/s, mfu {mfu}, peak mem "
                     f"{human(s.get('peak_mem_bytes'))} (first step {s['first_step_time_s']:.2f} s)"
                 )
+                if busy := contention_text(s.get("contention")):
+                    line += f"\n{busy}"
             return line
         case "run_failed":
             return f"run failed at step {e.step}: {e.error}"

@@ -649,3 +649,30 @@ def train_good_run(base: Path) -> Path:
     assert res.rc == 0, res.summary()
     return w.dir / "good"
 
+
+
+# ----------------------------------------------------------------------------- a busy machine
+
+BURNERS_PER_CPU = 1  # beside a CPU run's own threads (one a CPU): each gets about half a CPU
+
+
+def busy_machine(per_cpu: int = BURNERS_PER_CPU) -> Any:
+    """A context: `per_cpu` busy-looping Python processes per CPU this process may use (a
+    machine busy on purpose, issue 39), each killed by its own id and reaped after the block."""
+    import contextlib
+    import time
+
+    @contextlib.contextmanager
+    def burning() -> Any:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(per_cpu * cpus)]
+        try:
+            time.sleep(0.5)  # running before the timing starts
+            yield procs
+        finally:
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+
+    return burning()

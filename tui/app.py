@@ -319,7 +319,26 @@ def run_app(config: RunConfig | None = None) -> int:
     s = app.session
     if s is not None and s.process is not None and s.process.poll() is None:
         console.out.line(f"the run goes on in process {s.process.pid}; re-attach with: {program()} attach {path_text(s.run_dir)}")
+    for line in resume_lines(app):
+        console.out.line(line)
     return app.return_code or 0
+
+
+def resume_lines(app: GPT2App) -> list[str]:
+    """How to continue each run this app trained on its thread that stopped before its end
+    (ctrl+q stops it with a checkpoint): the command, said once the app has left the screen."""
+    own = [s for s in app.sessions if s.mode == "in-process"]
+    if own:  # the last events the app had no turn to read (it quit once the thread had ended)
+        for event in app.inbox.drain():
+            own[-1].state.feed(event)
+    lines = []
+    for s in own:
+        end = s.state.finished
+        if end is not None and end.reason == "stopped":
+            where = path_text(s.run_dir)
+            lines.append(f"{where} stopped at step {end.step} with a checkpoint; continue it with: "
+                         f"{program()} train --resume {where}")  # fmt: skip
+    return lines
 
 
 def run_attach(run_dir: Path) -> int:

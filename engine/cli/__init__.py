@@ -32,7 +32,12 @@ from engine.text import path_text, program  # noqa: E402
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit status 2."""
+    """argparse, but a usage error is one line and exit status 2, and no flag is abbreviated:
+    `--max-step` is refused (did you mean --max-steps?), not taken for `--max-steps`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         err.line(f"error: {message}; see `{self.prog} --help`")
@@ -234,6 +239,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError("--resume takes its config and directory from the run; drop --preset/--config/--out")
         if "model.init_from" in overrides:
             raise UserError("--init-from starts a new run; a --resume continues from its checkpoint: drop --init-from")
+        if not args.resume_from:
+            refuse_finished(args.resume, overrides)
         config, run_dir = resumed_config(args.resume, overrides, args.resume_from), args.resume
         if args.resume_from:  # named, so checked here, before anything runs
             from engine.train.checkpoint import CheckpointDir
@@ -252,7 +259,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if relaunch:
         return torchrun.run(args.nproc, config, run_dir, bool(args.resume), args.force, argv, out_given=bool(args.out))
     control = Control()
-    run = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink()], control=control, force=args.force,
+    run = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink(settled_before=settled_before(run_dir))],
+                control=control, force=args.force,
                 resume_from=args.resume_from, dataset=verdict.dataset)
     run_dir = run.run_dir
     if distributed.current().is_main:  # before the first step: a second terminal can follow it at once
@@ -266,6 +274,42 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if distributed.current().is_main:
         out.line(f"run directory: {path_text(run_dir)}")
     return 0
+
+
+def refuse_finished(run_dir: Path, overrides: dict[str, Any]) -> None:
+    """A resume with nothing left to train (its latest checkpoint at or past the max steps it
+    would train to) is refused here, before a line is printed: the segment's set-up refuses it
+    too (engine.train.saving.trained_past, the one wording), but only once the run has started.
+    The advice keeps the other flags given, so following it trains with them."""
+    from engine import rundir
+    from engine.train.checkpoint import CheckpointDir
+    from engine.train.saving import trained_past
+
+    step = CheckpointDir(run_dir / rundir.CHECKPOINTS).latest_step()
+    if step is None:
+        return
+    limit = overrides.get("train.max_steps") or rundir.load_config(run_dir).train.max_steps
+    if limit <= step:
+        raise trained_past(run_dir, step, limit, as_flags({k: v for k, v in overrides.items() if k != "train.max_steps"}))
+
+
+def settled_before(run_dir: Path) -> Callable[[int], Any]:
+    """The console's fallback at a run's end when its last segment is too short to settle: the
+    last segment of the run (its events) that settled before a step (None: none did)."""
+
+    def last(step: int) -> Any:
+        from engine import rundir
+        from engine.events import read_events
+        from engine.run.segments import segments_of
+
+        try:
+            events, _ = read_events(run_dir / rundir.EVENTS)
+        except (UserError, OSError):  # a nicety: the end is said without it
+            return None
+        done = [s for s in segments_of(events) if s.settled_step_time_s is not None and s.to_step <= step]
+        return done[-1] if done else None
+
+    return last
 
 
 def following_text(run_dir: Path, compiled: bool) -> str:
@@ -456,9 +500,15 @@ def cmd_toggle(args: argparse.Namespace) -> int:
         raise UserError(f"name the switches to change, e.g. --compile or --no-prefetch; see `{program()} toggle --help`")
     overlay(config.model_dump(mode="json", exclude_none=True), overrides)  # the values are valid at all
     if rundir.writer_alive(args.run_dir) is not True:
+        where = path_text(args.run_dir)
+        try:  # a run at its max steps resumes only to more steps: the advice says how many
+            refuse_finished(args.run_dir, overrides)
+        except UserError as finished:
+            raise UserError(f"no live run writes {where}; change a stopped run's switches as you resume it, but "
+                            f"{finished}") from None  # fmt: skip
         raise UserError(
-            f"no live run writes {args.run_dir}; change a stopped run's switches as you resume it: "
-            f"{program()} train --resume {args.run_dir} {' '.join(as_flags(overrides))}"
+            f"no live run writes {where}; change a stopped run's switches as you resume it: "
+            f"{program()} train --resume {where} {' '.join(as_flags(overrides))}"
         )
     waiting = requests.pending(args.run_dir)  # asked, not yet taken by the run
     after = config
@@ -533,10 +583,50 @@ def guarded(body: Callable[[], int]) -> int:
 
 
 def parse(parser: Parser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed arguments; an unknown one is refused by the subcommand's parser, so the line
+    points at that subcommand's --help (`gpt2-tui toggle --help`), where its flags are."""
     args, rest = parser.parse_known_args(argv)
     if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}{did_you_mean(parser, args, rest)}")
+        command = subcommand(parser, args)
+        command.error(not_live(args, rest) or f"unrecognized arguments: {' '.join(rest)}{did_you_mean(parser, args, rest)}")
     return args, rest
+
+
+def subcommand(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the subcommand `args` were parsed for (the top parser when none was)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, "command", None) in action.choices:
+            return action.choices[args.command]
+    return parser
+
+
+def not_live(args: argparse.Namespace, rest: list[str]) -> str:
+    """`toggle RUN --optimizer muon`: a setting a live run cannot change (no speed switch) is
+    named as such, with the new run that trains with it (this run's config, that flag on top);
+    '' when `rest` names no such setting, or the command is not toggle."""
+    if getattr(args, "command", None) != "toggle":
+        return ""
+    names = {s.flag: s for s in settings.flags()} | {"--no-" + s.flag[2:]: s for s in settings.flags()
+                                                       if s.kind in ("bool", "tristate")}  # fmt: skip
+    flag = next((w.split("=", 1)[0] for w in rest if w.split("=", 1)[0] in names), None)
+    if flag is None:
+        return ""
+    label, prog = names[flag].label, program()
+    named = flag if label.replace(" ", "-") in flag else f"{flag} ({label})"
+    why = (f"{named} is not a live switch: a toggle changes only a running run's speed switches; "
+           "to train with it, start a new run")  # fmt: skip
+    from engine import rundir
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / rundir.CONFIG).is_file():
+        return f"{why} (`{prog} train --help`)"
+    new = run_dir.parent / f"{run_dir.name}-new"
+    n = 2
+    while new.exists():
+        new, n = run_dir.parent / f"{run_dir.name}-new{n}", n + 1
+    given = [*as_flags(overrides_from(args)), *rest]
+    return f"{why} from this one's config: {prog} train --config {path_text(run_dir / rundir.CONFIG)} " \
+           f"--out {path_text(new)} {' '.join(given)}"  # fmt: skip
 
 
 def did_you_mean(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> str:
@@ -544,10 +634,7 @@ def did_you_mean(parser: argparse.ArgumentParser, args: argparse.Namespace, rest
     own flags (difflib), else ''."""
     import difflib
 
-    command = parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and getattr(args, "command", None) in action.choices:
-            command = action.choices[args.command]
+    command = subcommand(parser, args)
     flags = [s for a in command._actions for s in a.option_strings if s.startswith("--")]
     for word in rest:
         if word.startswith("--"):

@@ -5,16 +5,21 @@ a live one and one from another machine compare alike. The rows and their cells 
 here once; the text table, the Compare screen and the dashboard's segment table show them.
 Speed-ups are ratios of settled tokens/s (a step-time ratio would mislead when the
 micro-batch changed): against the segment before in the same run, and against the first row.
+Every setting that differs between the rows (optimizer, schedule, lr, batch, model shape, data,
+seed, speed switches: the config each segment trained with) is named, by the config's sections,
+in the table and in the JSON (`differs`, each segment's `settings`).
 Time to a loss: the training time and tokens each run (and segment) took to first reach a
 target val loss (`--target`; default the worst final val loss among the runs, which every run
-reached). The time is the sum of step times (Eval.train_time_s): evals, checkpoints, pauses
-and the gaps between segments are left out, a compile's warm-up is in.
+reached), and how many times sooner than the first run that reached it (`target vs first`). The
+time is the sum of step times (Eval.train_time_s): evals, checkpoints, pauses and the gaps
+between segments are left out, a compile's warm-up is in.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +33,9 @@ from engine import files
 from engine.errors import UserError
 from engine.text import duration_text, human, loss_text, path_text, ratio_text, short, value_text
 from engine.text import shown as cell
-from engine.run.segments import (SWITCHES, Reach, SegmentReader, SegmentSummary, default_target, final_val_loss,
-                                 mark_target, speedup)  # fmt: skip
+from engine.train.contention import line as contention_line, marked
+from engine.run.segments import (SETTINGS, SWITCHES, Reach, SegmentReader, SegmentSummary, default_target,
+                                 final_val_loss, mark_target, speedup)  # fmt: skip
 
 
 class RunComparison(BaseModel):
@@ -38,6 +44,9 @@ class RunComparison(BaseModel):
     segments: list[SegmentSummary]
     final_val_loss: float | None = None  # the last eval's
     to_target: Reach | None = None  # the first eval at or below Comparison.target_val_loss (None: not reached)
+    # how many times sooner than the first run that reached the target this one did (its training
+    # time over this one's, like `vs first`; None: this run or no run reached it)
+    to_target_vs_first: float | None = None
 
 
 class Comparison(BaseModel):
@@ -46,6 +55,9 @@ class Comparison(BaseModel):
     runs: list[RunComparison]
     target_val_loss: float | None = None  # what to_target is measured to (None: no run evaluated)
     target_from: Literal["--target", "worst final val loss"] = "worst final val loss"
+    # the settings that differ between the rows (segments), by the config's section ("preset" alone
+    # first): each segment's `settings` holds its values of them
+    differs: dict[str, list[str]] = {}
 
 
 def best_val_loss(events: Sequence[Any]) -> float | None:
@@ -113,8 +125,41 @@ def compare(run_dirs: Sequence[Path], target: float | None = None) -> Comparison
     goal = target if target is not None else default_target(r.final_val_loss for r, _ in read)
     for run, evals in read:
         run.to_target = mark_target(run.segments, evals, goal)
-    return Comparison(runs=[r for r, _ in read], target_val_loss=goal,
+    runs = [r for r, _ in read]
+    base = next((r.to_target for r in runs if r.to_target), None)
+    for r in runs:
+        r.to_target_vs_first = sooner(r.to_target, base)
+    names = name_differences([s for r in runs for s in r.segments])
+    return Comparison(runs=runs, target_val_loss=goal, differs=by_section(names),
                       target_from="--target" if target is not None else "worst final val loss")  # fmt: skip
+
+
+def differing(segs: Sequence[SegmentSummary]) -> list[str]:
+    """The settings whose value is not the same in every segment, in the config's order (SETTINGS)."""
+    return [n for n in SETTINGS if len({repr(s.config.get(n)) for s in segs}) > 1]
+
+
+def name_differences(segs: Sequence[SegmentSummary]) -> list[str]:
+    """Each segment's `settings` set to its values of the settings that differ between them; those names."""
+    names = differing(segs)
+    for s in segs:
+        s.settings = {n: s.config.get(n) for n in names}
+    return names
+
+
+def by_section(names: Sequence[str]) -> dict[str, list[str]]:
+    """Dotted names grouped by the config's section ('optim.lr' under 'optim'; 'preset' alone)."""
+    out: dict[str, list[str]] = {}
+    for n in names:
+        out.setdefault(n.split(".")[0], []).append(n)
+    return out
+
+
+def sooner(reach: Reach | None, base: Reach | None) -> float | None:
+    """How many times sooner than `base` (in training time) `reach` got to the target."""
+    if reach is None or base is None or reach.train_time_s <= 0:
+        return None
+    return base.train_time_s / reach.train_time_s
 
 
 # ------------------------------------------------------------------------------ rows
@@ -129,6 +174,8 @@ class Row:
     vs_prev: float | None  # against the segment before, same run (None for a run's first)
     vs_first: float | None  # against the first row of the table
     best_val_loss: float | None  # this segment's best (SegmentSummary.best_val_loss), not the run's
+    # the time to the target against the first row that reached it (sooner); None: not reached here
+    target_vs_first: float | None = None
 
 
 def labels(run_dirs: Sequence[str]) -> list[str]:
@@ -142,46 +189,53 @@ def rows(runs: Sequence[tuple[str, Sequence[SegmentSummary], float | None]]) -> 
     segment's own (the run's best is RunComparison.best_val_loss)."""
     out: list[Row] = []
     first: SegmentSummary | None = None
+    reached = next((s.to_target for _, segs, _ in runs for s in segs if s.to_target), None)
     for label, segs, best in runs:
         for i, s in enumerate(segs):
             first = first or s
             prev = speedup(s, segs[i - 1]) if i else None
-            out.append(Row(label, s, prev, speedup(s, first), s.best_val_loss))
+            out.append(Row(label, s, prev, speedup(s, first), s.best_val_loss, sooner(s.to_target, reached)))
     return out
 
 
-def varying(segs: Sequence[SegmentSummary]) -> list[str]:
-    """The switches whose value is not the same in every segment, in SWITCHES order."""
-    names = [n for n in SWITCHES if any(n in s.switches for s in segs)]
-    return [n for n in names if len({repr(s.switches.get(n)) for s in segs}) > 1]
+_SHORTS = [short(n) for n in SETTINGS]
 
 
-def switch_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) -> list[tuple[str, bool]]:
-    """('compile=on', differs from the base row) for each shown switch, the ones this segment
+def setting_label(name: str) -> str:
+    """'optim.optimizer' -> 'optimizer'; the dotted name where two sections share the short one
+    (model.block_size, train.block_size)."""
+    return short(name) if _SHORTS.count(short(name)) == 1 else name
+
+
+def setting_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) -> list[tuple[str, bool]]:
+    """('optimizer=muon', differs from the base row) for each shown setting, the ones this segment
     changed first: what a table highlights."""
     order = [n for n in shown if n in s.changed] + [n for n in shown if n not in s.changed]
-    return [(cell(f"{short(n)}={value_text(s.switches.get(n))}"), s.switches.get(n) != base.switches.get(n)) for n in order]
+    return [(cell(f"{setting_label(n)}={value_text(s.config.get(n))}"), s.config.get(n) != base.config.get(n))
+            for n in order]  # fmt: skip
 
 
-# The speed first, the switches last: at 80 columns the figures the product exists to show
-# stay on screen however many switches a run changed.
-COLUMNS = ("run", "steps", "why", "warm-up", "ms/step", "tok/s", "compile", "MFU", "peak mem", "vs prev", "vs first", "best val", "to target", "switches")  # fmt: skip
-SWITCHES_COLUMN = COLUMNS.index("switches")
-LEFT = frozenset({0, 1, 2, SWITCHES_COLUMN})  # text columns; the figures are right-aligned
+# The payoff first (speed, speed-ups, val loss, time to the target), the details after, the
+# settings that differ last: at 80 columns the figures the product exists to show stay on
+# screen however many settings differ. `why` stays beside the step range: what a row changed.
+COLUMNS = ("run", "steps", "why", "ms/step", "tok/s", "vs prev", "vs first", "best val", "to target", "target vs first",
+           "warm-up", "compile", "MFU", "peak mem", "differs")  # fmt: skip
+SETTINGS_COLUMN = COLUMNS.index("differs")
+LEFT = frozenset({0, 1, 2, SETTINGS_COLUMN})  # text columns; the figures are right-aligned
+KEY_COLUMNS = 2  # run and steps: repeated in each block of a table split to fit a narrow terminal
 
 
 def cells(r: Row) -> list[str]:
-    """Every column but `switches` (the last, left empty), which the caller renders with its
+    """Every column but `differs` (the last, left empty), which the caller renders with its
     highlighting."""
     s = r.segment
     return [
-        cell(r.run), f"{s.from_step}-{s.to_step}", why_text(s),
-        "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s",
-        speed_text(s),
-        "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}", compile_text(s),
-        "-" if s.mfu is None else f"{100 * s.mfu:.1f}%",
-        human(s.peak_mem_bytes), ratio_text(r.vs_prev), ratio_text(r.vs_first),
-        "" if r.best_val_loss is None else loss_text(r.best_val_loss), reach_text(s.to_target), "",
+        cell(r.run), f"{s.from_step}-{s.to_step}", why_text(s), speed_text(s),
+        "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}", ratio_text(r.vs_prev), ratio_text(r.vs_first),
+        "" if r.best_val_loss is None else loss_text(r.best_val_loss), reach_text(s.to_target),
+        "" if s.to_target is None else ratio_text(r.target_vs_first),
+        "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s", compile_text(s),
+        "-" if s.mfu is None else f"{100 * s.mfu:.1f}%", human(s.peak_mem_bytes), "",
     ]  # fmt: skip
 
 
@@ -225,7 +279,7 @@ def speed_text(s: SegmentSummary) -> str:
     reports than the settle window, events.SETTLE_MIN_REPORTS, has no speed and no ratio)."""
     if s.too_short_to_settle:
         return TOO_SHORT
-    return "-" if s.settled_step_time_s is None else f"{1000 * s.settled_step_time_s:.1f}"
+    return "-" if s.settled_step_time_s is None else marked(f"{1000 * s.settled_step_time_s:.1f}", s.contention)
 
 
 def compile_text(s: SegmentSummary) -> str:
@@ -238,10 +292,10 @@ def compile_text(s: SegmentSummary) -> str:
     return f"{s.compile_s:.1f} s {s.compile_source}"
 
 
-def shown_switches(segs: Sequence[SegmentSummary]) -> list[str]:
-    """The switches a table shows: only those that differ somewhere (one segment: none; the
-    rest are the same in every row, which a table says once if at all)."""
-    return varying(segs)
+def shown_settings(segs: Sequence[SegmentSummary]) -> list[str]:
+    """The settings a table's `differs` column shows: those not the same in every row (one
+    segment: none), speed switches and the rest alike (optimizer, schedule, lr, shape, data, seed)."""
+    return differing(segs)
 
 
 def table_rows(c: Comparison) -> list[Row]:
@@ -249,31 +303,89 @@ def table_rows(c: Comparison) -> list[Row]:
     return rows([(n, r.segments, r.best_val_loss) for n, r in zip(names, c.runs)])
 
 
-def format_table(c: Comparison) -> str:
-    """The plain-text table: switches that differ from the first row carry a `*`."""
+def differs_line(names: Sequence[str]) -> str:
+    """'differs: optim: optimizer schedule; train: seed', grouped by the config's sections."""
+    if not names:
+        return "differs: nothing (every row trained with the same settings)"
+    groups = [sec if group == [sec] else f"{sec}: " + " ".join(setting_label(n) for n in group)
+              for sec, group in by_section(names).items()]  # fmt: skip
+    return "differs: " + "; ".join(groups)
+
+
+def _line(cols: Sequence[int], row: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(row[i].ljust(widths[i]) if i in LEFT else row[i].rjust(widths[i]) for i in cols).rstrip()
+
+
+def blocks(widths: Sequence[int], width: int | None) -> list[list[int]]:
+    """The columns of a table split into blocks that each fit `width` (None: one block), in
+    order, each block led by the key columns (run, steps): the payoff in the first."""
+    every = list(range(len(widths)))
+    if width is None or sum(widths) + 2 * (len(widths) - 1) <= width:
+        return [every]
+    keys = every[:KEY_COLUMNS]
+    out: list[list[int]] = []
+    for i in every[KEY_COLUMNS:]:
+        if out and len(_line(out[-1] + [i], ["x" * w for w in widths], widths)) <= width:
+            out[-1].append(i)
+        else:
+            out.append(keys + [i])
+    return out
+
+
+def _wrapped(text: str, width: int | None) -> list[str]:
+    """A prose line folded to `width` (continuations indented), or as it is."""
+    if width is None or len(text) <= width:
+        return [text]
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def format_table(c: Comparison, width: int | None = None) -> str:
+    """The plain-text table: settings that differ from the first row carry a `*`. `width`: the
+    terminal's columns; a wider table is split into blocks of whole columns, the payoff first."""
     table = table_rows(c)
     segs = [r.segment for r in table]
     if not segs:
         return "no segments: the runs logged no steps yet"
-    shown = shown_switches(segs)
+    shown = shown_settings(segs)
     same = [n for n in SWITCHES if n not in shown and n in segs[0].switches]
     lines = []
     if same:
-        lines.append("same in all: " + " ".join(cell(f"{short(n)}={value_text(segs[0].switches[n])}") for n in same))
+        same_text = " ".join(cell(f"{short(n)}={value_text(segs[0].switches[n])}") for n in same)
+        lines += _wrapped(f"same in all: {same_text}", width)
+    if len(segs) > 1:
+        lines += _wrapped(differs_line(shown), width)
     body = []
     for r in table:
         row = cells(r)
-        row[SWITCHES_COLUMN] = " ".join(text + ("*" if hot else "") for text, hot in switch_items(r.segment, shown, segs[0]))
+        items = setting_items(r.segment, shown, segs[0])
+        row[SETTINGS_COLUMN] = " ".join(text + ("*" if hot else "") for text, hot in items)
         body.append(row)
     widths = [max(len(x[i]) for x in [list(COLUMNS), *body]) for i in range(len(COLUMNS))]
-    for row in [list(COLUMNS), *body]:
-        lines.append("  ".join(x.ljust(w) if i in LEFT else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths))).rstrip())
-    lines.append("* differs from the first row; speed-ups are settled tok/s ratios; warm-up = the first logged step")
-    lines.append(target_line(c))
+    for n, cols in enumerate(blocks(widths, width)):
+        lines += [""] if n else []
+        lines += [_line(cols, row, widths) for row in [list(COLUMNS), *body]]
+    for note in ("* differs from the first row; speed-ups are settled tok/s ratios; target vs first = the first run's "
+                 "time to target over this one's; warm-up = the first logged step", target_line(c),
+                 contention_line([s.contention for s in segs], "segments")):  # fmt: skip
+        lines += _wrapped(note, width) if note else []
     return "\n".join(lines)
+
+
+def terminal_width() -> int | None:
+    """The columns a table must fit: $COLUMNS when set, else the terminal's; None when the output
+    goes to no terminal (a file, a pipe): one table, however wide."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else None
+    except (OSError, ValueError):
+        return None
 
 
 def run(run_dirs: Sequence[Path], as_json: bool = False, target: float | None = None) -> str:
     """The text `gpt2-tui compare` prints."""
     c = compare(run_dirs, target)
-    return c.model_dump_json(indent=2) if as_json else format_table(c)
+    return c.model_dump_json(indent=2) if as_json else format_table(c, terminal_width())

@@ -196,6 +196,11 @@ def _switches(cuda: bool, include_compile: bool, gpus: int = 0) -> list[tuple[st
         ("pinned + prefetch", {"data.pin_memory": True, "data.prefetch": True} if cuda else gpu),
         ("TF32", {"speed.precision": "tf32"} if cuda else gpu),
         ("torch.compile (+ eval)", {"speed.compile": True} if compiled else compile_skip),
+        # the precision a GPU trains in: TF32 on, autocast's casts in the graph
+        ("torch.compile bf16", {"speed.compile": True, "speed.precision": "bf16"} if compiled else compile_skip),
+        # Inductor's GEMM autotuner reads the TF32 flags (the crash of issue 37 met it first)
+        ("compile max-autotune (bf16)", {"speed.compile": True, "speed.compile_mode": "max-autotune-no-cudagraphs",
+                                         "speed.precision": "bf16"} if cuda else gpu),  # fmt: skip
         ("compile + grad checkpointing", {"speed.compile": True, "model.grad_checkpointing": True} if compiled else compile_skip),
         ("CUDA graphs (reduce-overhead)", {"speed.compile": True, "speed.compile_mode": "reduce-overhead",
                                            "speed.compile_scope": "model"} if cuda else gpu),

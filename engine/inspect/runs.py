@@ -283,6 +283,12 @@ def summarize(path: Path) -> RunSummary | None:
     )  # fmt: skip
 
 
+def listing_target(summaries: list[RunSummary], target: float | None = None) -> float | None:
+    """The val loss a listing times its runs to: `target` (`--target`), else the worst final val
+    loss among them, which every run that evaluated reached (None: no run evaluated)."""
+    return target if target is not None else default_target(r.final_val_loss for r in summaries)
+
+
 def list_runs(root: Path = DEFAULT_ROOT, target: float | None = None) -> list[RunSummary]:
     """Summaries of the runs directly under `root` (or `root` itself when it is a run),
     newest first, each timed to `target` val loss (default: the worst final val loss among
@@ -300,7 +306,7 @@ def list_runs(root: Path = DEFAULT_ROOT, target: float | None = None) -> list[Ru
             return []
         out = [r for r in (summarize(p) for p in dirs) if r is not None]
         out.sort(key=lambda r: (r.started, r.name), reverse=True)
-    goal = target if target is not None else default_target(r.final_val_loss for r in out)
+    goal = listing_target(out, target)
     for r in out:
         r.to_target = None if goal is None else next((e for e in r.evals if e.val_loss <= goal), None)
     return out
@@ -350,8 +356,19 @@ def row(r: RunSummary) -> tuple[str, ...]:
     return tuple(shown(c) for c in cells)  # names and fields come from files: printable, one line
 
 
-def format_table(summaries: list[RunSummary]) -> str:
-    """A plain text table with a header, one line per run in the order given."""
+def target_note(summaries: list[RunSummary], target: float | None = None) -> str:
+    """What the `to target` column measures: the val loss, where it came from, what the time is."""
+    goal = listing_target(summaries, target)
+    if goal is None:
+        return "to target: no run evaluated a val loss"
+    source = "--target" if target is not None else "the worst final val loss among these runs"
+    return (f"to target: training time (sum of step times) and tokens to first reach val loss {loss_text(goal)} "
+            f"({source}); - not reached")  # fmt: skip
+
+
+def format_table(summaries: list[RunSummary], target: float | None = None) -> str:
+    """A plain text table with a header, one line per run in the order given, then what the
+    `to target` column measures (`target`: the one list_runs was given)."""
     if not summaries:
         return "no runs found"
     rows = [COLUMNS, *(row(r) for r in summaries)]
@@ -361,7 +378,9 @@ def format_table(summaries: list[RunSummary]) -> str:
     for r in rows:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
         lines.append("  ".join(cells).rstrip())
+    lines.append(target_note(summaries, target))
     return "\n".join(lines)
 
 
-__all__ = ["COLUMNS", "DEFAULT_ROOT", "RunSummary", "format_table", "list_runs", "row", "summarize"]
+__all__ = ["COLUMNS", "DEFAULT_ROOT", "RunSummary", "format_table", "list_runs", "listing_target", "row", "summarize",
+           "target_note"]  # fmt: skip

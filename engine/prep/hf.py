@@ -259,14 +259,24 @@ def shape_config(
         raise UserError(f"{directory / CONFIG}: {one_line(err)}") from None
 
 
+def weights_cap(model: ModelConfig) -> int:
+    """The most bytes a model.safetensors of `model`'s shape holds: every tensor GPT-2's files
+    may carry (the weights, an untied head, the attention masks) at 8 bytes a value, plus a
+    header; a larger file is refused before a byte of it is read."""
+    C, L, T, V = model.n_embd, model.n_layer, model.block_size, model.vocab_size or 0
+    values = 2 * V * C + T * C + L * (12 * C * C + 13 * C + T * T) + 2 * C
+    return 8 * values + files.MiB
+
+
 def load_state(directory: Path, model: ModelConfig) -> dict[str, torch.Tensor]:
     """The weights of `directory/model.safetensors` as our GPT's state_dict for `model`
     (whose shape must be the file's: build it with `shape_config`)."""
     st = _need("safetensors.torch")
     file = directory / WEIGHTS
-    try:
-        os.close(files.open_regular(file, follow_links=True))  # a regular file (not a FIFO, a device)
-        raw = st.load_file(str(file), device="cpu")
+    try:  # read under the cap first (a regular file, never a FIFO): safetensors parses bytes, never opens a path
+        raw = st.load(files.read_bounded(file, weights_cap(model), follow_links=True))
+    except files.Refused as err:
+        raise UserError(f"{file} is refused ({err.strerror}); pass an intact model directory") from None
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
         why = " ".join(str(err).split())[:120]
         raise UserError(f"{file} cannot be read as safetensors ({why}); pass an intact model directory") from None

@@ -1,10 +1,13 @@
-"""The one way a tokenizer.json is loaded: a file that is missing or not one is one line."""
+"""The one way a tokenizer.json is loaded: a file that is missing or not one is one line. Its
+bytes are read through engine.files under TOKENIZER_CAP, then parsed (`from_str`): the library
+never opens a path itself."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine import files, text
 from engine.errors import UserError
 
 if TYPE_CHECKING:
@@ -19,8 +22,13 @@ def load_tokenizer(path: Path, keep_special_text: bool = False) -> Tokenizer:
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"tokenizer {path} does not exist (or is not a file); pass a tokenizer.json")
+    try:  # read under the cap first: the library, given the path, would read a sparse giant whole
+        data = files.read_text(path, files.TOKENIZER_CAP, follow_links=True)
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else "not UTF-8 text"
+        raise UserError(f"tokenizer {path} cannot be read ({text.path_text(why)}); pass a tokenizer.json") from None
     try:
-        tok = Tokenizer.from_file(str(path))
+        tok = Tokenizer.from_str(data)
     except Exception as err:  # noqa: BLE001 - the Rust side raises a bare Exception for bad JSON
         reason = " ".join(str(err).split())[:160]
         raise UserError(f"tokenizer {path} cannot be loaded: it cannot be read as one ({reason}); pass a "

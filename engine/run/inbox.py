@@ -30,14 +30,18 @@ class Inbox:
         """The requests asked since the last step boundary, the same on every rank; mailbox
         requests of a kind in `defer` wait in the mailbox (Mailbox.take). A request that was in
         the mailbox when this writer started is stale (asked of a writer that is gone), whatever
-        time it claims: a line's own clock is not trusted (Mailbox.mark_start)."""
+        time it claims: a line's own clock is not trusted (Mailbox.mark_start). Under torchrun
+        only at the boundaries the ranks agree at (distributed.agree_due); the rest wait."""
+        ctx = distributed.current()
+        if not distributed.agree_due(ctx):
+            return []
         local = self.control.take()
         if self.mailbox is not None:
             for r in self.mailbox.take(defer):
                 if r.problem is None and r.old:
                     r = dataclasses.replace(r, problem="stale: it was in the mailbox before this run's writer started")
                 local.append(r)
-        return distributed.agree(local, distributed.current(), lambda: Request("stop"))
+        return distributed.agree(local, ctx, lambda: Request("stop"))
 
     def ack(self, r: Request, status: str, step: int, reason: str = "") -> None:
         self.emit(ev.RequestAck(id=r.id, kind=r.kind, status=status, step=step, reason=reason))
@@ -50,28 +54,32 @@ class Inbox:
                      step: int) -> None:  # fmt: skip
         """A toggle whose checkpoint was saved but whose segment never opened (a kill -9 in
         the hand-over) is not lost without a word: this resume says it was dropped, unless
-        the switches it asked for are `now`, the ones this segment runs with."""
+        the switches it asked for are `now`, the ones this segment runs with. The log is the
+        record first: a toggle it already acknowledges (its segment opened, then the kill came
+        before that segment's own checkpoint) is settled, whatever the switches are now (a flag
+        at resume set one back, a later toggle of the same switch at that boundary)."""
         opened = {r.id for r in applied}
-        unacked: list[str] = []
+        asked_by: dict[str, dict[str, Any]] = {}
         for p in pending:
             rid, asked = str(p.get("id", "?"))[:64], p.get("switches")
             rid = rid if rid.isprintable() else "?"
-            if rid in opened or not isinstance(asked, dict):
+            if rid not in opened and isinstance(asked, dict):
+                asked_by[rid] = asked
+        said = self._acknowledged(set(asked_by))
+        for rid, asked in asked_by.items():
+            if rid in said:
                 continue
             if asked and all(now.get(name) == value for name, value in asked.items()):
-                unacked.append(rid)  # its segment opened before the kill: config.toml carries its switches
+                # applied, not said: a kill after config.toml took its switches, before the new segment's events
+                self.emit(ev.Warning_(message=f"a toggle ({rid}) applied at step {step} just before the run was "
+                                              "killed was not acknowledged then; acknowledged now"))  # fmt: skip
+                self.ack(Request("toggle", id=rid), "applied", step,
+                         "the run was killed before the toggle's new segment said so; it runs with its switches")
                 continue
             self.emit(ev.Warning_(message=f"a toggle ({rid}) was saved for at step {step} but the run was "
                                           "killed before it applied; resumed with the switches it had"))  # fmt: skip
             self.ack(Request("toggle", id=rid), "dropped", step,
                      "the run was killed between the toggle's save and its new segment")
-        # applied, but was it said? a kill after config.toml took its switches and before the new
-        # segment's events leaves it unacknowledged: say it now, once
-        for rid in sorted(set(unacked) - self._acknowledged(set(unacked))):
-            self.emit(ev.Warning_(message=f"a toggle ({rid}) applied at step {step} just before the run was "
-                                          "killed was not acknowledged then; acknowledged now"))  # fmt: skip
-            self.ack(Request("toggle", id=rid), "applied", step,
-                     "the run was killed before the toggle's new segment said so; it runs with its switches")
 
     def _acknowledged(self, ids: set[str]) -> set[str]:
         """Which of `ids` the run's log already acknowledges (read only when a resume has some to ask about)."""

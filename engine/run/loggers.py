@@ -187,8 +187,9 @@ class CsvSink:
         self._f: Any = None  # opened at the first event: the run directory exists by then
 
     def _open(self) -> None:
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        self._f = io.TextIOWrapper(files.open_append(self.path), encoding="utf-8", newline="")
+        raw = files.open_append(self.path)  # our own plain file (files.not_own), never a FIFO's open that blocks
+        new = os.fstat(raw.fileno()).st_size == 0  # the file opened, not whatever the name holds now
+        self._f = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         self._w = csv.DictWriter(self._f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         if new:
             self._w.writeheader()

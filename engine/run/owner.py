@@ -25,6 +25,7 @@ from engine import rundir
 from engine import events as ev
 from engine.config import RunConfig
 from engine.errors import UserError
+from engine.text import path_text, program
 from engine.run import toggle
 from engine.run.preflight import open_data, preflight, pretrained
 from engine.run.inbox import Inbox
@@ -268,9 +269,12 @@ class Run:
         if segment.resume:
             rundir.write_config(self.run_dir, segment.config)  # flags given at resume (or a toggle) are kept
 
-    def _reopen_log_if_moved(self) -> bool:
+    def _reopen_log_if_moved(self, segment: Trainer) -> bool:
         """events.jsonl is no longer the file this run appends to (moved, deleted, replaced):
-        start a new one at the same name, so the log goes on where readers look. True if so."""
+        start a new one at the same name, so the log goes on where readers look. True if so.
+        What now stands at the name is not a file of the run's own (a link, a FIFO, a hard link
+        to another file: engine.files.not_own): the run cannot log, so it saves a checkpoint
+        (no step since the last one is lost) and stops in one line saying how to go on."""
         if not (self.dist.is_main and self._logging):
             return False
         path = self.run_dir / rundir.EVENTS
@@ -278,6 +282,11 @@ class Run:
             return False
         try:
             log = ev.JsonlSink(path)
+        except UserError as err:
+            segment.save_checkpoint(final=True)  # its event lands in the log the run wrote until now
+            raise UserError(f"{str(err).split(';')[0]} (planted while the run wrote it); the run saved a "
+                            f"checkpoint at step {segment.step} and stopped: remove it and continue with "
+                            f"`{program()} train --resume {path_text(str(self.run_dir))}`") from None  # fmt: skip
         except OSError:
             return False  # the directory itself is going: the segment's own check words it
         self.sinks[self.sinks.index(self._log)] = log
@@ -296,7 +305,7 @@ class Run:
         """Between two steps: act on the requests asked since the last boundary, each
         acknowledged in the events; a pause waits here (taking requests) until a resume or a
         stop. Returns how the segment ends, or None to train on."""
-        if self._reopen_log_if_moved():
+        if self._reopen_log_if_moved(segment):
             self.emit(ev.Warning_(message=f"{rundir.EVENTS} was moved or deleted before step {segment.step}; a new one "
                                           "was started and the run trains on (the earlier events are where it was moved)"))  # fmt: skip
         toggles: list[Request] = []

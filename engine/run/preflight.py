@@ -53,6 +53,11 @@ def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | 
     from engine.train.checkpoint import CheckpointDir
 
     step = CheckpointDir(run_dir / rundir.CHECKPOINTS).latest_step() if resume_from is None else None
+    asked = overrides.get("train.max_steps")
+    if step is not None and type(asked) is int and asked <= step:  # before the config's own checks, whose
+        from engine.train.saving import trained_past  # fixes (a warmup below it) would meet this refusal next
+
+        raise trained_past(run_dir, step, asked)
     config = keep_schedule(own, overlay(own.model_dump(mode="json", exclude_none=True), overrides), overrides, step)
     return config
 
@@ -67,8 +72,10 @@ def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any], 
     with), written into the config (optim.decay_steps) so a later resume keeps it too; steps past
     it train at min_lr, which a note says. A wsd run resumed at `step` before its decay began
     re-plans the decay to the new end instead: every step before it was at the peak lr under
-    either plan, so only the decay moves. Schedule flags given at resume (--lr, --min-lr,
-    --warmup-steps, --schedule, --decay-fraction, --decay-steps) re-plan it: the user asked."""
+    either plan, so only the decay moves; shortened, it begins no earlier than `step` (the
+    decay_fraction that says so is written into the config): never a drop in one step. Schedule
+    flags given at resume (--lr, --min-lr, --warmup-steps, --schedule, --decay-fraction,
+    --decay-steps) re-plan it: the user asked."""
     asked = sorted(set(overrides) & REPLAN)
     if asked or config.optim.decay_steps is not None:
         kept, replanned = config, False
@@ -79,10 +86,18 @@ def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any], 
         kept = config if replanned else overlay(config.model_dump(mode="json", exclude_none=True), {"optim.decay_steps": end})
     o, n = kept.optim, kept.train.max_steps
     end = o.decay_end(n)
+    clamped = replanned and step is not None and o.decay_start(n) < step
+    if clamped:  # a run shortened: the new end's decay would have begun in the past (a drop in one step)
+        assert step is not None
+        kept = overlay(kept.model_dump(mode="json", exclude_none=True), {"optim.decay_fraction": (end - step) / end})
+        o = kept.optim
     notes = list(config.notes)
     if replanned:
+        also = (f" (decay fraction {o.decay_fraction:.3g}: a decay cannot begin before the step reached)"
+                if clamped else "")  # fmt: skip
         notes.append(f"the wsd decay had not begun at step {step}: it is re-planned to the new end, a linear decay "
-                     f"from step {o.decay_start(n)} to min_lr {o.min_lr:g} at step {end}; the steps before keep their lr")  # fmt: skip
+                     f"from step {o.decay_start(n)} to min_lr {o.min_lr:g} at step {end}{also}; the steps before "
+                     "keep their lr")  # fmt: skip
     elif asked:
         notes.append(f"the lr schedule is re-planned with {', '.join('--' + a.split('.')[1].replace('_', '-') for a in asked)} "
                      f"given at resume: it decays to min_lr {o.min_lr:g} at step {end}")  # fmt: skip
@@ -90,6 +105,9 @@ def keep_schedule(own: RunConfig, config: RunConfig, overrides: dict[str, Any], 
         began = "" if o.schedule == "cosine" else "the wsd decay had begun: "
         notes.append(f"{began}the schedule keeps its decay to step {end}; steps after it train at min_lr {o.min_lr:g}; "
                      f"pass --decay-steps {n} to re-plan")  # fmt: skip
+    elif n < end and step is not None and step < n:  # shortened: what the kept plan does says so too
+        notes.append(f"the schedule keeps its decay to step {end}: the run now ends at step {n}, on that plan's lr, "
+                     f"before it reaches min_lr {o.min_lr:g}")  # fmt: skip
     kept._notes = notes
     return kept
 

@@ -12,8 +12,9 @@ Two sources of requests, one shape:
   mailbox is full"), except stop and resume, which have RESERVE bytes more of their own, so a
   paused run full of toggles can still be resumed or stopped; `take` reads it all (at most
   READ_CAP bytes: a larger one was not filled by post, and is removed unread with one
-  warning). A mailbox not owned by the run's user, or writable by group or others, is not
-  obeyed: removed unread, one warning.
+  warning). A mailbox that fails the identity rule (engine.files.not_own: a hard link, whose
+  in-place rewrite would cut another file, not the run's user's, writable by others) is not
+  obeyed: removed unread (its name only), one warning.
 
 Signals stay only for stopping a process that does not read its mailbox (Ctrl-C, SIGTERM).
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import threading
 import time
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine import events as ev
 from engine import files
 from engine.rundir import MAILBOX
 
@@ -72,14 +73,16 @@ def parse(line: str) -> Request:
     rid, at, kind, switches = raw.get("id"), raw.get("time"), raw.get("kind"), raw.get("switches", {})
     rid = rid if isinstance(rid, str) and 0 < len(rid) <= 64 and rid.isprintable() else "?"
     kind = kind if kind in KINDS else "?"
-    ok_time = isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)
+    at = ev.bounded(ev.Timestamp, at)  # the events' rule for a time: a finite epoch time, never 10**400
     problem = None
-    if rid == "?" or kind == "?" or not ok_time:
+    if rid == "?" or kind == "?" or at is None:
         problem = "needs an id, a time and a kind (" + ", ".join(KINDS) + ")"
     elif not isinstance(switches, dict):
         problem = "switches must be a JSON object"
-    return Request(kind=kind, id=rid, time=float(at) if ok_time else 0.0,
-                   switches=switches if isinstance(switches, dict) else {}, problem=problem)  # fmt: skip
+    elif ev.bounded(ev.Plain, switches) is None:
+        problem = "switches hold a number out of range (NaN, Infinity or an int beyond int64)"
+    ok = isinstance(switches, dict) and problem is None
+    return Request(kind=kind, id=rid, time=0.0 if at is None else at, switches=switches if ok else {}, problem=problem)
 
 
 class RequestSource(Protocol):
@@ -171,11 +174,11 @@ class Mailbox:
             return self._refuse((0, 0, what), what)
         try:
             st = os.fstat(fd)
-            if not (st.st_mode & 0o170000 == 0o100000):
-                return self._refuse((st.st_dev, st.st_ino, "kind"), "not a regular file")
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                who = "not owned by this run's user" if st.st_uid != os.geteuid() else "writable by group or others"
-                return self._refuse((st.st_dev, st.st_ino, "owner"), f"{who}; removed unread", remove=True)
+            why = files.not_own(st)  # the one identity rule: it is rewritten in place below
+            if why == "not a regular file":
+                return self._refuse((st.st_dev, st.st_ino, "kind"), why)
+            if why is not None:  # a hard link (the rewrite would cut another file), another user's, loose mode
+                return self._refuse((st.st_dev, st.st_ino, "owner"), f"{why}; removed unread", remove=True)
             if st.st_size > READ_CAP:
                 return self._refuse((st.st_dev, st.st_ino, "size"), f"{st.st_size} bytes, over {READ_CAP}; removed unread",
                                     remove=True)  # fmt: skip
@@ -238,8 +241,9 @@ def post(run_dir: Path, request: Request) -> None:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
         try:
             st = os.fstat(fd)
-            if st.st_mode & 0o170000 != 0o100000:
-                raise UserError(f"{path} is not a regular file; remove it to steer this run")
+            why = files.not_own(st)  # what take() would refuse unread: say so now
+            if why is not None:
+                raise UserError(f"{path} is {why}; remove it to steer this run")
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 same = os.lstat(path).st_ino == st.st_ino

@@ -13,10 +13,11 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from engine import events as ev
 from engine.config import RunConfig
+from engine.train import contention
 from engine.train.flops import mfu
 from engine import settings
 
@@ -26,6 +27,11 @@ from engine import settings
 SWITCHES: tuple[str, ...] = settings.switches()
 
 _DEFAULTS: dict[str, Any] = RunConfig().model_dump(mode="json")
+
+# Every setting a segment trained with, by dotted name, sections in the config's order ("preset"
+# first): what a comparison names when it differs between rows. The run directory is left out:
+# every run has its own.
+SETTINGS: tuple[str, ...] = ("preset", *(s.dotted for s in settings.all_settings()))
 
 
 def _dig(d: Any, dotted: str) -> Any:
@@ -46,6 +52,20 @@ def switches(config: RunConfig | dict[str, Any]) -> dict[str, Any]:
             out[name] = _dig(data, name)
         except KeyError:
             out[name] = _dig(_DEFAULTS, name)
+    return out
+
+
+def trained_with(config: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """Every setting (SETTINGS) of a run_started event's config, with the switches `now` in force
+    over it (a live toggle changes those alone); a setting the config lacks (written before it
+    existed) gets the default, which is what applied."""
+    out = {}
+    for name in SETTINGS:
+        try:
+            out[name] = _dig(config, name)
+        except KeyError:
+            out[name] = _dig(_DEFAULTS, name)
+    out.update((n, v) for n, v in now.items() if n in out)
     return out
 
 
@@ -105,6 +125,13 @@ class SegmentSummary(BaseModel):
     # the run's first eval at or below the target val loss that falls in this segment (mark_target;
     # None: not reached here, or no target given): the run's training time and tokens by then
     to_target: Reach | None = None
+    # the machine's contention over the settled window (engine/train/contention.py; None: not recorded)
+    contention: ev.Contention | None = None
+    # every setting it trained with (trained_with): what `settings` is picked from; not printed
+    config: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    # a comparison's (engine.inspect.compare): this segment's value of each setting that differs
+    # between the compared rows, by dotted name in the config's order (empty: nothing differs)
+    settings: dict[str, Any] = {}
 
 
 class _Open:
@@ -117,6 +144,7 @@ class _Open:
         self.started = started
         self.from_run_started = from_run_started  # provisional: a segment event right after replaces it
         self.times: list[float] = []
+        self.readings: list[ev.Contention | None] = []  # each step report's contention, beside `times`
         self.tokens_per_step: float | None = None
         self.peak: int | None = None
         self.compiled: ev.Compiled | None = None
@@ -134,6 +162,8 @@ class _Open:
             settled_step_time_s=settled, tokens_per_s=tok_s, mfu=util, peak_mem_bytes=self.peak,
             compiled=c.compiled if (c := self.compiled) else None, compile_s=c.compile_s if c else None,
             compile_source=c.source if c else None, too_short_to_settle=short, best_val_loss=self.best_val,
+            contention=contention.settled(self.readings),
+            config=trained_with(s.config if s else {}, self.switches),
         )  # fmt: skip
 
 
@@ -178,6 +208,7 @@ class SegmentReader:
                 self._timed_to, self._tokens = max(self._timed_to, e.step), e.tokens
                 if e.step_time_s > 0:
                     cur.times.append(e.step_time_s)
+                    cur.readings.append(e.contention)
                     cur.tokens_per_step = e.tokens_per_s * e.step_time_s
                 if e.mem_bytes is not None:
                     cur.peak = max(cur.peak or 0, e.mem_bytes)
@@ -198,6 +229,10 @@ class SegmentReader:
         """The step times of the segment being read (none yet: empty): what a live view's
         settled speed and ETA come from, by the same rule as the segment's summary."""
         return list(self.current.times) if self.current else []
+
+    def current_contention(self) -> ev.Contention | None:
+        """The contention over the settled window of the segment being read (the live view's marker)."""
+        return contention.settled(self.current.readings) if self.current else None
 
     def segments(self) -> list[SegmentSummary]:
         return self.closed + ([self.current.summary()] if self.current else [])

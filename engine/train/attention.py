@@ -4,8 +4,11 @@ torch's default SDPA priority takes FlashAttention-2 where it can; on Hopper, cu
 attention is often faster. So on CUDA the kernels that can run the model's attention
 (its dtype, heads, head size, context) are timed, forward and backward, and the fastest
 one goes first in SDPA's priority for the segment (`prefer`); the others stay behind it,
-so a shape it cannot take falls back rather than fails. The pick is measured once per
-device, dtype and shape in a process. On CPU there is one fused kernel: nothing to pick.
+so a shape it cannot take falls back rather than fails. The timing is fair (the GPU warmed,
+the candidates alternated over rounds, each one's best kept), measured once per device, dtype
+and shape in a process, on rank 0 alone under torchrun (every rank runs its pick). On CPU
+there is one fused kernel: nothing to pick. The pick is part of the compile caches' key
+(`cache_tag`): a graph traced under one pick is never loaded under another.
 
 `kernel_name` asks SDPA itself which kernel it would take for the model's shape, so what
 the screen names is what ran, not what was asked for.
@@ -15,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.backends.cuda import (SDPAParams, can_use_cudnn_attention, can_use_efficient_attention,
+                                 can_use_flash_attention)  # fmt: skip
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 CANDIDATES: dict[str, SDPBackend] = {  # the fused kernels worth timing on CUDA, by the name shown
@@ -33,8 +37,11 @@ NAMES = {  # SDPA's own choice (torch._fused_sdp_choice's SDPBackend value) as p
     int(SDPBackend.FLASH_ATTENTION): "flash",
     int(SDPBackend.EFFICIENT_ATTENTION): "efficient",
     int(SDPBackend.CUDNN_ATTENTION): "cuDNN",
+    int(SDPBackend.OVERRIDEABLE): "overrideable",
 }
-ROUNDS = 5  # timed forward+backward calls per kernel, after one untimed warm-up
+ROUNDS = 5  # rounds over the candidates; each kernel keeps its best (time_rounds)
+PER_SAMPLE = 3  # forward+backward calls per timed sample
+WARM_S = 0.5  # seconds of matmuls before timing: the GPU's clocks up from idle
 
 
 @dataclass(frozen=True)
@@ -71,29 +78,76 @@ class Choice:
         return f"{each}: {self.picked or 'none runs this shape'}"
 
 
-def time_kernel(name: str, shape: Shape, rounds: int = ROUNDS) -> float | None:
-    """ms per causal forward+backward with only `name`'s kernel allowed; None if it cannot run it."""
-    q, k, v = shape.tensors()
-    cuda = shape.device.type == "cuda"
+def can_run(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `name`'s kernel takes this causal call, asked of SDPA's own checks with their
+    reasons off: asked, not tried, so no why-not warning is printed and none needs hiding
+    (warnings.catch_warnings() swaps the process's filters: not thread-safe, and the training
+    thread's warnings would be lost meanwhile). On CPU the one fused kernel is SDPA's flash."""
+    if q.device.type != "cuda":
+        return name == "flash"
+    check = {"cuDNN": can_use_cudnn_attention, "flash": can_use_flash_attention,
+             "efficient": can_use_efficient_attention}[name]  # fmt: skip
+    return bool(check(SDPAParams(q, k, v, None, 0.0, True, False), False))
 
-    def once() -> None:
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
-    try:
-        # torch warns why each kernel it skips cannot run: that is what None says here
-        with sdpa_kernel(CANDIDATES[name]), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            once()  # warm-up (and the refusal, when the kernel cannot take this shape)
-            if cuda:
-                torch.cuda.synchronize(shape.device)
+def warm(device: torch.device, seconds: float = WARM_S) -> None:
+    """Matmuls for `seconds` before anything is timed: a GPU idle until now runs its first
+    kernels at low clocks, which would favour whichever candidate happens to go last."""
+    if device.type != "cuda":
+        return
+    a = torch.full((4096, 4096), 0.5, dtype=torch.float16, device=device)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize(device)
+
+
+def time_rounds(calls: dict[str, Callable[[], None]], rounds: int = ROUNDS, sync: Callable[[], None] = lambda: None,
+                per_sample: int = PER_SAMPLE) -> dict[str, float]:  # fmt: skip
+    """ms per call of each, measured fairly: `rounds` rounds over all of them, the order turned
+    one place each round (none always first after the host's pause, none always last), and
+    each one's best sample kept (noise only ever adds time). Call each once before: a first
+    call pays its set-up (kernel load, workspace), which is no part of its speed."""
+    names, best = list(calls), {n: float("inf") for n in calls}
+    for r in range(rounds):
+        turn = r % max(len(names), 1)
+        for name in names[turn:] + names[:turn]:
+            sync()
             t0 = time.perf_counter()
-            for _ in range(rounds):
-                once()
-            if cuda:
-                torch.cuda.synchronize(shape.device)
-    except RuntimeError:  # "No available kernel": not this shape, dtype or GPU
-        return None
-    return 1000 * (time.perf_counter() - t0) / rounds
+            for _ in range(per_sample):
+                calls[name]()
+            sync()
+            best[name] = min(best[name], 1000 * (time.perf_counter() - t0) / per_sample)
+    return best
+
+
+def measure(shape: Shape, rounds: int = ROUNDS) -> dict[str, float | None]:
+    """ms per causal forward+backward of each candidate kernel (None: it cannot run this shape):
+    each called once (set-up, and a refusal SDPA's checks did not foresee), the device warmed,
+    then timed in alternating rounds (time_rounds)."""
+    q, k, v = shape.tensors()
+
+    def call(name: str) -> Callable[[], None]:
+        def once() -> None:
+            with sdpa_kernel(CANDIDATES[name]):
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+        return once
+
+    calls: dict[str, Callable[[], None]] = {}
+    for name in CANDIDATES:
+        if not can_run(name, q, k, v):
+            continue
+        try:
+            call(name)()
+        except RuntimeError:  # "No available kernel": not this shape, dtype or GPU after all
+            continue
+        calls[name] = call(name)
+    cuda = shape.device.type == "cuda"
+    warm(shape.device)
+    ms = time_rounds(calls, rounds, (lambda: torch.cuda.synchronize(shape.device)) if cuda else (lambda: None))
+    return {name: ms.get(name) for name in CANDIDATES}
 
 
 def pick(timings: dict[str, float | None]) -> str | None:
@@ -105,13 +159,18 @@ def pick(timings: dict[str, float | None]) -> str | None:
 _measured: dict[Shape, Choice] = {}
 
 
-def choose(shape: Shape, timer: Callable[[str, Shape], float | None] = time_kernel) -> Choice:
-    """Time each candidate kernel on CUDA (once per shape in this process) and pick the fastest.
-    Elsewhere nothing is timed and nothing picked."""
+def choose(shape: Shape, timer: Callable[[Shape], dict[str, float | None]] = measure) -> Choice:
+    """Time the candidate kernels on CUDA (once per shape in this process) and pick the fastest.
+    Under torchrun rank 0 measures and every rank takes its timings (a broadcast): ranks that
+    measured apart could pick different kernels, and a compiled graph per pick. Elsewhere
+    nothing is timed and nothing picked."""
+    from engine.train import distributed
+
     if shape.device.type != "cuda":
         return Choice({}, None)
     if shape not in _measured:
-        timings = {name: timer(name, shape) for name in CANDIDATES}
+        timings = timer(shape) if distributed.current().is_main else None
+        timings = distributed.broadcast_object(timings)
         _measured[shape] = Choice(timings, pick(timings))
     return _measured[shape]
 
@@ -131,6 +190,26 @@ def prefer(first: str | None) -> Iterator[None]:
         return
     with sdpa_kernel(order(first), set_priority=True):
         yield
+
+
+ENABLED = {  # SDPA's on/off switch per kernel (sdpa_kernel(...) without set_priority turns the rest off)
+    "math": torch.backends.cuda.math_sdp_enabled,
+    "flash": torch.backends.cuda.flash_sdp_enabled,
+    "efficient": torch.backends.cuda.mem_efficient_sdp_enabled,
+    "cuDNN": torch.backends.cuda.cudnn_sdp_enabled,
+}
+
+
+def cache_tag(first: str | None) -> str:
+    """What decides which SDPA kernel a compiled graph holds, in words for the compile caches'
+    key (compile_cache.tag): the priority `prefer(first)` sets and the kernels switched on now.
+    The kernel is fixed when the graph is traced, yet torch's AOTAutograd and FX graph caches
+    (on disk, shared by all of a user's runs) key on neither: without the tag a run under
+    another pick loads the first pick's graph and runs its kernel while naming the new one."""
+    with prefer(first):
+        ranked = [NAMES.get(int(b), f"kernel {int(b)}") for b in torch._C._get_sdp_priority_order()]
+    on = [name for name, enabled in ENABLED.items() if enabled()]
+    return f"sdpa {'>'.join(ranked)} on {','.join(on)}"
 
 
 def kernel_name(shape: Shape) -> str:

@@ -79,25 +79,28 @@ def parts(config: RunConfig, dataset: Dataset, dist: distributed.Context,
 def finish(p: Parts, config: RunConfig, run_dir: Path) -> None:
     """Last, on the training thread, around the module whose state a resume just loaded: the
     compiled forward (its caches in gpt2-tui's, the run's saved artifacts first), DDP's
-    replica, the SDPA kernel measured fastest on CUDA, and what MFU divides by."""
+    replica, the SDPA kernel measured fastest on CUDA, and what MFU divides by. The kernel is
+    picked first: the compile caches key on it (attention.cache_tag)."""
     cfg = config
     p.forward = p.model
+    if cfg.model.attention == "flash":  # on CUDA the fastest kernel measured leads SDPA's priority
+        dtype = devices.autocast_dtype(p.precision) or torch.float32
+        shape = attention.shape_of(cfg.train.batch_size, cfg.model.n_head, cfg.seq_len, cfg.model.n_embd, dtype,
+                                   p.device)  # fmt: skip
+        choice = attention.choose(shape)  # rank 0's measurement on every rank
+        p.sdpa, p.attention_ms = choice.picked, choice.timings
+        with attention.prefer(p.sdpa):
+            p.attention = attention.kernel_name(shape)
     if cfg.speed.compile:
         mode = None if cfg.speed.compile_mode == "default" else cfg.speed.compile_mode
         compile_cache.enable()  # PyTorch's compile caches in the gpt2-tui cache: a rerun skips the compile
+        # a graph traced under another SDPA pick (or none) is another cache entry
+        compile_cache.tag(attention.cache_tag(p.sdpa) if cfg.model.attention == "flash" else "")
         loaded, p.artifacts_note = compiling.load_artifacts(run_dir, p.device_label)
         p.warmup = compiling.Warmup(cfg.speed.compile_scope, loaded)
         p.forward = compiling.compile_forward(p.model, cfg.speed.compile_scope, mode)
     if p.parallel == "ddp":
         p.forward = distributed.replicate(p.forward, p.device)
-    if cfg.model.attention == "flash":  # on CUDA the fastest kernel measured leads SDPA's priority
-        dtype = devices.autocast_dtype(p.precision) or torch.float32
-        shape = attention.shape_of(cfg.train.batch_size, cfg.model.n_head, cfg.seq_len, cfg.model.n_embd, dtype,
-                                   p.device)  # fmt: skip
-        choice = attention.choose(shape)
-        p.sdpa, p.attention_ms = choice.picked, choice.timings
-        with attention.prefer(p.sdpa):
-            p.attention = attention.kernel_name(shape)
     p.n_params = p.model.num_params()
     p.flops_token = flops_per_token(cfg.model, p.n_params, cfg.seq_len)
     p.peak = peak_flops(p.device_label, p.precision) if p.device.type == "cuda" else None
@@ -116,18 +119,14 @@ def precision_context(precision: str, device: torch.device) -> tuple[Callable[[]
 
 
 def set_tf32(on: bool) -> None:
-    """TF32 matmuls and convolutions on or off. Where torch has the fp32_precision API (2.9+,
-    whose allow_tf32 flags print a deprecation warning) it is set alone: torch refuses reading
-    a mix of the two APIs. Older torch: set_float32_matmul_precision and cudnn's flag."""
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    if hasattr(matmul, "fp32_precision"):
-        value = "tf32" if on else "ieee"
-        matmul.fp32_precision = value
-        conv = getattr(cudnn, "conv", None)
-        (conv if conv is not None and hasattr(conv, "fp32_precision") else cudnn).fp32_precision = value
-    else:
-        torch.set_float32_matmul_precision("high" if on else "highest")
-        cudnn.allow_tf32 = on
+    """TF32 matmuls and cuDNN convolutions on or off, each through the one call that writes torch's
+    legacy and new (fp32_precision, 2.9+) flags together: torch raises on reading one API after
+    only the other was written ("a mix of the legacy and new APIs"), and Inductor's GEMM autotuner
+    reads the legacy torch.get_float32_matmul_precision() (pytorch#196728: every max-autotune
+    compile died at its first step). cuDNN's allow_tf32 setter sets its conv and RNN fp32_precision
+    with its own flag; writing fp32_precision alone leaves allow_tf32 unreadable once off."""
+    torch.set_float32_matmul_precision("high" if on else "highest")
+    torch.backends.cudnn.allow_tf32 = on
 
 
 def model(config: RunConfig, device: torch.device, init_state: Mapping[str, torch.Tensor] | None) -> GPT:
@@ -167,6 +166,33 @@ def optimizer(module: torch.nn.Module, o: OptimConfig, device: torch.device) -> 
     return MuonAdamW(adamw, muon, o.muon_lr / o.lr)
 
 
+def apply_settings(opt: torch.optim.Optimizer | MuonAdamW, o: OptimConfig, device: torch.device) -> None:
+    """The run's settings over a resumed optimizer: load_state_dict puts back the groups a
+    checkpoint saved (its betas, eps, weight decay, momentum, fused), so flags given at resume
+    or a live toggle would train with the old values, and `fused` over unfused groups crashes
+    the step (the trainer hands the fused kernel found_inf). Every group's hyper-parameters
+    become what `optimizer` builds from `o` (the lr aside: set_lr sets it each step); only the
+    state (moments, momentum, step counts) is the checkpoint's, each step count kept where
+    its kernel reads it (fused: a float32 on the parameter's device; else on the CPU)."""
+    adamw, muon = (opt.adamw, opt.muon) if isinstance(opt, MuonAdamW) else (opt, None)
+    fused = o.fused if o.fused is not None else device.type in ("cuda", "cpu")
+    adamw.defaults["fused"] = fused  # the trainer reads it: found_inf for the fused kernel only
+    adamw._step_supports_amp_scaling = fused  # what torch's constructor sets with it (GradScaler)
+    if muon is not None:
+        opt.defaults["fused"] = False  # MuonAdamW: the step is skipped on the host (see its docstring)
+    for i, group in enumerate(adamw.param_groups):  # optimizer(): the 2-D group decays, the 1-D one not
+        group.update({k: v for k, v in adamw.defaults.items() if k != "lr"})
+        group.update(betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay if i == 0 else 0.0,
+                     fused=fused, foreach=None, capturable=False)  # fmt: skip
+    for group in muon.param_groups if muon is not None else []:
+        group.update({k: v for k, v in muon.defaults.items() if k != "lr"})
+        group.update(momentum=o.muon_momentum, weight_decay=0.0, nesterov=True, adjust_lr_fn=None)
+    for param, state in adamw.state.items():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            state["step"] = step.to(dtype=torch.float32, device=param.device if fused else "cpu")
+
+
 def muon_params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters Muon trains: the 2-D weight matrices inside the transformer blocks
     (attention and MLP projections). Embeddings, the lm_head tied to wte, LayerNorms and
@@ -180,13 +206,13 @@ class MuonAdamW:
     dict over both (parameter ids numbered across them, AdamW's first), so a checkpoint is
     checked (engine.train.checkpoint) and resumed exactly like a plain AdamW's.
 
-    It has no device-side skip flag: torch's Muon reads none, so the trainer reads the guard's
-    verdict on the host before `step` (one sync a step, as unfused AdamW costs)."""
+    torch's Muon reads no device-side skip flag: `step_unless` skips its step on the device
+    (AdamW's half through found_inf when fused), with no host read."""
 
     def __init__(self, adamw: torch.optim.Optimizer, muon: torch.optim.Optimizer, lr_scale: float):
         self.adamw, self.muon = adamw, muon
         self.lr_scale = lr_scale  # muon_lr / lr: the schedule's lr times this is Muon's
-        self.defaults: dict[str, Any] = {"fused": False}  # the whole step is skipped on the host instead
+        self.defaults: dict[str, Any] = {"fused": False}  # no found_inf of its own: see step_unless
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -226,6 +252,68 @@ class MuonAdamW:
                                    "param_groups": [{**g, "params": [i - n for i in g["params"]]} for g in groups[k:]]})
 
 
+KEPT_CHUNK_BYTES = 16 * 2**20  # parameter bytes stepped at once where a skip puts tensors back
+
+
+def step_unless(opt: torch.optim.Optimizer | MuonAdamW, skip: torch.Tensor) -> None:
+    """The optimizer step, skipped on the device where `skip` (the guard's 0/1 verdict) is set,
+    with no host read. Fused AdamW honours it as found_inf: its kernel leaves weights, moments
+    and step counts as they were. Muon and unfused AdamW read none, so they step a chunk of
+    parameters at a time (KEPT_CHUNK_BYTES: the copies stay small) and put back, where `skip`
+    is set, everything the chunk's step changed (torch.where): weights, moments, momentum, and
+    state the step created (zeros, as new). Not put back: unfused AdamW's step count where it
+    lives on the host (a GPU's non-capturable AdamW), so its bias correction counts the step."""
+    if isinstance(opt, MuonAdamW):
+        step_unless(opt.adamw, skip)
+        step_unless(opt.muon, skip)
+    elif opt.defaults.get("fused"):
+        opt.found_inf = skip.float()
+        opt.step()
+    else:
+        bad = skip > 0
+        for chunk in _chunks(opt):
+            _step_kept(opt, chunk, bad)
+
+
+def _chunks(opt: torch.optim.Optimizer) -> list[list[torch.Tensor]]:
+    """The parameters a step changes (those with a gradient), in chunks of about KEPT_CHUNK_BYTES."""
+    chunks: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for p in (p for g in opt.param_groups for p in g["params"] if p.grad is not None):
+        if chunks[-1] and size + p.numel() * p.element_size() > KEPT_CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(p)
+        size += p.numel() * p.element_size()
+    return [c for c in chunks if c]
+
+
+def _kept(opt: torch.optim.Optimizer, p: torch.Tensor, param: bool = True) -> list[torch.Tensor]:
+    """What a step changes for `p` on its device (local shards under FSDP2)."""
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
+    state = [v for v in opt.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.device == p.device]
+    return [local(t) for t in ([p] if param else []) + state]
+
+
+def _step_kept(opt: torch.optim.Optimizer, chunk: list[torch.Tensor], bad: torch.Tensor) -> None:
+    """`opt.step()` over `chunk` alone, everything it changed put back where `bad`."""
+    ids, groups = {id(p) for p in chunk}, [g["params"] for g in opt.param_groups]
+    new = [p for p in chunk if not opt.state.get(p)]  # state this step creates: as new (zeros) where bad
+    saved = [(t, t.clone()) for p in chunk for t in _kept(opt, p)]
+    try:
+        for g in opt.param_groups:
+            g["params"] = [p for p in g["params"] if id(p) in ids]
+        with torch.no_grad():
+            opt.step()
+            for t, old in saved:
+                torch.where(bad, old, t, out=t)
+            for t in (t for p in new for t in _kept(opt, p, param=False)):
+                t.masked_fill_(bad, 0)
+    finally:
+        for g, params in zip(opt.param_groups, groups):
+            g["params"] = params
+
+
 def set_lr(opt: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
     """The schedule's lr for this step into every group (Muon's scaled by muon_lr / lr)."""
     if isinstance(opt, MuonAdamW):
@@ -239,7 +327,7 @@ def loaders(
     config: RunConfig, dataset: Dataset, device: torch.device, dist: distributed.Context
 ) -> tuple[BatchLoader, list[Any]]:
     """(the training batches: this rank's share, pinned and prefetched where that helps;
-    the validation batches: the same set at every eval)."""
+    the validation batches: the same set at every eval, pinned where the training batches are)."""
     T, B, seed = config.seq_len, config.train.batch_size, config.train.seed
     sampler = distributed.train_sampler(dataset.train, B, T, seed, config.data.vectorized, dist)
     idle = devices.idle_data_switches(device.type)  # switches that do nothing on this device
@@ -247,5 +335,8 @@ def loaders(
         sampler, device, pin_memory=config.data.pin_memory and "data.pin_memory" not in idle,
         prefetch=config.data.prefetch and "data.prefetch" not in idle,
     )  # fmt: skip
-    val = BatchSampler(dataset.val, B, T, seed=seed + 1, vectorized=True)
-    return train, distributed.val_share(val, config.train.eval_batches, dist)
+    val = distributed.val_share(BatchSampler(dataset.val, B, T, seed=seed + 1, vectorized=True),
+                                config.train.eval_batches, dist)  # fmt: skip
+    if train.pin:  # pinned once, in place of the arrays: each eval's copies then never block the host
+        val = [(torch.from_numpy(x).pin_memory(), torch.from_numpy(y).pin_memory()) for x, y in val]
+    return train, val

@@ -8,9 +8,11 @@ sampler's state. Files are only ever loaded with `torch.load(weights_only=True)`
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -173,8 +175,11 @@ def _malformed(state: Any) -> str | None:
 
 
 def _optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer | None) -> str | None:
-    """What keeps `saved` from loading into an optimizer (the form torch's state_dict has;
-    with `optimizer`, also its groups and the shapes of its parameters), or None."""
+    """What keeps `saved` from loading into an optimizer and training, or None: the form torch's
+    state_dict has, every group's values within their ranges (_group_problem), every state entry
+    a sane tensor (_buffer_problem); with `optimizer`, also its groups, each entry's keys for its
+    group's kind (AdamW's or Muon's) and the shapes of its parameters. Checked before torch
+    sees it: torch loads what it is given and fails at the first step, in its own words."""
     if not isinstance(saved.get("state"), dict) or not isinstance(saved.get("param_groups"), list):
         return "optimizer state is not {state, param_groups}"
     groups = saved["param_groups"]
@@ -188,21 +193,93 @@ def _optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer | None) -> s
         return "optimizer param_groups repeat a parameter"
     if not all(_hyper(v) for g in groups for k, v in g.items() if k != "params"):
         return "optimizer hyper-parameters are not numbers"
+    for g in groups:
+        problem = _group_problem(g)
+        if problem:
+            return problem
     for key, entry in saved["state"].items():
-        if key not in ids or not isinstance(entry, dict) or not all(
+        if type(key) is not int or key not in ids or not isinstance(entry, dict) or not all(
             isinstance(k, str) and isinstance(v, (torch.Tensor, int, float)) for k, v in entry.items()
         ):
             return "optimizer state entries are malformed"
+        for name, v in entry.items():
+            problem = _buffer_problem(name, v)
+            if problem:
+                return problem
     if optimizer is None:
         return None
     own = optimizer.param_groups
     if [len(g["params"]) for g in groups] != [len(g["params"]) for g in own]:
         return "optimizer param_groups do not match the model's"
-    params = {i: p for g, mine in zip(groups, own) for i, p in zip(g["params"], mine["params"])}
+    if any(_kind(g) not in (_kind(mine), "unknown") for g, mine in zip(groups, own)):  # unknown: the run's are applied
+        return "optimizer param_groups are another optimizer's"
+    params = {i: (p, _kind(mine)) for g, mine in zip(groups, own) for i, p in zip(g["params"], mine["params"])}
     for key, entry in saved["state"].items():
+        param, kind = params[key]
+        if entry and set(entry) != STATE_KEYS[kind]:
+            return f"optimizer state of a {kind} parameter holds {', '.join(sorted(entry))}"
         for name, v in entry.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != params[key].shape:
+            if name != "step" and v.shape != param.shape:
                 return f"optimizer {name} has another shape than its parameter"
+    return None
+
+
+STATE_KEYS = {"adamw": {"step", "exp_avg", "exp_avg_sq"}, "muon": {"momentum_buffer"}}  # what each keeps per parameter
+NS_STEPS = (1, 10)  # Muon's Newton-Schulz iterations: 5 is torch's and modded-nanogpt's; each costs matmuls
+_FLAGS_OFF = ("amsgrad", "maximize", "capturable", "differentiable")  # never set by gpt2-tui: no setting turns them on
+
+
+def _kind(group: dict[str, Any]) -> str:
+    """Which optimizer a group is torch's for: AdamW keeps betas, Muon a momentum."""
+    return "adamw" if "betas" in group else "muon" if "momentum" in group else "unknown"
+
+
+def _number(v: Any, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = True) -> bool:
+    """A finite int or float (not a bool) within [low, high), the ends open or closed as asked."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return False
+    return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+
+
+def _group_problem(g: dict[str, Any]) -> str | None:
+    """A group value out of its range (the kernels compute with these before the run's settings
+    are applied over them: engine.train.build.apply_settings), or None."""
+    checks: dict[str, Callable[[Any], bool]] = {
+        "lr": lambda v: _number(v, 0), "initial_lr": lambda v: _number(v, 0),
+        "eps": lambda v: _number(v, 0, 1, low_open=True, high_open=False),
+        "weight_decay": lambda v: _number(v, 0), "momentum": lambda v: _number(v, 0, 1),
+        "betas": lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(_number(b, 0, 1) for b in v),
+        "ns_steps": lambda v: type(v) is int and NS_STEPS[0] <= v <= NS_STEPS[1],
+        "ns_coefficients": lambda v: isinstance(v, (tuple, list)) and len(v) == 3
+        and all(_number(c, -100, 100) for c in v),
+        "nesterov": lambda v: isinstance(v, bool), "decoupled_weight_decay": lambda v: isinstance(v, bool),
+        "foreach": lambda v: v is None or isinstance(v, bool), "fused": lambda v: v is None or isinstance(v, bool),
+        "adjust_lr_fn": lambda v: v is None,
+        **{flag: (lambda v: v is False) for flag in _FLAGS_OFF},
+    }  # fmt: skip
+    for key, ok in checks.items():
+        if key in g and not ok(g[key]):
+            value = str(g[key])[:40]
+            return f"optimizer group {key} {value} is out of range"
+    return None
+
+
+def _buffer_problem(name: str, v: Any) -> str | None:
+    """A state entry torch cannot train with, or None: a step count is one finite number >= 0;
+    every other entry a dense float tensor laid out as a parameter is (at least one dimension,
+    contiguous: no 0-dim or stride-0 stand-in for a parameter-shaped buffer)."""
+    if name == "step":
+        if isinstance(v, torch.Tensor):
+            if v.numel() != 1 or v.layout != torch.strided or v.is_complex() or v.dtype == torch.bool:
+                return "optimizer step is not one number"
+            v = v.item()
+        return None if _number(v, 0) else f"optimizer step {str(v)[:40]} is not a count"
+    if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.is_meta:
+        return f"optimizer {name[:40]} is not a dense tensor"
+    if not v.is_floating_point():
+        return f"optimizer {name[:40]} is {str(v.dtype).removeprefix('torch.')}, not a float tensor"
+    if v.dim() == 0 or not v.is_contiguous():
+        return f"optimizer {name[:40]} is not laid out as its parameter (shape {tuple(v.shape)}, strides {v.stride()})"
     return None
 
 

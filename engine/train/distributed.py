@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ TIMEOUT_ENV = "GPT2_TUI_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300  # a collective waiting longer than this on a dead peer fails the run
 
 _control_group: Any = None  # a gloo group for host-side agreement (stop/save flags, step times)
+AGREE_EVERY_S = 0.2  # under torchrun the ranks agree on requests about this often (rank 0's clock)
+AGREE_MAX = 64  # and at least every this many step boundaries
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def timeout_s() -> int:
 
 def init(device: str = "auto") -> Context:
     """Join the process group torchrun prepared; a no-op outside torchrun or for 1 process."""
-    global _control_group
+    global _control_group, _cadence
     if not under_torchrun():
         return Context()
     if dist.is_initialized():
@@ -104,6 +107,7 @@ def init(device: str = "auto") -> Context:
     # host-side flags and timings go over gloo so they never force a GPU sync; the same timeout
     # (new_group's default is gloo's 30 minutes, not the world group's)
     _control_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
+    _cadence = _Cadence()  # the first boundary agrees
     return current()
 
 
@@ -160,7 +164,8 @@ def choose(parallel: str, config: Any, ctx: Context, device: torch.device) -> Pa
         return parallel  # type: ignore[return-value]
     if device.type != "cuda":
         return "ddp"
-    from engine.train import memory, switch_matrix
+    from engine import switch_matrix
+    from engine.train import memory
     from engine.device import budget
 
     target = switch_matrix.Target("cuda", gpus=ctx.world_size)
@@ -323,16 +328,46 @@ def gather_floats(value: float, ctx: Context) -> list[float] | None:
     return [t.item() for t in out]
 
 
+class _Cadence:
+    """Which step boundaries the ranks agree on requests at: under torchrun not every one (an
+    all-reduce a step holds every rank's host to the slowest's), but every k-th, k chosen by
+    rank 0 at each agreement from its clock, so a request waits about AGREE_EVERY_S at most
+    (a pause's boundaries, 0.1 s apart, agree every other one) and every rank counts alike."""
+
+    def __init__(self) -> None:
+        self.left, self.calls, self.since = 0, 0, time.monotonic()
+
+    def due(self) -> bool:
+        self.left, self.calls = self.left - 1, self.calls + 1
+        return self.left <= 0
+
+    def next(self) -> int:
+        """Rank 0's k: the boundaries that fit in AGREE_EVERY_S at the pace since the last agreement."""
+        now = time.monotonic()
+        per, self.since, self.calls = (now - self.since) / max(1, self.calls), now, 0
+        return max(1, min(AGREE_MAX, int(AGREE_EVERY_S / per))) if per > 0 else 1
+
+
+_cadence = _Cadence()
+
+
+def agree_due(ctx: Context) -> bool:
+    """Whether the ranks agree on requests at this step boundary (`agree`); alone, always."""
+    return not ctx.enabled or _cadence.due()
+
+
 def agree(requests: list[Any], ctx: Context, stop: Callable[[], Any]) -> list[Any]:
     """Rank 0's requests (engine.run.requests: it alone reads the mailbox) on every rank, plus a stop
     (made by `stop()`) asked of any rank (a signal reaches them one by one), so all act at the
-    same step boundary; ranks that disagree would deadlock in the next collective."""
+    same step boundary; ranks that disagree would deadlock in the next collective. Under
+    torchrun called only where `agree_due`: the same all-reduce carries rank 0's next k."""
     if not ctx.enabled:
         return requests
-    stop = any(r.kind == "stop" for r in requests)
-    flags = torch.tensor([stop, bool(requests) and ctx.is_main], dtype=torch.int32)
+    stopping = any(r.kind == "stop" for r in requests)
+    flags = torch.tensor([stopping, bool(requests) and ctx.is_main, _cadence.next() if ctx.is_main else 0],
+                         dtype=torch.int32)  # fmt: skip
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=_control_group)
-    any_stop, rank0_has = flags.tolist()
+    any_stop, rank0_has, _cadence.left = flags.tolist()
     shared = broadcast_object(requests if ctx.is_main else None) if rank0_has else []
     if any_stop and not any(r.kind == "stop" for r in shared):
         shared = [*shared, stop()]

@@ -37,11 +37,10 @@ class Evaluation:
         """The mean val loss over every rank's share; recorded in `at` and said in an event."""
         p.model.eval()
         total = torch.zeros((), device=p.device)
-        for x, y in p.val_batches:
-            x = torch.from_numpy(x).to(p.device)
-            y = torch.from_numpy(y).to(p.device)
+        for x, y in p.val_batches:  # arrays, or tensors pinned once where the loader pins (build.loaders)
+            x, y = _on(p.device, x), _on(p.device, y)
             with p.autocast():
-                _, loss = p.forward(x, y)
+                _, loss = p.forward(x, y, return_logits=False)  # only the loss: no (B, T, V) logits kept
             total += loss.float()
         p.model.train()
         val_loss = distributed.global_mean(total, len(p.val_batches), distributed.current())
@@ -67,3 +66,9 @@ class Evaluation:
             self.emit(ev.Warning_(message=f"sample at step {step} failed: {err}"))
         finally:
             p.model.train()
+
+
+def _on(device: torch.device, batch: Any) -> torch.Tensor:
+    """A val batch on the device: an array copied, or a pinned tensor copied without blocking."""
+    t = torch.as_tensor(batch)
+    return t.to(device, non_blocking=t.is_pinned())

@@ -63,6 +63,7 @@ class Reading:
     norm: float
     streak: int  # bad steps in a row, ending at this step
     total: int  # bad steps since the run (this session) started
+    step: int = 0  # the step read (the loop is past it by then: read a step later)
 
 
 class StepGuard:
@@ -71,10 +72,11 @@ class StepGuard:
     A step is bad when its loss or (without a GradScaler) its grad norm is NaN/Inf, or when
     its loss spikes far above its recent level: the sign that the previous update blew the
     weights up although every number stayed finite. `judge` returns the decision as a
-    0/1 device tensor that the fused AdamW step honours as `found_inf` (the GradScaler's own
-    mechanism), and keeps the streak, count and loss EMA on the device too. The host reads
-    them in one transfer (`read`) at log, eval and checkpoint steps; only an unfused
-    optimizer needs the flag on the host every step (`Trainer.train_step`).
+    0/1 device tensor that the optimizer step honours on the device (engine.train.build.step_unless:
+    fused AdamW as `found_inf`, the GradScaler's own mechanism; Muon and unfused AdamW by putting
+    back what the step changed), and keeps the streak, count and loss EMA on the device too. The
+    host reads them a step later (`snapshot`, engine/train/readings.py) at log, eval and
+    checkpoint steps, under torchrun too: never the flag itself.
     """
 
     def __init__(self, max_bad_steps: int, device: torch.device):
@@ -142,10 +144,10 @@ class StepGuard:
         """One host read of this step's loss, norm and the bad-step counters."""
         return self.take(self.snapshot().tolist())
 
-    def take(self, values: list[float]) -> Reading:
-        """A snapshot read later (engine.train.readings): it becomes the last reading."""
+    def take(self, values: list[float], step: int = 0) -> Reading:
+        """A snapshot of `step` read later (engine.train.readings): it becomes the last reading."""
         loss, norm, streak, total = values
-        self.last = Reading(loss, norm, int(streak), int(total))
+        self.last = Reading(loss, norm, int(streak), int(total), step)
         return self.last
 
     @property

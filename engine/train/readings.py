@@ -4,10 +4,15 @@ them, and read once that event is done, usually a step later. At a 32 ms GPT-2 s
 millisecond the device waits for the host costs about three points of MFU, so the loop
 syncs only where it must anyway (evals, checkpoints, the last step).
 
-Step time comes from the same events: the device time between the end of one logged step
+Step time comes from the same events: the device time between the end of one recorded step
 and the next, divided by the steps between them (a restart, after an eval, a save or a
-pause, records a new starting event). On a CPU the host is the device: the events are
-wall-clock stamps and every reading is ready at once.
+pause, records a new starting event). A step the host syncs at is recorded too, so its time
+also runs from the previous end event, never from when the host enqueued an earlier step.
+On a CPU the host is the device: the events are wall-clock stamps, ready at once.
+
+Under torchrun the ranks read the same readings at the same step (`ready(before=step)`: those
+recorded at an earlier step, waited for), since what a reading starts (the step times
+gathered over the ranks, a divergence stop) is a collective every rank must enter together.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ class Reading:
     values: list[float]
     step_time_s: float
     data_time_s: float
+    report: bool = True  # a logged step (a Step event); else only timed (a sync or a save's step)
 
 
 @dataclass
@@ -93,6 +99,7 @@ class _Pending:
     end: Any
     steps: int
     data_s: float
+    report: bool
 
 
 class Readings:
@@ -108,22 +115,29 @@ class Readings:
         self._start = event_for(self.device)
         self._start.record()
 
-    def record(self, step: int, tokens: int, lr: float, scalars: torch.Tensor, steps: int, data_s: float) -> None:
+    def record(self, step: int, tokens: int, lr: float, scalars: torch.Tensor, steps: int, data_s: float,
+               report: bool = True) -> None:  # fmt: skip
         """`scalars`: a 1-D float tensor on the device; `steps`: how many steps since the last
-        record or restart (its step time is their mean); `data_s`: their host data wait."""
+        record or restart (its step time is their mean); `data_s`: their host data wait;
+        `report`: a logged step (else its time alone counts)."""
         host = torch.empty(scalars.shape, dtype=torch.float32, pin_memory=self.device.type == "cuda")
         host.copy_(scalars.detach().float(), non_blocking=True)
         end = event_for(self.device)
         end.record()
-        self.pending.append(_Pending(step, tokens, lr, host, self._start, end, steps, data_s))
-        self._start = end  # the next logged interval starts where this one ended
+        self.pending.append(_Pending(step, tokens, lr, host, self._start, end, steps, data_s, report))
+        self._start = end  # the next interval starts where this one ended
 
-    def ready(self, wait: bool = False) -> list[Reading]:
-        """The readings whose copies are done, in order (all of them with `wait`)."""
+    def ready(self, wait: bool = False, before: int | None = None) -> list[Reading]:
+        """The readings whose copies are done, in order (all of them with `wait`; with `before`,
+        exactly those recorded at an earlier step, waited for: the same on every rank)."""
         out = []
-        while self.pending and (wait or self.pending[0].end.query()):
+        while self.pending and (wait or _arrived(self.pending[0], before)):
             p = self.pending.popleft()
             p.end.synchronize()
             seconds = p.end.seconds_since(p.start) / max(1, p.steps)
-            out.append(Reading(p.step, p.tokens, p.lr, p.host.tolist(), seconds, p.data_s / max(1, p.steps)))
+            out.append(Reading(p.step, p.tokens, p.lr, p.host.tolist(), seconds, p.data_s / max(1, p.steps), p.report))
         return out
+
+
+def _arrived(p: _Pending, before: int | None) -> bool:
+    return p.step < before if before is not None else p.end.query()

@@ -4,13 +4,14 @@ warm-up's cost once, the GPU sampler's readings and the settled summary at the e
 
 A component of the segment (engine/train/trainer.py): it says when a step is logged
 (`every` = log_interval, and the last step). What it reads back of the guard's counters it
-hands to the loop, which acts on bad steps.
+hands to the loop, which acts on bad steps. Under torchrun the same: a logged step's loss is
+averaged over the ranks on the device, and its step times are gathered over the ranks when
+its reading is read, a step later, by every rank at the same step (engine/train/readings.py).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from engine import events as ev
-from engine.train import compiling, distributed
+from engine.train import compiling, contention, distributed
 from engine.train import guard as guards
 from engine.train.build import Parts
 from engine.train.flops import mfu
@@ -41,11 +42,7 @@ class StepClock:
 
     def mark(self) -> None:
         """The steps counted so far went into a reading: count again from here."""
-        self.t0, self.steps, self.data_s = time.perf_counter(), 0, 0.0
-
-    def per_step(self) -> tuple[float, float]:
-        """(wall seconds, seconds waiting for data) per step since the restart; sync first."""
-        return (time.perf_counter() - self.t0) / self.steps, self.data_s / self.steps
+        self.steps, self.data_s = 0, 0.0
 
 
 class Reporting:
@@ -56,6 +53,8 @@ class Reporting:
         self.clock = StepClock()
         self.dist = distributed.current()
         self.step_times: list[float] = []
+        self.gauge = contention.Gauge()  # each step event's window, read as it is emitted
+        self.contention: list[ev.Contention] = []
         self._p: Parts | None = None
         self._sampler: Any = None
 
@@ -66,40 +65,42 @@ class Reporting:
         """Once the parts are built: readings on their device."""
         self._p = p
         self.clock.readings = Readings(p.device)
+        self.gauge.restart()
 
-    def record(self, at: Progress, lr: float) -> None:
-        """A logged step that syncs nothing: its numbers travel to the host behind the work."""
+    def record(self, at: Progress, lr: float, loss: torch.Tensor | None = None, report: bool = True) -> None:
+        """A step's numbers (its guard snapshot; a logged step's loss, under torchrun the mean
+        over the ranks) and the time since the last record, copied to the host behind the work."""
         assert self._p is not None and self.clock.readings is not None
-        c = self.clock
-        c.readings.record(at.step, at.tokens, lr, self._p.guard.snapshot(), c.steps, c.data_s)
+        c, values = self.clock, self._p.guard.snapshot()
+        if report and loss is not None and self.dist.enabled:  # an all-reduce on the device: no host read
+            values = torch.cat([values, distributed.mean_over_ranks(loss, self.dist).reshape(1).to(values.dtype)])
+        c.readings.record(at.step, at.tokens, lr, values, c.steps, c.data_s, report)
         c.mark()
 
+    def settle(self, at: Progress) -> list[guards.Reading]:
+        """Before a save or a hand-over: the steps not yet recorded timed up to here (not after
+        the save), and every reading read, so the checkpoint's train_time_s counts them all."""
+        if self.clock.steps:
+            self.record(at, 0.0, report=False)
+        return self.ready(at, wait=True)
+
     def ready(self, at: Progress, wait: bool = False) -> list[guards.Reading]:
-        """The earlier logged steps whose numbers have arrived (all of them with `wait`):
-        reported, their time counted; the guard's readings for the loop to act on."""
+        """The earlier recorded steps whose numbers have arrived (all of them with `wait`; under
+        torchrun those recorded before this step, on every rank alike): reported, their time
+        counted; the guard's readings for the loop to act on."""
         assert self.clock.readings is not None
-        return [self.arrived(r, at) for r in self.clock.readings.ready(wait)]
+        before = at.step if self.dist.enabled else None
+        return [self.arrived(r, at) for r in self.clock.readings.ready(wait, before)]
 
-    def now(self, at: Progress, lr: float, loss: torch.Tensor, log: bool) -> guards.Reading:
-        """A step the device has just synced at: read at once, its time from the clock; under
-        torchrun its logged loss is the mean over the ranks."""
-        assert self._p is not None
-        step_time, data_time = self.clock.per_step()
-        mean_loss = distributed.mean_over_ranks(loss, self.dist).item() if log and self.dist.enabled else None
-        r = Reading(at.step, at.tokens, lr, self._p.guard.snapshot().tolist(), step_time, data_time)
-        return self.arrived(r, at, mean_loss, report=log)
-
-    def arrived(self, r: Reading, at: Progress, mean_loss: float | None = None, report: bool = True
-                ) -> guards.Reading:  # fmt: skip
-        """A logged step's numbers: its step event, the compile warm-up's cost once."""
+    def arrived(self, r: Reading, at: Progress) -> guards.Reading:
+        """A recorded step's numbers: its step event if logged, the compile warm-up's cost once."""
         assert self._p is not None
         p = self._p
-        reading = p.guard.take(r.values)  # this step's loss, norm and the skipped-step counters
+        reading = p.guard.take(r.values[:4], r.step)  # this step's loss, norm and the skipped-step counters
         at.train_time_s += r.step_time_s * max(0, r.step - at.timed_to)  # the steps this reading timed
         at.timed_to = max(at.timed_to, r.step)
-        if report:
-            loss = reading.loss if mean_loss is None else mean_loss
-            self._step_event(p, loss, r, reading.norm)
+        if r.report:
+            self._step_event(p, r.values[4] if len(r.values) > 4 else reading.loss, r, reading.norm)
         if p.warmup is not None:
             self._warmed_up(p, r.step)
         return reading
@@ -108,12 +109,14 @@ class Reporting:
         rank_times = distributed.gather_floats(r.step_time_s, self.dist)
         step_time = max(rank_times) if rank_times else r.step_time_s  # a step ends with its slowest rank
         self.step_times.append(step_time)
+        self.contention.append(busy := self.gauge.read())
         W = self.dist.world_size
         tok_s = self.config.tokens_per_step * W / step_time
         mem = torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else None
         self.emit(ev.Step(step=r.step, loss=loss, lr=r.lr, grad_norm=grad_norm, step_time_s=step_time,
                           tokens_per_s=tok_s, mfu=mfu(tok_s / W, p.flops_token, p.peak), mem_bytes=mem,
-                          tokens=r.tokens, data_time_s=r.data_time_s, rank_step_times=rank_times))  # fmt: skip
+                          tokens=r.tokens, data_time_s=r.data_time_s, rank_step_times=rank_times,
+                          contention=busy))  # fmt: skip
 
     def _warmed_up(self, p: Parts, step: int) -> None:
         """After a compiled segment's first steps: what the compile cost, and (rank 0) what
@@ -145,6 +148,7 @@ class Reporting:
             "tokens_per_s": tok_s,
             "mfu": mfu(tok_s / W, p.flops_token, p.peak),
             "peak_mem_bytes": torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else None,
+            "contention": c.model_dump() if (c := contention.settled(self.contention)) else None,  # the same window
         }
 
     # ------------------------------------------------------------------ the GPU sampler

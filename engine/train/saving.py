@@ -9,17 +9,18 @@ tools pass `Saving(..., every=None, write=False)`, which is never due and writes
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine import events as ev
 from engine import rundir
 from engine.config import RunConfig
 from engine.errors import UserError
 from engine.train import checkpoint as ckpt
-from engine.train import distributed, guard
+from engine.train import build, distributed, guard
 from engine.train import state as train_state
 from engine.train.build import Parts
 from engine.train.evaluation import Evaluation
@@ -123,21 +124,20 @@ class Saving:
         state = ckpt.load(path)
         train_state.check_shapes(p.model, state["model"], path)  # first: "another model shape" says the most
         ckpt.check_resumable(state, path, p.optimizer)
+        n = _numbers(state, path)  # its counters by the one reading of a run's numbers, before anything loads
         found.config = state.get("config")
         distributed.load_full_state(p.model, p.optimizer, state)
+        build.apply_settings(p.optimizer, self.config.optim, p.device)  # the run's settings over the saved groups
         if p.scaler and state.get("scaler"):
             p.scaler.load_state_dict(state["scaler"])
-        at.step, at.tokens = state["step"], state.get("tokens", 0)
-        at.best_val_loss = state.get("best_val_loss")
-        spent = state.get("train_time_s")  # absent in older checkpoints: counted from here
-        ok = isinstance(spent, (int, float)) and not isinstance(spent, bool) and math.isfinite(spent) and spent >= 0
-        at.train_time_s, at.timed_to = float(spent) if ok else 0.0, at.step
+        at.step, at.tokens, at.best_val_loss = n.step, n.tokens, n.best_val_loss
+        at.train_time_s, at.timed_to = n.train_time_s or 0.0, at.step  # absent in older checkpoints: counted from here
         pending = state.get("pending_toggles")
         found.pending_toggles = [t for t in pending if isinstance(t, dict)] if isinstance(pending, list) else []
         guard_state = state.get("guard")
         p.guard.load_state_dict(guard_state if isinstance(guard_state, dict) else None)
-        if state.get("val_loss") is not None:
-            at.last_eval = (at.step, state["val_loss"])
+        if n.val_loss is not None:
+            at.last_eval = (at.step, n.val_loss)
         try:
             rng_warning = train_state.set_rng_state(state["rng"], p.device)
             p.loader.set_state(json.loads(state["data"]))
@@ -161,12 +161,44 @@ class Saving:
         an empty segment: one line saying how to train further instead, nothing written."""
         n = self.config.train.max_steps
         if resume_from is None and step >= n:
-            from engine.text import path_text, program
+            raise trained_past(self.run_dir, step, n)
 
-            where = path_text(self.run_dir)
-            raise UserError(f"{where} already trained to step {step}, its max steps {n}: nothing is left to train; "
-                            f"to train further give a larger --max-steps: {program()} train --resume {where} "
-                            f"--max-steps {2 * n}")  # fmt: skip
+
+def trained_past(run_dir: Path, step: int, max_steps: int, flags: tuple[str, ...] | list[str] = ()) -> UserError:
+    """The one refusal of a resume whose max steps the run has reached (here, and at the front
+    door for a --max-steps given at or below the step reached: engine.run.preflight): its advice
+    names a max steps above the step reached, so following it trains (2x the larger of the two),
+    with the other `flags` given (the CLI's: its advice keeps what the user asked for)."""
+    from engine.text import path_text, program
+
+    where = path_text(run_dir)
+    return UserError(f"{where} already trained to step {step}, its max steps {max_steps}: nothing is left to train; "
+                     f"to train further give a larger --max-steps: {program()} train --resume {where} "
+                     f"--max-steps {2 * max(max_steps, step)}{''.join(' ' + f for f in flags)}")  # fmt: skip
+
+
+class _Numbers(BaseModel):
+    """A checkpoint's counters, read by the events' rule (engine.events: the one reading of a
+    run's numbers): they go on into every event the resumed run writes. Strict: a bool or a
+    string is no count; a saved val loss is finite (only a healthy state is saved)."""
+
+    model_config = ConfigDict(strict=True)
+
+    step: ev.Count
+    tokens: ev.Count = 0
+    best_val_loss: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    val_loss: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    train_time_s: ev.Measure | None = None
+
+
+def _numbers(state: dict[str, Any], path: Path) -> _Numbers:
+    """The checkpoint's counters, or one line refusing it (the field out of range)."""
+    try:
+        return _Numbers.model_validate({k: state.get(k) for k in _Numbers.model_fields if state.get(k) is not None})
+    except ValidationError as err:
+        bad = ", ".join(sorted({str(e["loc"][0]) for e in err.errors() if e["loc"]}))
+        raise UserError(f"{path} cannot be resumed from ({bad} out of range); move it aside and --resume takes the "
+                        "newest checkpoint left, or start a new run") from None  # fmt: skip
 
 
 def act(emit: Callable[[Any], None], verdict: guard.Verdict) -> None:

@@ -13,10 +13,11 @@ Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss
 ranks -> optimizer step (skipped on the device when bad) -> scaler update,
 with the LR from `lr_at(step)`. Everything (model build, torch.compile, the loop) happens
 on the thread that calls `train()`, because torch.compile is not thread-safe.
-The host syncs with the device only at eval, checkpoint and last steps (and under torchrun):
+The host syncs with the device only at eval, checkpoint and last steps, under torchrun too:
 whether a step's update is skipped (NaN/Inf, a loss spike) is decided on the device and
-honoured by the fused AdamW step as `found_inf` (engine/train/guard.py), so a bad step never
-reaches the weights and a `--log-interval N` step makes no host read at all.
+honoured there (build.step_unless: the fused AdamW's `found_inf`, or the tensors kept where
+skipped), so a bad step never reaches the weights and a `--log-interval N` step makes no host
+read at all; its numbers are read a step later (engine/train/reporting.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from engine import events as ev
 from engine import rundir
 from engine.config import OptimConfig, RunConfig
 from engine.errors import UserError
-from engine.train import attention, build, distributed, guard
+from engine.train import attention, build, contention, distributed, guard
 from engine.train.build import Parts
 from engine.dataset import DataFailed, Dataset
 from engine.train.evaluation import Evaluation
@@ -167,7 +168,7 @@ class Trainer:
             device_name=p.device_label, precision=p.precision, start_step=self.at.step,
             flops_per_token=p.flops_token, peak_flops=p.peak, dataset=self.dataset.info.model_dump(mode="json"),
             world_size=self.dist.world_size, parallel=p.parallel, init_from=self.init_from,
-            attention=p.attention, attention_ms=p.attention_ms,
+            attention=p.attention, attention_ms=p.attention_ms, contention=contention.now(),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the recipe
@@ -202,11 +203,7 @@ class Trainer:
         # here, so skip = the scaler's inf OR the guard's verdict, exactly what bf16/fp32 skip
         skip = p.guard.judge(loss_sum, norm, scaled=p.scaler is not None,
                              agree=lambda flags: distributed.max_over_ranks(flags, self.dist))  # fmt: skip
-        if p.optimizer.defaults.get("fused"):
-            p.optimizer.found_inf = skip  # the fused kernel leaves weights and state as they were
-            p.optimizer.step()
-        elif not skip.item():  # unfused AdamW and Muon (build.MuonAdamW) have no found_inf: the one per-step host read left
-            p.optimizer.step()
+        build.step_unless(p.optimizer, skip)  # skipped on the device (fused: found_inf; else kept where skipped)
         if p.scaler:
             # not scaler.step(): it would fold in only its own inf. update() reads the infs its
             # unscale_ recorded, so only a real overflow lowers the scale, never a spike
@@ -222,6 +219,7 @@ class Trainer:
         while at.step < max_steps:
             ending = self.boundary(self)  # every UI's requests (in-app, attach, torchrun alike)
             if ending is not None:
+                self._judge(rep.settle(at))  # the last steps' numbers first: reported, their time counted
                 return ending
             lr = lr_at(at.step, self.config.optim, max_steps)
             try:
@@ -237,19 +235,17 @@ class Trainer:
             last = at.step == max_steps
             log, evaluate = rep.due(at.step, last), self.evaluation.due(at.step, last)
             save = self.saving.due(at.step, last)
-            # the device waits for the host only where it must: evals, checkpoints, the last
-            # step, and under torchrun (the ranks gather their step times on the host)
-            sync = evaluate or save or last or self.dist.enabled
-            if log and not sync:  # this step's numbers travel to the host behind the work
-                rep.record(at, lr)
+            # the device waits for the host only where it must: evals, checkpoints, the last step
+            # (under torchrun too: the ranks read their numbers and gather step times a step later)
+            sync = evaluate or save or last
+            if log or sync:  # its numbers travel to the host behind the work; its time runs between end events
+                rep.record(at, lr, loss, report=log)
                 self._check_run_dir()
-            self._judge(rep.ready(at))  # the earlier steps whose numbers have arrived
             if not sync:
+                self._judge(rep.ready(at))  # the earlier steps whose numbers have arrived
                 continue
             self._sync()
             self._judge(rep.ready(at, wait=True))
-            self._check_run_dir()
-            self._judge([rep.now(at, lr, loss, log)])
             if evaluate:
                 self.evaluation.run(p, at)
             if save:
@@ -273,11 +269,11 @@ class Trainer:
             p, skipped = self.parts, reading.total - self._bad_reported
             assert p is not None
             self._bad_reported = reading.total
-            act(self.emit, guard.bad_steps(p.guard, self.at.step, skipped))
+            act(self.emit, guard.bad_steps(p.guard, reading.step, skipped))  # the step read, not the loop's
             if not p.guard.tripped:
                 continue
             self.save_checkpoint()  # refuses (and stops) if the weights blew up
-            act(self.emit, guard.diverged(p.guard, self.at.step, self.ckpts.latest(), p.precision,
+            act(self.emit, guard.diverged(p.guard, reading.step, self.ckpts.latest(), p.precision,
                                           self.config.optim.lr, self.run_dir))  # fmt: skip
 
     def _check_run_dir(self) -> None:
@@ -295,11 +291,13 @@ class Trainer:
         """A final save that fails always ends the run with an error; another follows
         --on-save-error. False when the write failed and the run goes on."""
         assert self.parts is not None
+        self._judge(self.reporting.settle(self.at))  # the steps so far timed and read before the save
         return self.saving.save(self.parts, self.at, "stop" if final else self.config.train.on_save_error)
 
     def save_for_toggle(self, pending: list[dict[str, Any]]) -> str | None:
         """None when saved for a live toggle's hand-over, else why not (the same on every rank)."""
         assert self.parts is not None
+        self._judge(self.reporting.settle(self.at))
         return self.saving.for_toggle(self.parts, self.at, pending)
 
     def train(self) -> Ending:

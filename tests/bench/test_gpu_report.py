@@ -41,6 +41,8 @@ def test_the_flags_are_bench_options():
     opts = BenchOptions.from_flags(args)
     assert (opts.gpu_report, opts.part, opts.dry_run, opts.budget, opts.compile_cache) == (
         True, ["tests", "memory"], True, 30, "warm")  # fmt: skip
+    opts = BenchOptions.from_flags(vars(parser.parse_args(["bench", "--gpu-report", "--full", "--no-doctor"])))
+    assert (opts.full, opts.no_doctor, opts.part) == (True, True, [])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for boxes without CUDA")
@@ -52,6 +54,8 @@ def test_the_flags_are_bench_options():
         ({"gpu_report": True, "dry_run": True, "data": "/no/such/dir"}, ["/no/such/dir"]),
         ({"part": ["tests"]}, ["--part belongs to --gpu-report"]),
         ({"dry_run": True}, ["--dry-run belongs to --gpu-report"]),
+        ({"full": True}, ["--full belongs to --gpu-report"]),
+        ({"no_doctor": True}, ["--no-doctor belongs to --gpu-report"]),
     ],
 )
 def test_bad_input_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, flags, words):
@@ -78,8 +82,12 @@ def test_parts_merge_into_one_report_per_device_and_day(tmp_path, monkeypatch, c
     assert "- FAILED tests/gpu/test_gpu.py::test_x" in t.markdown and "The end of its output" in t.markdown
     assert t.command.startswith("python -c") and t.budget_s == gpu_report.BUDGET_S["tests"]
 
+    assert first.doctor["rows"] and first.doctor_runs
+    capsys.readouterr()
     code, merged = _report(opts.model_copy(update={"part": ["overhead", "memory"]}))
     assert code == 0 and set(merged.parts) == {"tests", "memory", "overhead"}
+    assert "[doctor] the day's entry reused" in capsys.readouterr().out  # the doctor runs once per box
+    assert merged.doctor == first.doctor
     assert merged.parts["tests"] == t  # the earlier part stays as it was
     assert merged.parts["memory"].status == "skipped: needs CUDA"
     o = merged.parts["overhead"]

@@ -36,7 +36,7 @@ def test_a_small_budget_measures_every_applicable_rung(tmp_path, tiny_dataset, c
     lines = printed.splitlines()
     for r in result.rungs:  # each rung said as it started (when it ran) and as it landed
         if r.status == "ran":
-            (i,) = [i for i, x in enumerate(lines) if x.startswith(f"  {r.label}: measuring {result.warmup} + {result.steps} steps")]
+            (i,) = [i for i, x in enumerate(lines) if x.startswith(f"  {r.label}: measuring {r.warmup} + {r.steps} steps")]
             assert lines[i + 1].startswith(f"  {r.label}: ") and "ms/step" in lines[i + 1]
     assert json.loads((out / "ladder.json").read_text())["shape_note"] == result.shape_note
 

@@ -1,11 +1,10 @@
 """The GPU path's switch rules, checked on CPU with stand-ins where CUDA is needed: CUDA graphs
-with compile scope blocks or FSDP2 refused (engine/switch_matrix.py), TF32 set through the
-non-deprecated API, the control group's timeout, FSDP2's per-block mixed precision, and
+with compile scope blocks or FSDP2 refused (engine/switch_matrix.py), TF32 (tests/train/test_tf32.py,
+through torch itself), the control group's timeout, FSDP2's per-block mixed precision, and
 parallel=auto deciding against the launch's own memory budget."""
 
 from __future__ import annotations
 
-import warnings
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -15,7 +14,7 @@ import torch
 from engine import device as devices
 from engine.config import resolve
 from engine.errors import UserError
-from engine.train import build, distributed
+from engine.train import distributed
 
 MODES = ("reduce-overhead", "max-autotune")
 
@@ -59,36 +58,9 @@ def test_the_form_refuses_it_at_the_field_through_the_matrix():
     assert "no bf16" in devices.refuse({"speed.precision": "bf16"}, old)["speed.precision"]
 
 
-# ---------------------------------------------------------------- 3: TF32 without the deprecated flags
-
-
-class _Legacy:
-    """A backend whose allow_tf32 warns as torch 2.9+ does, with the new fp32_precision."""
-
-    def __init__(self) -> None:
-        self.fp32_precision = "none"
-
-    @property
-    def allow_tf32(self) -> bool:
-        warnings.warn("allow_tf32 is deprecated: use fp32_precision", UserWarning, stacklevel=2)
-        return False
-
-    @allow_tf32.setter
-    def allow_tf32(self, value: bool) -> None:
-        warnings.warn("allow_tf32 is deprecated: use fp32_precision", UserWarning, stacklevel=2)
-
-
-@pytest.mark.parametrize("precision, want", [("bf16", "tf32"), ("tf32", "tf32"), ("fp32", "ieee")])
-def test_tf32_is_set_through_fp32_precision_without_a_warning(precision, want, monkeypatch):
-    matmul, cudnn = _Legacy(), _Legacy()
-    cudnn.conv = _Legacy()
-    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
-    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        build.precision_context(precision, torch.device("cuda"))
-    assert matmul.fp32_precision == want and cudnn.conv.fp32_precision == want
+# ---------------------------------------------------------------- 3: TF32
+# tests/train/test_tf32.py: through torch itself, no stand-in backends (a stand-in hid the
+# "mix of the legacy and new APIs" crash that every max-autotune compile met, issue 37).
 
 
 # ---------------------------------------------------------------- 5: the control group's timeout

@@ -18,7 +18,7 @@ from engine.text import loss_text
 TRAIN = ["--preset", "micro", "--device", "cpu", "--precision", "fp32", "--eval-interval", "3",
          "--ckpt-interval", "3", "--log-interval", "1"]  # fmt: skip
 SEGMENT_KEYS = ["from_step", "to_step", "switches", "changed", "reason", "first_step_time_s",
-                "settled_step_time_s", "tokens_per_s", "mfu", "peak_mem_bytes", "compiled", "compile_s", "compile_source", "too_short_to_settle", "best_val_loss", "to_target"]  # fmt: skip
+                "settled_step_time_s", "tokens_per_s", "mfu", "peak_mem_bytes", "compiled", "compile_s", "compile_source", "too_short_to_settle", "best_val_loss", "to_target", "contention", "settings"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +43,10 @@ def test_compare_json_two_runs_and_the_resumed_ones_segments(runs, capsys) -> No
     capsys.readouterr()
     assert main(["compare", str(a), str(b), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out) == ["runs", "target_val_loss", "target_from"] and [r["run_dir"] for r in out["runs"]] == [str(a), str(b)]
+    assert list(out) == ["runs", "target_val_loss", "target_from", "differs"]
+    assert [r["run_dir"] for r in out["runs"]] == [str(a), str(b)]
     ra, rb = out["runs"]
-    assert list(ra) == ["run_dir", "best_val_loss", "segments", "final_val_loss", "to_target"]
+    assert list(ra) == ["run_dir", "best_val_loss", "segments", "final_val_loss", "to_target", "to_target_vs_first"]
     assert len(ra["segments"]) == 1 and len(rb["segments"]) == 2
     first, second = rb["segments"]
     assert list(second) == SEGMENT_KEYS
@@ -53,6 +54,14 @@ def test_compare_json_two_runs_and_the_resumed_ones_segments(runs, capsys) -> No
     assert (second["from_step"], second["to_step"], second["reason"]) == (3, 6, "resume")
     assert first["switches"]["data.prefetch"] is True and second["switches"]["data.prefetch"] is False
     assert second["changed"] == {"data.prefetch": [True, False]}
+    # what differs between the rows: the switch; B's first segment trained to 3 steps, and its
+    # resume kept the schedule's decay to step 3 (the resume said so)
+    assert out["differs"] == {"data": ["data.prefetch"], "optim": ["optim.decay_steps"], "train": ["train.max_steps"]}
+    assert [s["settings"] for s in ra["segments"] + rb["segments"]] == [
+        {"data.prefetch": True, "optim.decay_steps": None, "train.max_steps": 6},
+        {"data.prefetch": True, "optim.decay_steps": None, "train.max_steps": 3},
+        {"data.prefetch": False, "optim.decay_steps": 3, "train.max_steps": 6},
+    ]  # fmt: skip
     events, _ = ev.read_events(b / rundir.EVENTS)
     times = [e.step_time_s for e in events if isinstance(e, ev.Step) and e.step > 3]
     assert second["settled_step_time_s"] == ev.settled_step_time(times) and second["first_step_time_s"] == times[0]
@@ -61,21 +70,31 @@ def test_compare_json_two_runs_and_the_resumed_ones_segments(runs, capsys) -> No
     assert all(s["mfu"] is None and s["peak_mem_bytes"] is None for r in out["runs"] for s in r["segments"])
 
 
-def test_compare_table_marks_what_differs(runs, capsys) -> None:
+def test_compare_table_marks_what_differs(runs, capsys, monkeypatch) -> None:
     from gpt2_tui import main
 
     a, b = runs
+    monkeypatch.setenv("COLUMNS", "400")  # one table
     capsys.readouterr()
     assert main(["compare", str(a), str(b)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("same in all: ") and "prefetch" not in lines[0] and "compile=off" in lines[0]
-    header, *body, note, target = lines[1:]
-    # the speed first, the switches last (issue 22: at 80 columns the figures stay on screen)
-    assert header.split()[:6] == ["run", "steps", "why", "warm-up", "ms/step", "tok/s"] and header.split()[-1] == "switches"
-    assert [r.split()[:3] + r.split()[-1:] for r in body] == [
-        ["A", "0-6", "start", "prefetch=on"], ["B", "0-3", "start", "prefetch=on"], ["B", "3-6", "resume", "prefetch=off*"],
+    assert lines[1] == "differs: data: prefetch; optim: decay_steps; train: max_steps"
+    header, *body = lines[2:6]
+    note, target, *busy = lines[6:]
+    assert len(busy) <= 1  # on a busy machine, a line that says so
+    # the payoff first, the settings that differ last (issues 22, 39: at 80 columns the figures stay on screen)
+    assert header.split()[:5] == ["run", "steps", "why", "ms/step", "tok/s"] and header.split()[-1] == "differs"
+    order = ["tok/s", "vs prev", "vs first", "best val", "to target", "target vs first", "warm-up", "compile",
+             "differs"]  # fmt: skip
+    assert [header.index(c) for c in order] == sorted(header.index(c) for c in order)
+    assert [r.split()[:3] + r.split()[-2:] for r in body] == [
+        ["A", "0-6", "start", "decay_steps=auto", "max_steps=6"],
+        ["B", "0-3", "start", "decay_steps=auto", "max_steps=3*"],
+        ["B", "3-6", "resume", "decay_steps=3*", "max_steps=6"],
     ]  # fmt: skip
-    assert body[0].split()[-7] == "1.00x"  # the first row against itself (then best val, to target, switches)
+    assert [r.split()[-3] for r in body] == ["prefetch=on", "prefetch=on", "prefetch=off*"]
+    assert body[0].split()[6] == "1.00x"  # the first row against itself (vs first; vs prev is "-")
     assert note.startswith("* differs from the first row")
     assert target.startswith("to target: training time (sum of step times) and tokens to first reach val loss")
 
@@ -124,8 +143,9 @@ def test_the_compare_screen_overlays_runs_and_shows_their_segments(runs) -> None
         table = screen.query_one(SegmentTable)
         assert table.row_count == 3
         assert [(r.run, r.segment.from_step) for r in table.rows_shown] == [("A", 0), ("B", 0), ("B", 3)]
-        cell = table.get_row_at(2)[-1]  # switches: the last column
-        assert cell.plain == "prefetch=off" and any("yellow" in str(s.style) for s in cell.spans)
+        cell = table.get_row_at(2)[-1]  # what differs: the last column
+        assert cell.plain == "prefetch=off decay_steps=3 max_steps=6"
+        assert any("yellow" in str(s.style) for s in cell.spans)
         loss = screen.query_one("#compare-loss", OverlayChart)
         assert loss.drawn == ["A", "A val", "B", "B val"]
         await pilot.press("x")
@@ -161,7 +181,7 @@ def test_the_segment_table_widget_follows_a_runs_events(runs) -> None:
             first, second = (table.get_row_at(i) for i in range(2))
             assert [str(c) for c in first[:2]] == ["0-3", "start"]
             assert [str(c) for c in second[:2]] == ["3-6", "resume prefetch=off"]  # no run column for one run
-            assert second[-1].plain == "prefetch=off"  # switches: the last column
+            assert second[-1].plain == "prefetch=off decay_steps=3 max_steps=6"  # what differs: last, the change first
             r = table.rows_shown[1]
             assert r.vs_prev == pytest.approx(r.segment.tokens_per_s / table.rows_shown[0].segment.tokens_per_s)
             assert str(second[COLUMNS[1:].index("vs prev")]) == f"{r.vs_prev:.2f}x"
@@ -270,3 +290,186 @@ def test_the_compare_screen_shows_the_time_to_the_target(runs) -> None:
         assert cells[0].endswith(" tok") and any(c.endswith(" tok") for c in cells[1:])
 
     on_compare_screen(runs, (200, 50), check)
+
+
+# ------------------------------------------------------------------ issue 39: what differs, at any width
+
+
+@pytest.fixture(scope="module")
+def recipes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """Three runs that differ in what they compute, not in a speed switch: AdamW with cosine; Muon
+    (and another seed); AdamW with WSD decaying over half the steps."""
+    from harness import bigram_tokens, write_gpt2tui
+
+    from gpt2_tui import main
+
+    root = tmp_path_factory.mktemp("recipes")
+    data = write_gpt2tui(root / "data", bigram_tokens(20_000, 64, 1), bigram_tokens(4_000, 64, 2), 64)
+    runs = root / "runs"
+    out = (runs / "adamw", runs / "muon", runs / "wsd")
+    recipe = ([], ["--optimizer", "muon", "--seed", "7"], ["--schedule", "wsd", "--decay-fraction", "0.5"])
+    for d, extra in zip(out, recipe):
+        assert main(["train", *TRAIN, "--data", str(data), "--max-steps", "6", "--out", str(d), *extra]) == 0
+    return out
+
+
+DIFFERS = {"optim": ["optim.schedule", "optim.decay_fraction", "optim.optimizer"], "train": ["train.seed"]}
+
+
+def test_compare_json_names_every_setting_that_differs_and_the_time_to_target_ratio(recipes, capsys) -> None:
+    """Issue 39: AdamW vs Muon vs WSD had no optimizer or schedule in the JSON."""
+    from gpt2_tui import main
+
+    capsys.readouterr()
+    assert main(["compare", *map(str, recipes), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["differs"] == DIFFERS  # by the config's section, in its order
+    settings = [r["segments"][0]["settings"] for r in out["runs"]]
+    assert settings == [
+        {"optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.optimizer": "adamw", "train.seed": 1337},
+        {"optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.optimizer": "muon", "train.seed": 7},
+        {"optim.schedule": "wsd", "optim.decay_fraction": 0.5, "optim.optimizer": "adamw", "train.seed": 1337},
+    ]  # fmt: skip
+    base = out["runs"][0]["to_target"]  # the worst final val loss: every run reached it
+    for r in out["runs"]:
+        assert r["to_target_vs_first"] == pytest.approx(base["train_time_s"] / r["to_target"]["train_time_s"])
+    assert out["runs"][0]["to_target_vs_first"] == 1.0
+
+
+def test_compare_table_names_what_differs_with_a_time_to_target_ratio(recipes, capsys, monkeypatch) -> None:
+    from gpt2_tui import main
+
+    monkeypatch.setenv("COLUMNS", "400")  # one table
+    capsys.readouterr()
+    assert main(["compare", *map(str, recipes)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "differs: optim: schedule decay_fraction optimizer; train: seed" in lines
+    header = next(x for x in lines if x.startswith("run "))
+    rows = {x.split()[0]: x for x in lines if x.split()[0] in ("adamw", "muon", "wsd")}
+    assert rows["adamw"].endswith("schedule=cosine decay_fraction=0.2 optimizer=adamw seed=1337")
+    assert rows["muon"].endswith("schedule=cosine decay_fraction=0.2 optimizer=muon* seed=7*")
+    assert rows["wsd"].endswith("schedule=wsd* decay_fraction=0.5* optimizer=adamw seed=1337")
+    col = header.index("target vs first") + len("target vs first")  # right-aligned under its header
+    assert rows["adamw"][:col].endswith(" 1.00x") and rows["muon"][:col].rstrip()[-1] == "x"
+    assert any("target vs first = the first run's time to target over this one's" in x for x in lines)
+
+
+def test_compare_at_80_columns_keeps_each_row_on_one_line_payoff_first(recipes, runs, capsys, monkeypatch) -> None:
+    """Issue 39: at 80 columns each row wrapped into 3 lines; now the table comes in blocks of
+    whole columns that fit, the payoff (speed, speed-ups, best val) in the first."""
+    from gpt2_tui import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    for dirs in (recipes, runs):
+        capsys.readouterr()
+        assert main(["compare", *map(str, dirs)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert max(map(len, lines)) <= 80, "\n".join(x for x in lines if len(x) > 80)
+        headers = [x for x in lines if x.startswith("run ")]
+        assert len(headers) >= 2 and all(h.split()[:2] == ["run", "steps"] for h in headers)
+        assert all(c in headers[0] for c in ("ms/step", "tok/s", "vs prev", "vs first", "best val"))
+        assert "differs" in headers[-1] and "warm-up" not in headers[0]
+        segments = {"adamw": 1, "muon": 1, "wsd": 1} if dirs is recipes else {"A": 1, "B": 2}
+        for name, n in segments.items():  # one line per segment in each block
+            assert sum(x.split()[0] == name for x in lines if x.strip()) == n * len(headers), (name, lines)
+
+
+def test_runs_says_what_its_target_is(recipes, capsys) -> None:
+    from gpt2_tui import main
+
+    root = recipes[0].parent
+    finals = []
+    for d in recipes:
+        events, _ = ev.read_events(d / rundir.EVENTS)
+        finals.append([e.val_loss for e in events if isinstance(e, ev.Eval)][-1])
+    capsys.readouterr()
+    assert main(["runs", str(root)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("to target: training time (sum of step times) and tokens to first reach val loss "
+                           f"{loss_text(max(finals))} (the worst final val loss among these runs)"), last  # fmt: skip
+    assert main(["runs", str(root), "--target", "0.01"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "val loss 0.01 (--target)" in out[-1]
+    end = out[0].index("to target") + len("to target")  # right-aligned under its header
+    assert [x[:end].split()[-1] for x in out[1:-1]] == ["-", "-", "-"]  # nobody reached it
+
+
+def test_the_compare_screen_names_what_differs(recipes) -> None:
+    from tui.widgets.segments import SegmentTable
+
+    async def check(pilot, screen) -> None:
+        legend = str(screen.query_one("#compare-legend").render())
+        lines = {x.split()[1]: x for x in legend.splitlines() if x.startswith("\u2588")}
+        assert "optimizer=muon" in lines["muon"] and "seed=7" in lines["muon"] and "schedule=wsd" in lines["wsd"]
+        table = screen.query_one(SegmentTable)
+        assert table.get_row_at(1)[-1].plain == "schedule=cosine decay_fraction=0.2 optimizer=muon seed=7"
+        assert str(table.get_row_at(0)[COLUMNS.index("target vs first")]) == "1.00x"
+
+    on_compare_screen(recipes, (200, 50), check)
+
+
+def screen_text(app) -> str:
+    """What the terminal shows, as plain text lines (what is scrolled off-screen is absent)."""
+    import html
+    import re
+
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for attrs, body in re.findall(r"<text([^>]*)>(.*?)</text>", app.export_screenshot(), re.S):
+        x, y = re.search(r'\bx="([\d.]+)"', attrs), re.search(r'\by="([\d.]+)"', attrs)
+        if x and y:
+            rows.setdefault(float(y.group(1)), []).append((float(x.group(1)), re.sub(r"<[^>]+>", "", body)))
+    lines = ("".join(t for _, t in sorted(parts)) for _, parts in sorted(rows.items()))
+    return "\n".join(html.unescape(line).replace("\xa0", " ") for line in lines)
+
+
+def on_segments_tab(run_dir: Path, size: tuple[int, int], check) -> None:
+    """The dashboard attached to `run_dir`, read to its end, charts drawn: `await check(pilot, app)`."""
+    from tui.app import GPT2App
+    from tui.widgets.charts import MetricChart
+
+    async def body() -> None:
+        app = GPT2App(attach_dir=run_dir)
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: app.session is not None and app.session.state.step == 6, "the run read")
+            chart = app.screen.query_one("#chart-steptime", MetricChart)
+            await until(pilot, lambda: chart.markers_drawn, "charts drawn")
+            await check(pilot, app)
+
+    asyncio.run(body())
+
+
+def test_the_segments_tab_fills_at_once_when_first_opened(runs) -> None:
+    """Issue 39: it showed only its header until the dashboard's next redraw (~5 s on a live run,
+    where drawing stretches the redraw interval up to MAX_INTERVAL). The redraw timer is held
+    still here, so that the next redraw is as far away as it may be."""
+    from tui.widgets.segments import SegmentTable
+
+    async def check(pilot, app) -> None:
+        table = app.screen.query_one("#segments", SegmentTable)
+        assert table.row_count == 0  # not drawn while hidden
+        app.screen._timer.pause()
+        app.screen.query_one("#tabs").active = "tab-segments"
+        await pilot.pause(0.5)
+        assert table.row_count == 2
+
+    on_segments_tab(runs[1], (120, 40), check)
+
+
+def test_the_segments_tab_shows_the_payoff_at_80x24(runs) -> None:
+    """Issue 39: at 80 columns `vs prev`, `vs first` and best val were off screen."""
+    from tui.widgets.segments import SegmentTable
+
+    async def check(pilot, app) -> None:
+        app.screen.query_one("#tabs").active = "tab-segments"
+        table = app.screen.query_one("#segments", SegmentTable)
+        await until(pilot, lambda: table.row_count == 2, "the segments drawn")
+        await pilot.pause()
+        shown = screen_text(app).splitlines()
+        header = next(x for x in shown if "steps" in x and "why" in x)
+        assert all(c in header for c in ("ms/step", "tok/s", "vs prev", "vs first", "best val")), header
+        second = next(x for x in shown if "3-6" in x)
+        r = table.rows_shown[1]
+        assert "resume prefetch=off" in second and f"{r.vs_prev:.2f}x" in second, second
+        assert loss_text(r.best_val_loss) in second, second
+
+    on_segments_tab(runs[1], (80, 24), check)

@@ -85,3 +85,18 @@ def test_doctor_runs_what_breaks_first_on_a_new_gpu():
     assert on_cpu["CUDA graphs (reduce-overhead)"].startswith("needs a GPU")
     assert on_cpu["two ranks (DDP)"].startswith("needs 2 GPUs")
     assert isinstance(on_cpu["grad checkpointing"], dict)  # runs here too
+
+
+def test_doctor_compiles_in_bf16_and_with_the_gemm_autotuner():
+    """A first GPU run trains compiled in bf16 (TF32 on), and max-autotune's GEMM autotuner read
+    the TF32 flags torch refused to mix (issue 37): both are doctor rows, one a CPU runs too."""
+    from engine.inspect.doctor import _switches
+
+    on_gpu = dict(_switches(cuda=True, include_compile=False, gpus=1))
+    assert on_gpu["torch.compile bf16"] == {"speed.compile": True, "speed.precision": "bf16"}
+    assert on_gpu["compile max-autotune (bf16)"] == {"speed.compile": True, "speed.precision": "bf16",
+                                                     "speed.compile_mode": "max-autotune-no-cudagraphs"}  # fmt: skip
+    on_cpu = dict(_switches(cuda=False, include_compile=True))
+    assert on_cpu["torch.compile bf16"] == {"speed.compile": True, "speed.precision": "bf16"}
+    assert on_cpu["compile max-autotune (bf16)"].startswith("needs a GPU")
+    assert dict(_switches(cuda=False, include_compile=False))["torch.compile bf16"].startswith("left out on CPU")

@@ -95,7 +95,8 @@ def test_a_real_run_from_the_engine(tmp_path: Path, tiny_dataset: Path) -> None:
     assert r.device_name == started.device_name
     assert r.started.timestamp() == pytest.approx(started.time)
     table = format_table([r]).splitlines()
-    assert len(table) == 2 and table[0].split()[:3] == ["name", "model", "state"]
+    assert len(table) == 3 and table[0].split()[:3] == ["name", "model", "state"]
+    assert table[2].startswith("to target: training time (sum of step times) and tokens to first reach val loss ")
     assert "micro" in table[1] and "v64" in table[1] and "12/12" in table[1] and "completed" in table[1]
 
 
@@ -117,7 +118,9 @@ def test_states_steps_losses_and_order(tmp_path: Path) -> None:
     assert s["live"].settled_tokens_per_s == pytest.approx(10_000.0)  # median past the slow first step
     assert s["crashed"].error == "RuntimeError: CUDA out of memory"
     lines = format_table(runs).splitlines()
-    assert len(lines) == 6 and lines[0].startswith("name")
+    assert len(lines) == 7 and lines[0].startswith("name")
+    assert lines[-1].startswith("to target: ") and "(the worst final val loss among these runs)" in lines[-1]
+    lines = lines[:-1]
     assert [ln.split()[0] for ln in lines[1:]] == ["live", "orphan", "crashed", "halted", "done"]
     assert "writer gone" in lines[2] and "7/10" in lines[2] and "nano 1.9M v8192" in lines[2]
 

@@ -22,13 +22,23 @@ FORBIDDEN = {
     "torch.load", "torch.save", "safetensors.torch.load_file", "safetensors.torch.save_file", "safetensors.safe_open",
     "os.rename", "os.renames", "os.replace", "os.unlink", "os.remove", "os.rmdir", "os.removedirs",
     "os.makedirs", "os.mkdir", "os.link", "os.symlink", "os.truncate",
+    # libraries that open a path themselves (issue 38): give them bytes read under the cap instead
+    "tokenizers.Tokenizer.from_file", "torch.from_file", "numpy.lib.format.open_memmap", "safetensors.numpy.load_file",
+    "datasets.load_dataset", "datasets.load_from_disk", "huggingface_hub.snapshot_download",
+    "huggingface_hub.hf_hub_download",
+}  # fmt: skip
+# library entry points that open a path, whatever reaches them (an imported class, a module held in
+# a variable): `Tokenizer.from_file(p)`, `GPT2LMHeadModel.from_pretrained(p)`, `st.load_file(p)`
+LIBRARY_METHODS = {
+    "from_file", "from_pretrained", "load_file", "safe_open", "memmap", "open_memmap", "load_dataset",
+    "load_from_disk", "snapshot_download", "hf_hub_download",
 }  # fmt: skip
 SHUTIL_HARMLESS = {"which", "disk_usage", "get_terminal_size"}  # every other shutil.* moves files
 # methods of a path or an array that open, read, write, move or remove a file (a pathlib.Path's,
 # an ndarray's tofile, a safetensors module reached through a variable)
 METHODS = {
     "open", "read_text", "read_bytes", "write_text", "write_bytes", "mkdir", "unlink", "rename", "rmdir",
-    "touch", "symlink_to", "hardlink_to", "tofile", "load_file", "save_file", "safe_open",
+    "touch", "symlink_to", "hardlink_to", "tofile", "save_file", *LIBRARY_METHODS,
 }  # fmt: skip
 # Path.replace(target) takes one argument; str.replace takes two or more, datetime.replace keywords.
 # Known gaps, by design of a name-based scan: a module reached through a variable other than the
@@ -40,7 +50,8 @@ ALLOWED: dict[str, str] = {
     "engine/cli/__init__.py:guarded": "opens os.devnull to silence stdout after a reader left the pipe",
     "engine/train/checkpoint.py:atomic_save.write": "torch.save into the O_EXCL temp file files.atomic_write opened",
     "engine/train/checkpoint.py:load": "torch.load(weights_only=True) of a file object files.open_read opened (regular, bounded)",
-    "engine/prep/hf.py:load_state": "safetensors (no code, a length-checked header) of a file files.open_regular checked first",
+    "engine/prep/hf.py:_download": "huggingface_hub's snapshot into its own cache (its locks, renames); read via files",
+    "engine/prep/hub.py:_stream": "datasets streams the user's own corpus (--data-files), as prepare reads it: no cap fits",
     "engine/prep/hf.py:export": "safetensors save_file into the temp directory files.make_new_dir made for this export",
     "engine/rundir.py:lock": "O_NOFOLLOW|O_DIRECTORY fd and writer.lock fd held for flock; the link check runs first",
     "engine/run/requests.py:Mailbox.take": "the mailbox needs flock and an in-place rewrite: O_NOFOLLOW|O_NONBLOCK, regular-file and size checks",
@@ -121,6 +132,9 @@ def file_calls(path: str, source: str) -> list[tuple[str, int, str]]:
             top, _, name = full.rpartition(".")
             if full in FORBIDDEN or (top == "shutil" and name not in SHUTIL_HARMLESS):
                 what = full
+            elif len(parts) > 1 and name in LIBRARY_METHODS and full.split(".")[0] not in ("engine", "tui", "bench"):
+                # an imported class's path-opener (X.from_pretrained); our own modules' functions are scanned where they are
+                what = full
             elif len(parts) > 1 and len(parts[0]) > 1 and parts[0].isupper():
                 what = _method(call)  # a path constant imported from another module: CACHE.mkdir()
         elif isinstance(func, ast.Name):
@@ -189,6 +203,19 @@ PLANTED = [
     ("def f(p):\n    p.write_bytes(b'')\n", ".write_bytes()"),
     ("def f(p, q):\n    p.replace(q)\n", ".replace()"),
     ("x = open('/etc/passwd')\n", "open"),
+    # library entry points that open a path themselves (issue 38)
+    ("from tokenizers import Tokenizer\ndef f(p):\n    return Tokenizer.from_file(p)\n", "tokenizers.Tokenizer.from_file"),
+    ("import tokenizers\ndef f(p):\n    return tokenizers.Tokenizer.from_file(str(p))\n", "tokenizers.Tokenizer.from_file"),
+    ("def f(tok_class, p):\n    return tok_class.from_file(p)\n", ".from_file()"),
+    ("from transformers import GPT2LMHeadModel\ndef f(p):\n    return GPT2LMHeadModel.from_pretrained(p)\n",
+     "transformers.GPT2LMHeadModel.from_pretrained"),
+    ("def f(auto, p):\n    return auto.from_pretrained(p)\n", ".from_pretrained()"),
+    ("from safetensors import safe_open\ndef f(p):\n    return safe_open(p, 'pt')\n", "safetensors.safe_open"),
+    ("def f(st, p):\n    return st.load_file(p)\n", ".load_file()"),
+    ("import numpy as np\ndef f(p):\n    return np.lib.format.open_memmap(p)\n", "numpy.lib.format.open_memmap"),
+    ("import torch\ndef f(p):\n    return torch.from_file(p, size=9)\n", "torch.from_file"),
+    ("from datasets import load_dataset\ndef f(p):\n    return load_dataset('text', data_files=p)\n",
+     "datasets.load_dataset"),
 ]
 
 

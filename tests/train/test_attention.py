@@ -4,6 +4,16 @@ choice, the priority it sets for the segment and what the events say are shown h
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import pytest
 import torch
 from torch.nn.attention import SDPBackend
 
@@ -12,6 +22,7 @@ from engine.config import resolve
 from engine.run.owner import start
 from engine.text import attention_text, describe
 from engine.train import attention
+from harness import ROOT
 
 
 def _cuda_shape(batch: int = 4) -> attention.Shape:
@@ -20,18 +31,18 @@ def _cuda_shape(batch: int = 4) -> attention.Shape:
 
 def test_the_fastest_kernel_that_runs_is_picked_and_measured_once_per_shape(monkeypatch) -> None:
     monkeypatch.setattr(attention, "_measured", {})
-    asked: list[str] = []
+    asked: list[attention.Shape] = []
 
-    def timer(name: str, shape: attention.Shape) -> float | None:
-        asked.append(name)
-        return {"cuDNN": 0.8, "flash": 1.1, "efficient": None}[name]
+    def timer(shape: attention.Shape) -> dict[str, float | None]:
+        asked.append(shape)
+        return {"cuDNN": 0.8, "flash": 1.1, "efficient": None}
 
     choice = attention.choose(_cuda_shape(), timer)
     assert choice.picked == "cuDNN" and choice.timings == {"cuDNN": 0.8, "flash": 1.1, "efficient": None}
     assert choice.text() == "cuDNN 0.80 ms, flash 1.10 ms, efficient n/a: cuDNN"
-    assert attention.choose(_cuda_shape(), timer) is choice and len(asked) == 3  # once per shape
+    assert attention.choose(_cuda_shape(), timer) is choice and len(asked) == 1  # once per shape
     attention.choose(_cuda_shape(batch=8), timer)
-    assert len(asked) == 6
+    assert len(asked) == 2
     assert attention.pick({"cuDNN": None, "flash": None, "efficient": None}) is None
 
 
@@ -47,7 +58,8 @@ def test_measuring_never_touches_the_runs_rng() -> None:
     shape = attention.shape_of(2, 4, 64, 128, torch.float32, torch.device("cpu"))
     before = torch.get_rng_state()
     attention.kernel_name(shape)
-    assert attention.time_kernel("flash", shape, rounds=1) is not None
+    ms = attention.measure(shape, rounds=1)
+    assert ms["flash"] is not None and ms["cuDNN"] is None and ms["efficient"] is None  # CPU: one fused kernel
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -87,3 +99,91 @@ def test_a_run_trains_under_its_pick_and_its_events_name_the_kernel(tmp_path, ti
     start(manual, tmp_path / "manual", sinks=[ev.CallbackSink(sink)]).run()
     started = next(e for e in got if isinstance(e, ev.RunStarted))
     assert started.attention is None and attention_text(started) == ""
+
+
+def test_the_timing_alternates_the_candidates_and_keeps_each_ones_best() -> None:
+    """Fair to each kernel: the order turns every round (none always first after a pause, none
+    always last) and a slow sample (a first call, a hiccup) never stands for a kernel's speed."""
+    order: list[str] = []
+
+    def call(name: str, slow_first: bool = False):
+        def once() -> None:
+            order.append(name)
+            time.sleep(0.02 if slow_first and order.count(name) == 1 else 0.002)
+
+        return once
+
+    best = attention.time_rounds({"a": call("a", slow_first=True), "b": call("b"), "c": call("c")}, rounds=3,
+                                 per_sample=1)  # fmt: skip
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert set(best) == {"a", "b", "c"} and all(2 <= ms < 15 for ms in best.values())  # a's 20 ms sample dropped
+
+
+def test_measuring_leaves_the_process_warnings_alone_while_another_thread_trains() -> None:
+    """warnings.catch_warnings() swaps the process's filters: a training thread's warnings
+    raised meanwhile were silently dropped. The measurement asks SDPA's checks instead."""
+    shape = attention.shape_of(2, 4, 256, 128, torch.float32, torch.device("cpu"))
+    stop, sent = threading.Event(), []
+
+    def other_thread() -> None:
+        while not stop.is_set():
+            sent.append(len(sent))
+            warnings.warn(f"from the training thread {sent[-1]}", UserWarning, stacklevel=1)
+            time.sleep(0.0005)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        try:
+            for _ in range(3):
+                attention.measure(shape, rounds=3)
+        finally:
+            stop.set()
+            worker.join()
+    got = [w for w in seen if "from the training thread" in str(w.message)]
+    assert len(sent) > 0 and len(got) == len(sent)
+
+
+RANK_CHILD = r"""
+import json, os, sys
+import torch
+from engine.train import attention, distributed
+
+ctx = distributed.init("cpu")
+measured = []
+
+def timer(shape):  # each rank's own (different) measurement, as two GPUs may read
+    measured.append(ctx.rank)
+    return {"cuDNN": 1.0 + ctx.rank, "flash": 1.5 - ctx.rank, "efficient": None}
+
+shape = attention.Shape(4, 12, 1024, 64, torch.bfloat16, torch.device("cuda", ctx.local_rank))  # never allocated
+choice = attention.choose(shape, timer)
+print("RESULT " + json.dumps({"rank": ctx.rank, "picked": choice.picked, "timings": choice.timings,
+                              "measured": measured}), flush=True)
+distributed.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_rank_0_measures_and_every_rank_runs_its_pick(tmp_path) -> None:
+    """Two gloo ranks whose own timings disagree (rank 1 alone would pick flash): both run
+    rank 0's pick, and only rank 0 spends the time measuring."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_CHILD], env=env, cwd=ROOT, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
+        assert line is not None, err[-3000:]
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    assert [r["picked"] for r in results] == ["cuDNN", "cuDNN"]
+    assert results[0]["timings"] == results[1]["timings"] == {"cuDNN": 1.0, "flash": 1.5, "efficient": None}
+    assert [r["measured"] for r in results] == [[0], []]

@@ -40,8 +40,10 @@ def host_reads(monkeypatch) -> Counter:
     return count
 
 
-def test_a_non_logging_step_reads_nothing_from_the_device(tmp_path, tiny_dataset, host_reads):
-    flags = {"train.max_steps": 12, "train.log_interval": 4, "train.eval_interval": 100, "train.ckpt_interval": 100}
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])  # Muon's skip is the device's too (build.step_unless)
+def test_a_non_logging_step_reads_nothing_from_the_device(tmp_path, tiny_dataset, host_reads, optimizer):
+    flags = {"train.max_steps": 12, "train.log_interval": 4, "train.eval_interval": 100, "train.ckpt_interval": 100,
+             "optim.optimizer": optimizer}  # fmt: skip
     t = open_run(tmp_path / "run", tiny_dataset, **flags)
     per_step: dict[int, int] = {}
     segment = t.segment
@@ -67,8 +69,8 @@ def _scale_loss(monkeypatch, factor: Callable[[int], float]) -> None:
     original = GPT.forward
     calls = [0]
 
-    def forward(self, idx, targets=None):
-        logits, loss = original(self, idx, targets)
+    def forward(self, idx, targets=None, **kw):
+        logits, loss = original(self, idx, targets, **kw)
         if self.training and loss is not None:
             calls[0] += 1
             loss = loss * factor(calls[0])
@@ -98,6 +100,53 @@ def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_data
     assert not all(torch.equal(a, b) for a, b in zip(weights[3], weights[4]))
     warnings = [e.message for e in seen if e.event == "warning"]
     assert len(warnings) == 1 and warnings[0].startswith("step 4:") and "2 updates since the last report" in warnings[0]
+
+
+@pytest.mark.parametrize("flags", [{"optim.fused": False}, {"optim.optimizer": "muon"},
+                                   {"optim.optimizer": "muon", "optim.fused": False}])  # fmt: skip
+def test_without_found_inf_a_nan_step_is_skipped_and_its_verdict_never_read(tmp_path, tiny_dataset, monkeypatch,
+                                                                            flags):  # fmt: skip
+    """Unfused AdamW and Muon read no found_inf: their step is still skipped on the device (what it
+    changed put back where the verdict is set), the verdict never read on the host; the steps
+    around the bad ones train; a bad first step leaves the state as new (zeros)."""
+    _scale_loss(monkeypatch, lambda n: float("nan") if n in (1, 3, 4) else 1.0)
+    verdicts: list[torch.Tensor] = []
+    judge = guard.StepGuard.judge
+    monkeypatch.setattr(guard.StepGuard, "judge", lambda self, *a, **kw: verdicts.append(judge(self, *a, **kw))
+                        or verdicts[-1])  # fmt: skip
+    read: list[str] = []
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, _name=name, **kw):
+            if any(self is v for v in verdicts):
+                read.append(_name)
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    t = open_run(tmp_path / "run", tiny_dataset, **{"train.max_steps": 6, "train.log_interval": 3,
+                                                    "train.max_bad_steps": 3, "train.eval_interval": 100,
+                                                    "train.ckpt_interval": 100}, **flags)  # fmt: skip
+    weights: dict[int, list[torch.Tensor]] = {}
+    states: dict[int, list[torch.Tensor]] = {}
+    step = t.segment.train_step
+
+    def train_step(lr):
+        out = step(lr)
+        p = t.segment.parts
+        weights[t.segment.step + 1] = [q.detach().clone() for q in p.model.parameters()]
+        states[t.segment.step + 1] = [v.clone() for s in p.optimizer.state.values() for v in s.values()
+                                      if isinstance(v, torch.Tensor)]  # fmt: skip
+        return out
+
+    t.segment.train_step = train_step
+    assert t.run() == "completed"
+    assert not t.segment.parts.optimizer.defaults["fused"]
+    assert read == []  # no per-step host read of the verdict (the old loop read it with .item() every step)
+    assert states[1] and all(not v.any() for v in states[1])  # a skipped first step: the state as new
+    assert all(torch.equal(a, b) for a, b in zip(weights[2], weights[4]))  # steps 3-4 never reached the weights
+    assert not all(torch.equal(a, b) for a, b in zip(weights[4], weights[5]))  # step 5 trained
+    assert all(torch.isfinite(w).all() for w in weights[6])
 
 
 @pytest.fixture(scope="module")

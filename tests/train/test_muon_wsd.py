@@ -54,14 +54,23 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
 
 def test_a_muon_step_the_guard_skips_is_never_taken(tmp_path, tiny_dataset, monkeypatch):
     """The guard's verdict (a device flag; torch's Muon reads no found_inf) skips the whole
-    Muon + AdamW step: neither optimizer ever steps, so neither holds any state."""
+    Muon + AdamW step on the device (build.step_unless): the weights stay the initial ones and
+    both optimizers' state stays as new (zero moments, momentum and step counts)."""
+    from engine.run.preflight import open_data
     from engine.train import guard
+    from engine.train.model import GPT
+    from harness import micro_config
 
     monkeypatch.setattr(guard.StepGuard, "judge", lambda self, loss, norm, scaled, agree: torch.ones((), dtype=torch.bool))
-    run_dir = tmp_path / "run"
-    train(run_dir, tiny_dataset, **{"optim.optimizer": "muon", "train.max_steps": 3, "train.max_bad_steps": 10})
+    run_dir, flags = tmp_path / "run", {"optim.optimizer": "muon", "train.max_steps": 3, "train.max_bad_steps": 10}
+    train(run_dir, tiny_dataset, **flags)
     state = torch.load(run_dir / "checkpoints" / "step_000003.pt", weights_only=True)
-    assert state["optimizer"]["state"] == {}
+    assert state["optimizer"]["state"] and not any(v.any() for s in state["optimizer"]["state"].values()
+                                                   for v in s.values())  # fmt: skip
+    config, _ = open_data(micro_config(tiny_dataset, **flags))
+    torch.manual_seed(config.train.seed)  # the run's initial weights (engine.train.build.parts)
+    initial = GPT(config.model).state_dict()
+    assert all(torch.equal(state["model"][k], v) for k, v in initial.items())
 
 
 def test_fsdp_with_muon_is_refused_in_one_line():

@@ -217,6 +217,11 @@ class RunState:
         and `compare` give for it (one rule, engine.run.segments), not one across every segment."""
         return ev.settled_step_time(self.segments.current_step_times())
 
+    def contention(self) -> ev.Contention | None:
+        """The machine's contention over the current segment's settled window (the window of
+        settled_step_time: engine.run.segments)."""
+        return self.segments.current_contention()
+
     def elapsed(self, now: float | None = None) -> float:
         """Time the run has been running: pauses, and the time between a stop and its resume, do not count."""
         if self.t0 is None:
@@ -231,7 +236,8 @@ class RunState:
             self._paused_at = None
 
     def eta(self) -> float | None:
-        """Time left at the current segment's settled speed (the console's rule)."""
+        """Time left at the current segment's recent speed (the console's rule, engine.events.eta_seconds:
+        a run that slows down says so within a few step reports)."""
         if not self.live or self.stop_since is not None or self.writer_lost:
             return None
         return ev.eta_seconds(self.segments.current_step_times(), self.step, self.max_steps)

@@ -32,11 +32,12 @@ from engine.api import best_val_loss, labels, read_run
 from engine.api import UserError
 from engine.api import change_text, shown
 from engine.api import Reach, SegmentReader, SegmentSummary, default_target, final_val_loss, mark_target, reach_text
+from engine.api import setting_items, shown_settings
 from engine.api import loss_text
 from tui.screens import BACK
 from tui.models.runstate import EMA_BETA, X_AXES, Series, XAxis
 from tui.widgets.charts import log_range, thin
-from tui.widgets.segments import SegmentTable
+from tui.widgets.segments import HOT, SegmentTable
 from tui.plain import PlainApp
 
 PALETTE = ("cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white")  # plotext's names
@@ -206,11 +207,18 @@ class CompareScreen(Screen):
         self.loaded = True
 
     def legend(self) -> Text:
-        """The runs in their colours, each segment start with what it changed; x and keys."""
+        """The runs in their colours, each with its values of the settings that differ between
+        the rows (optimizer, schedule, ...: highlighted where not the first run's), each segment
+        start with what it changed; x and keys."""
         out = Text()
         target = target_of(self.runs)
+        segs = [s for r in self.runs for s in r.segments]
+        differs = shown_settings(segs) if segs else []
         for r in self.runs:
             out.append("\u2588\u2588 ", style=RICH.get(r.color, r.color)).append(shown(r.label), style="bold")
+            if differs and r.segments:
+                for text, hot in setting_items(r.segments[0], differs, segs[0]):
+                    out.append(" ").append(text, style=HOT if hot else "")
             if target is not None:
                 reach = r.to_target
                 out.append(f"  to val {loss_text(target)}: " + (f"{reach_text(reach)} (step {reach.step})" if reach else "not reached"))

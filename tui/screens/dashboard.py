@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedCo
 from engine.api import rundir
 from engine.api import build
 from engine.api import UserError
-from engine.api import change_text, clock_text, describe, human, printable, shown
+from engine.api import change_text, clock_text, contention_text, describe, human, printable, shown
 from tui.models.runstate import X_AXES, RunState, XAxis
 from tui.session import RunSession
 from tui.widgets.charts import Line, MetricChart
@@ -77,6 +77,8 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
         speed = f"{1000 * last.step_time_s:.1f} ms/step ({last.tokens_per_s:,.0f} tok/s)"
         if settled:
             speed += f" vs settled {1000 * settled:.1f} ms"
+        if busy := contention_text(state.contention(), short=True):  # timed on a busy machine: say so
+            speed += f" [{busy}]"
         ranks = last.rank_step_times
         if ranks and len(ranks) > 1:  # step_time_s is already the slowest rank's
             slow = max(range(len(ranks)), key=ranks.__getitem__)
@@ -253,6 +255,11 @@ class DashboardScreen(Screen):
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._fit_top)
+
+    def on_tabbed_content_tab_activated(self) -> None:
+        """A tab opened shows its content at once, not at the next redraw (seconds away when slow)."""
+        if self._status_key is not None:  # drawn before: not the first tab's, as the screen mounts
+            self.redraw()
 
     def redraw(self) -> None:
         state = self.state

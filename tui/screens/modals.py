@@ -16,12 +16,13 @@ Setup form
   F5  launch in its own process (the run survives the terminal)
   F6  launch in this app           F4  apply the memory fix
   F2  save the form as TOML        F3  load a TOML
+  ?   every field's whole help (the focused field shows its own)
 Dashboard
   p  pause/resume                  s  save a checkpoint now
   q  stop the run (asks first)     l  log-y on/off
   x  x-axis: step / tokens / time  ?  this help
-  o  switches of the live run: change compile, precision, ...
-     at the next step; the Segments tab shows what each bought
+  o  switches of the live run: a applies them at the next step,
+     Esc cancels; the Segments tab shows what each set bought
   q  (once the run is over) what next: form, resume, another run
   Left/Right  switch tabs while the tab bar has focus: it has when
               the dashboard opens; shift+Tab goes back to it
@@ -30,10 +31,9 @@ Anywhere
   F7  the runs list: attach, resume, compare (space marks)
   F8  the speed ladder
   F1  this help                    ctrl+p  the command palette
-  ctrl+q  quit: a run in this app saves a checkpoint first
-          (ctrl+q again: quit now, losing the steps since it);
-          a run in its own process goes on: re-open its
-          dashboard with `gpt2-tui attach RUN_DIR`"""
+  ctrl+q  quit: a run in this app saves a checkpoint first, then the
+          command that resumes it is printed (again: quit now); a run
+          in its own process goes on (`gpt2-tui attach RUN_DIR`)"""
 
 
 # Arrow keys move between a dialog's buttons and switches, as Tab does (a focused widget that

@@ -64,7 +64,9 @@ class ResumeScreen(ModalScreen["int | None"]):
     def __init__(self, name: str, step: int, max_steps: int | None):
         super().__init__()
         self.run_name, self.step = name, step
-        self.default = max(max_steps or 0, step) + max(max_steps or 0, step, 1)  # twice as far
+        # a run stopped before its max steps resumes to them; one that reached them, twice as far
+        done = max_steps is None or step >= max_steps
+        self.default = max(max_steps or 0, step) + max(max_steps or 0, step, 1) if done else max_steps
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):

@@ -29,13 +29,15 @@ from engine.api import RunConfig, preset_names, resolve
 from engine.api import UserError
 from tui.models import form as F
 from tui.widgets import setting_input
-from tui.widgets.first_paint import CHROME_ROWS, FirstPaint, Row, KeysFooter, SelectStandIn, breakpoint_classes, lines, paint_first
+from tui.widgets.first_paint import CHROME_ROWS, FirstPaint, Row, KeysFooter, SelectStandIn, breakpoint_classes, paint_first
 from tui.widgets.memory import MemoryPanel
 
 if TYPE_CHECKING:
     from engine.api import Capabilities
 
-PRESET_HELP = "model shape; train/schedule values reset to the preset's"
+PRESET_HELP = "model shape; batch and schedule reset to the preset's"  # one line at 80 columns
+# the first section's title says where a field's whole help is (each shows one line of it)
+HELP_HINT = "   (a field's whole help: on focus, or ? for all)"
 __all__ = ["SelectStandIn", "SetupScreen", "paint_first", "wid"]
 
 
@@ -69,6 +71,7 @@ class SetupScreen(Screen):
         Binding("f4", "apply_fix", "Fit memory"),
         Binding("f2", "save_config", "Save"),
         Binding("f3", "load_config", "Load"),
+        Binding("question_mark", "all_help", "Help", show=False),  # F1 lists it: the footer is full at 80
     ]
     # No focus while the form's widgets mount: focusing the scrolling form restyles every
     # widget in it (~0.1-0.2 s on a 2-core VM); _after_first_frame focuses it instead.
@@ -119,7 +122,6 @@ class SetupScreen(Screen):
         Error lines are not here: each is mounted below its field the first time it has
         something to say (most forms never show one), and the GPUs row once the probe finds
         more than one."""
-        width = self.app.size.width
         top: list[Row] = [
             (2, lambda: [Horizontal(  # its help below it: beside a select wide enough for the sizes, 80
                 Label("preset", classes="name"),  # columns left it 10 (it wrapped mid-word)
@@ -132,18 +134,18 @@ class SetupScreen(Screen):
                 Button("Browse", id="browse", compact=True),
                 classes="row",
             )]),
-            (1, lambda: [Static("", id="dataset-info", classes="help-line")]),
+            (1, lambda: [Static("", id="dataset-info", classes="help-line one-line")]),
             (1, lambda: [Horizontal(
                 Label("run directory", classes="name"),
                 Input(str(rundir.default_path(self.model.base.get("preset"))), id="run-dir", compact=True),
                 classes="row", id="row-run-dir",
             )]),
         ]  # fmt: skip
-        for title, names in F.SECTIONS:
-            top.append((2, lambda title=title: [Static(title, classes="section")]))
-            for dotted in names:
-                sp = F.setting(dotted)
-                top.append((lines(sp.help, width), lambda d=dotted: [self._field_row(d)]))
+        for title, names in F.SECTIONS:  # the speed switches first (engine.config.FORM_SECTIONS)
+            hint = HELP_HINT if title == F.SECTIONS[0][0] else ""
+            top.append((2, lambda title=title, hint=hint: [Static(title + hint, classes="section", markup=False)]))
+            for dotted in names:  # one line each: its help's first line (app.tcss); the rest on focus or ?
+                top.append((1, lambda d=dotted: [self._field_row(d)]))
                 if dotted == "train.grad_accum":
                     top.append((1, lambda: [Static("", id="tokens-per-step", classes="help-line")]))
         top.append((1, lambda: [
@@ -250,6 +252,18 @@ class SetupScreen(Screen):
         else:
             self.revalidate()
 
+    def action_all_help(self) -> None:
+        """?: every field's whole help, or one line each again (a field's own shows on focus)."""
+        self.toggle_class("-all-help")
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """The dataset's description is one line too: whole while its field has the focus."""
+        for info in self.query("#dataset-info"):
+            info.set_class(event.widget.id in ("dataset", "browse"), "-focus")
+        row = next((w for w in event.widget.ancestors if w.has_class("row")), None)
+        if row is not None:  # its whole help, below the field, in view once drawn
+            self.call_after_refresh(row.scroll_visible, animate=False)
+
     def focus_first(self) -> None:
         """The form takes the focus (now, not after a refresh, as Widget.focus would), unless a
         key typed before this frame moved it already. Also asked by the app before the first
@@ -305,7 +319,7 @@ class SetupScreen(Screen):
         for dotted, why in device.disabled(caps).items():
             if dotted in F.ALL_FIELDS:
                 self.query_one("#" + wid(dotted)).disabled = True
-                self.query_one("#help-" + wid(dotted), Static).update(f"{F.setting(dotted).help} [disabled: {why}]")
+                self.query_one("#help-" + wid(dotted), Static).update(f"[disabled: {why}] {F.setting(dotted).help}")
         if caps.gpus > 1:
             after = "#err-run-dir" if "err-run-dir" in self._error_lines else "#row-run-dir"
             self.query_one("#form").mount(self._nproc_row(caps.gpus), after=after)

@@ -20,7 +20,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Select, Static, Switch
+from textual.widgets import Button, Footer, Label, Select, Static, Switch
 
 from engine.api import device, memory
 from engine.api import toggle
@@ -76,7 +76,8 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
     ToggleScreen .buttons { height: auto; }
     ToggleScreen Button { margin-right: 2; }
     """
-    # Apply a key away (not ~12 Tabs); `a` is no switch's key, and no row takes typed text
+    # Apply a key away (not ~12 Tabs); `a` is no switch's key, and no row takes typed text. The
+    # dialog's own footer says so while it is up (the dashboard's keys do nothing here)
     BINDINGS = [Binding("a", "apply", "Apply"), Binding("escape", "cancel", "Cancel"), *ARROWS]
 
     def __init__(self, run_dir: Path, config: RunConfig, *, world_size: int = 1, sharding: memory.Sharding = "ddp",
@@ -119,6 +120,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
             with Horizontal(classes="buttons"):
                 yield Button("Apply [a]", id="apply", variant="primary")
                 yield Button("Cancel [esc]", id="cancel")
+        yield Footer()
 
     def _row(self, dotted: str) -> ComposeResult:
         value, why = self.current[dotted], self.off.get(dotted)

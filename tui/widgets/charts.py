@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -120,6 +121,36 @@ def label_row(placed: list[int], col: int, width: int, max_rows: int) -> int | N
     return None
 
 
+_CHANGE = re.compile(r"(\S+) \S+ -> (\S+)")
+
+
+def compact(label: str) -> str:
+    """A segment label in fewer columns: 'compile off -> on, prefetch on -> off' ->
+    'compile=on prefetch=off' (the new values: what the segment trained with)."""
+    return _CHANGE.sub(r"\1=\2", label).replace(", ", " ")
+
+
+def place_labels(cols_at: list[int], labels: list[str], cols: int, max_rows: int) -> list[tuple[int, int, str] | None]:
+    """(start column, row, text) per label, or None where there is no room. Each starts at its
+    line (moved left as far as it must to end inside `cols`: whole, never cut by the frame).
+    When the labels as written leave some line without one, they are all written compactly
+    (compact) if that labels more lines: every segment start named, however close together."""
+    best: list[tuple[int, int, str] | None] = []
+    for form in (str, compact):
+        placed: list[int] = []  # per label row, the first free column
+        out: list[tuple[int, int, str] | None] = []
+        for col, label in zip(cols_at, labels):
+            text = form(label)[: min(24, cols)]
+            start = max(0, min(col, cols - len(text)))
+            row = label_row(placed, start, len(text), max_rows)
+            out.append(None if row is None else (start, row, text))
+        if not best or sum(x is not None for x in out) > sum(x is not None for x in best):
+            best = out
+        if all(x is not None for x in best):
+            break
+    return best
+
+
 def log_range(ys: list[float]) -> tuple[float, float]:
     """The y range a log chart shows: the data's, widened a little so no point sits on the frame."""
     lo, hi = min(ys), max(ys)
@@ -147,6 +178,7 @@ class MetricChart(PlotextPlot):
         self.hline: float | None = None  # e.g. the grad clip
         self.markers: list[tuple[int, str]] = []  # (step, label): a vertical line each, e.g. segment starts
         self.markers_drawn: list[tuple[float, str]] = []  # (x, label) at the last draw, for tests
+        self.labels_drawn: list[str] = []  # the marker labels written at the last draw (maybe compact)
         self.zoom: tuple[float, float] | None = None  # a y range (data units) that may cut values off
         self.off_scale_drawn: list[tuple[float, float, str]] = []  # the cut-off marks at the last draw
         self._drawn: tuple[int, str, bool, int, int] | None = None
@@ -243,26 +275,25 @@ class MetricChart(PlotextPlot):
         top, bottom = max(all_y), min(all_y)
         rows = max(1, self.size.height - 5)  # the canvas (see _above_legend)
         cols = max(10, self.size.width - 10)  # less the y tick labels and the frame
-        placed: list[int] = []  # per label row, the first free column
+        span = max(hi_x - lo_x, 1e-12)
+        at: list[tuple[float, str]] = []
         for step, label in self.markers:
             i = bisect.bisect_left(s.step, step)
             if i >= len(s):
                 continue  # no point there yet
-            x = float(step) if axis == "step" else xs_all[i]
-            plt = self.plt
-            plt.vline(x, color="magenta")
-            self.markers_drawn.append((x, label))
-            text = label[: min(24, cols)]
-            span = max(hi_x - lo_x, 1e-12)
-            col = int((x - lo_x) / span * cols)
-            # the label starts at its line, moved left as far as it must to end inside the
-            # frame: whole, never cut by it
-            start = max(0, min(col, cols - len(text)))
-            row = label_row(placed, start, len(text), MAX_LABEL_ROWS)
-            if row is None:
+            at.append((float(step) if axis == "step" else xs_all[i], label))
+        self.markers_drawn = at
+        self.labels_drawn = []
+        cols_at = [int((x - lo_x) / span * cols) for x, _ in at]
+        places = place_labels(cols_at, [label for _, label in at], cols, MAX_LABEL_ROWS)
+        for (x, _), place in zip(at, places):
+            self.plt.vline(x, color="magenta")
+            if place is None:
                 continue  # no room beside the others: the line alone (the Segments tab names it)
+            start, row, text = place
             y = top - row * (top - bottom) / rows if top > bottom else top
-            plt.text(text, lo_x + start / cols * span, y, color="magenta", alignment="left")
+            self.plt.text(text, lo_x + start / cols * span, y, color="magenta", alignment="left")
+            self.labels_drawn.append(text)
 
     def _above_legend(self, lo: float, hi: float) -> tuple[float, float]:
         """A top for the y range that leaves the legend's rows (one per line, at the top of

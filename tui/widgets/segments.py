@@ -4,8 +4,10 @@ Fed with a run's events one at a time (`feed`, cheap: no drawing), it redraws on
 slow timer, only when something changed and it is on screen, so a dashboard can mount it
 and forget it. The Compare screen fills it with several runs at once (`show`). Rows,
 cells and speed-ups come from engine.inspect.compare, the same as `gpt2-tui compare` prints;
-the speed columns come first and the switches last, only those that differ between rows,
-highlighted where they differ from the first row, the ones a segment changed first.
+the payoff columns come first (speed, speed-ups, best val, time to the target: on screen at 80
+columns), then the details, and last the settings that differ between rows (speed switches,
+optimizer, schedule, ...), highlighted where they differ from the first row, the ones a segment
+changed first.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from typing import Any
 from rich.text import Text
 
 from engine.api import events as ev
-from engine.api import COMPARE_COLUMNS as COLUMNS, LEFT, SWITCHES_COLUMN, Row, cells, rows, shown_switches, switch_items
+from engine.api import COMPARE_COLUMNS as COLUMNS, LEFT, SETTINGS_COLUMN, Row, cells, rows
+from engine.api import setting_items, shown_settings
 from engine.api import SegmentReader, SegmentSummary, final_val_loss, mark_target
 from tui.plain import PlainTable
 
-HOT = "bold yellow"  # a switch that differs from the first row
+HOT = "bold yellow"  # a setting that differs from the first row
 
 
 class SegmentTable(PlainTable):
@@ -83,11 +86,11 @@ class SegmentTable(PlainTable):
         self.clear(columns=True)
         self._add_columns()
         segs = [r.segment for r in table]
-        shown = shown_switches(segs) if segs else []
+        shown = shown_settings(segs) if segs else []
         for r in table:
             row: list[Any] = [c if i in LEFT else Text(c, justify="right") for i, c in enumerate(cells(r))]
-            row[SWITCHES_COLUMN] = Text(" ").join(
-                Text(text, style=HOT if hot else "") for text, hot in switch_items(r.segment, shown, segs[0])
+            row[SETTINGS_COLUMN] = Text(" ").join(
+                Text(text, style=HOT if hot else "") for text, hot in setting_items(r.segment, shown, segs[0])
             )
             self.add_row(*(row if self.run_column else row[1:]))
         return True

@@ -1,0 +1,47 @@
+"""Segment labels on the dashboard's s/step chart (issue 39): four toggles close together in
+the half-width chart of an 80-column dashboard drew four lines but three labels; every segment
+start is named, compactly ('compile=on') when the labels as written leave one without."""
+
+from __future__ import annotations
+
+import asyncio
+
+from textual.app import App, ComposeResult
+
+from test_tui_charts import recorded_state
+from tui.widgets.charts import Line, MetricChart
+
+TOGGLES = [(10, "compile off -> on"), (20, "compile on -> off"), (30, "compile off -> on"), (40, "compile on -> off")]
+
+
+class One(App):
+    def compose(self) -> ComposeResult:
+        yield MetricChart("s/step", [Line("step_time", "s/step", "yellow")], unit=" s", id="chart-steptime")
+
+
+def drawn(width: int) -> str:
+    state = recorded_state()
+
+    async def go() -> str:
+        app = One()
+        async with app.run_test(size=(width, 24)) as pilot:
+            await pilot.pause()
+            chart = app.query_one(MetricChart)
+            chart.markers = TOGGLES
+            assert chart.maybe_redraw(state, "step", False)
+            await pilot.pause()
+            assert [label for _, label in chart.markers_drawn] == [label for _, label in TOGGLES]
+            return str(chart.render())
+
+    return asyncio.run(go())
+
+
+def test_four_toggles_four_labels_at_80_columns() -> None:
+    shown = drawn(40)  # the s/step chart: half of an 80-column dashboard
+    assert shown.count("compile") == 4, shown
+    assert shown.count("compile=on") == 2 and shown.count("compile=off") == 2, shown
+
+
+def test_labels_as_written_where_they_fit() -> None:
+    shown = drawn(160)
+    assert shown.count("compile off -> on") == 2 and shown.count("compile on -> off") == 2, shown
