@@ -229,7 +229,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from engine.train import distributed
     from engine.run import torchrun
     from engine.run.requests import Control
-    from engine.events import ConsoleSink
+    from engine.events import CallbackSink, ConsoleSink, RunStarted
     from engine.run.preflight import new_config, preflight, resumed_config
     from engine.run.owner import start
 
@@ -239,8 +239,6 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError("--resume takes its config and directory from the run; drop --preset/--config/--out")
         if "model.init_from" in overrides:
             raise UserError("--init-from starts a new run; a --resume continues from its checkpoint: drop --init-from")
-        if not args.resume_from:
-            refuse_finished(args.resume, overrides)
         config, run_dir = resumed_config(args.resume, overrides, args.resume_from), args.resume
         if args.resume_from:  # named, so checked here, before anything runs
             from engine.train.checkpoint import CheckpointDir
@@ -259,12 +257,19 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if relaunch:
         return torchrun.run(args.nproc, config, run_dir, bool(args.resume), args.force, argv, out_given=bool(args.out))
     control = Control()
-    run = start(config, run_dir, resume=bool(args.resume), sinks=[ConsoleSink(settled_before=settled_before(run_dir))],
-                control=control, force=args.force,
+    said: list[bool] = []
+
+    def follow(event: Any) -> None:
+        """Where to follow and steer it, said as it starts (before the first step: a second terminal
+        can follow it at once), once its set-up has passed: a refusal there is its one line."""
+        if isinstance(event, RunStarted) and not said and distributed.current().is_main:
+            said.append(True)
+            out.line(following_text(run_dir, config.speed.compile), flush=True)
+
+    run = start(config, run_dir, resume=bool(args.resume), control=control, force=args.force,
+                sinks=[CallbackSink(follow), ConsoleSink(settled_before=settled_before(run_dir))],
                 resume_from=args.resume_from, dataset=verdict.dataset)
     run_dir = run.run_dir
-    if distributed.current().is_main:  # before the first step: a second terminal can follow it at once
-        out.line(following_text(run_dir, config.speed.compile), flush=True)
     restore = _steer_by_signals(control, distributed.current().enabled)
     try:
         run.run()  # a live toggle (engine/run/toggle.py) continues the run in a new segment
@@ -277,10 +282,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def refuse_finished(run_dir: Path, overrides: dict[str, Any]) -> None:
-    """A resume with nothing left to train (its latest checkpoint at or past the max steps it
-    would train to) is refused here, before a line is printed: the segment's set-up refuses it
-    too (engine.train.saving.trained_past, the one wording), but only once the run has started.
-    The advice keeps the other flags given, so following it trains with them."""
+    """`toggle` on a run that is not live, whose resume would have nothing left to train (its
+    latest checkpoint at its max steps): trained_past's refusal (the one wording), whose advice
+    names a larger --max-steps and keeps the switches asked for, so following it trains."""
     from engine import rundir
     from engine.train.checkpoint import CheckpointDir
     from engine.train.saving import trained_past
@@ -290,7 +294,8 @@ def refuse_finished(run_dir: Path, overrides: dict[str, Any]) -> None:
         return
     limit = overrides.get("train.max_steps") or rundir.load_config(run_dir).train.max_steps
     if limit <= step:
-        raise trained_past(run_dir, step, limit, as_flags({k: v for k, v in overrides.items() if k != "train.max_steps"}))
+        given = {k: v for k, v in overrides.items() if k != "train.max_steps"}
+        raise trained_past(run_dir, step, limit, as_flags(given))
 
 
 def settled_before(run_dir: Path) -> Callable[[int], Any]:
@@ -537,7 +542,13 @@ def cmd_toggle(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> int:
     """Dispatch a parsed headless command (raises UserError on bad input)."""
     if args.command == "train":
-        return cmd_train(args, argv)
+        from engine.train.saving import TrainedPast, trained_past
+
+        try:
+            return cmd_train(args, argv)
+        except TrainedPast as past:  # its advice keeps the flags given: following it trains with them
+            given = {k: v for k, v in overrides_from(args).items() if k != "train.max_steps"}
+            raise trained_past(past.run_dir, past.step, past.max_steps, as_flags(given)) from None
     if args.command == "estimate":
         return cmd_estimate(args)
     if args.command == "prepare":
@@ -588,7 +599,8 @@ def parse(parser: Parser, argv: list[str]) -> tuple[argparse.Namespace, list[str
     args, rest = parser.parse_known_args(argv)
     if rest:
         command = subcommand(parser, args)
-        command.error(not_live(args, rest) or f"unrecognized arguments: {' '.join(rest)}{did_you_mean(parser, args, rest)}")
+        unknown = f"unrecognized arguments: {' '.join(rest)}{did_you_mean(parser, args, rest)}"
+        command.error(not_live(args, rest) or unknown)
     return args, rest
 
 

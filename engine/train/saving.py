@@ -164,7 +164,16 @@ class Saving:
             raise trained_past(self.run_dir, step, n)
 
 
-def trained_past(run_dir: Path, step: int, max_steps: int, flags: tuple[str, ...] | list[str] = ()) -> UserError:
+class TrainedPast(UserError):
+    """trained_past's refusal, with its numbers: a front door words its advice again with the
+    flags it was given (the CLI), so following it keeps them."""
+
+    run_dir: Path
+    step: int
+    max_steps: int
+
+
+def trained_past(run_dir: Path, step: int, max_steps: int, flags: tuple[str, ...] | list[str] = ()) -> TrainedPast:
     """The one refusal of a resume whose max steps the run has reached (here, and at the front
     door for a --max-steps given at or below the step reached: engine.run.preflight): its advice
     names a max steps above the step reached, so following it trains (2x the larger of the two),
@@ -172,9 +181,11 @@ def trained_past(run_dir: Path, step: int, max_steps: int, flags: tuple[str, ...
     from engine.text import path_text, program
 
     where = path_text(run_dir)
-    return UserError(f"{where} already trained to step {step}, its max steps {max_steps}: nothing is left to train; "
-                     f"to train further give a larger --max-steps: {program()} train --resume {where} "
-                     f"--max-steps {2 * max(max_steps, step)}{''.join(' ' + f for f in flags)}")  # fmt: skip
+    refusal = TrainedPast(f"{where} already trained to step {step}, its max steps {max_steps}: nothing is left to "
+                          f"train; to train further give a larger --max-steps: {program()} train --resume {where} "
+                          f"--max-steps {2 * max(max_steps, step)}{''.join(' ' + f for f in flags)}")  # fmt: skip
+    refusal.run_dir, refusal.step, refusal.max_steps = run_dir, step, max_steps
+    return refusal
 
 
 class _Numbers(BaseModel):

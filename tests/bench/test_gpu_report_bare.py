@@ -16,7 +16,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import sysconfig
 import venv
 from pathlib import Path

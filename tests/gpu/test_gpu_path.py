@@ -22,9 +22,7 @@ import torch
 
 from engine import rundir
 from engine.cli import main
-from engine.config import resolve
 from engine.errors import UserError
-from engine.events import read_events
 from engine.train.model import GPT
 from engine.run.owner import start
 from harness import micro_config, run_events

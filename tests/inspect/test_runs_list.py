@@ -3,7 +3,6 @@ tiny dataset, CPU), the other states from hand-written run directories in the sa
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys

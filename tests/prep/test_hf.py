@@ -22,7 +22,7 @@ from engine.inspect.export import export_run  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 from engine.train.model import GPT  # noqa: E402
-from harness import ROOT, python_c  # noqa: E402
+from harness import python_c  # noqa: E402
 
 VOCAB = 100  # padded to 128 by pad_vocab: the padding path is exercised
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=48, vocab_size=VOCAB, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)

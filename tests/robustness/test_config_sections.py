@@ -36,8 +36,8 @@ def test_a_section_written_as_a_value_is_one_line(tmp_path: Path, tiny_dataset: 
         config.write_text(f"{section} = {value}\n")
         for flags in ([], A_FLAG[section]):
             out = tmp_path / f"out{i}"
-            argv = ["train", "--config", str(config), "--data", str(tiny_dataset), "--device", "cpu",
-                    "--precision", "fp32", "--max-steps", "1", "--out", str(out), *flags]  # fmt: skip
+            argv = ["train", "--preset", "micro", "--config", str(config), "--data", str(tiny_dataset), "--device",
+                    "cpu", "--precision", "fp32", "--max-steps", "1", "--out", str(out), *flags]  # fmt: skip
             before = tree_snapshot(tmp_path)
             try:
                 cli_fails(capsys, argv, f"{section} = ", f"{section} is a section")

@@ -463,7 +463,7 @@ def test_09a_runs_and_compare_show_names_and_fields_printable(tmp_path, tiny_dat
             e["device_name"] = "cpu\x1b]0;owned\x07"
             e["config"]["preset"] = "micro\x1b[2J"
         if e["event"] == "segment":
-            e["switches"] = {k: (f"x\x1b[31m" if isinstance(v, str) else v) for k, v in e["switches"].items()}
+            e["switches"] = {k: ("x\x1b[31m" if isinstance(v, str) else v) for k, v in e["switches"].items()}
         out.append(json.dumps(e))
     out.append(json.dumps({"event": "warning", "message": "disk \x1b]0;gone\x07 full", "time": time.time()}))
     (run / "events.jsonl").write_text("\n".join(out) + "\n")

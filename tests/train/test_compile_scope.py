@@ -16,11 +16,8 @@ import pytest
 import torch
 
 from engine.train import compiling
-from engine import rundir
 from engine import events as ev
 from gpt2_tui import main
-from engine.config import resolve
-from engine.events import read_events
 from engine.run.owner import start
 from harness import cli_process, micro_config, run_events
 

@@ -18,7 +18,6 @@ from engine.train import guard
 from engine import rundir
 from engine.events import CallbackSink, read_events
 from engine.train.model import GPT
-from engine.run.owner import start
 from gpt2_tui import main
 from harness import MICRO, cli_fails, open_run
 

@@ -18,7 +18,7 @@ from engine.text import loss_text
 from engine.gpu_monitor import GpuSample, GpuSampler
 from tui.screens.runs import RunsScreen
 from tui.widgets.gpu_panel import GpuChart, GpuPanel
-from harness import WAIT_S, release_claimed, runs_app, until, write_run  # noqa: F401
+from harness import release_claimed, runs_app, until, write_run
 
 SIZE = (120, 40)
 

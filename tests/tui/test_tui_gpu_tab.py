@@ -17,7 +17,7 @@ from tui.app import GPT2App
 from tui.models.runstate import RunState
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.gpu_panel import GpuPanel
-from harness import WAIT_S, gpu_rounds, until, write_gpu_run  # noqa: F401
+from harness import gpu_rounds, until, write_gpu_run
 
 SIZE = (120, 40)
 

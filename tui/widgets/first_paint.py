@@ -36,14 +36,6 @@ def paint_first(headless: bool) -> bool:
     return not ("torch" in sys.modules or headless)
 
 
-def lines(help_: str, width: int) -> int:
-    """About how many lines a field's row takes at this terminal width: its help wraps beside
-    the name (20 columns) and the control (24, tui/app.tcss), inside the form's padding and
-    scrollbar. Word wrap leaves lines short, hence 6/5."""
-    room = max(width - 2 - 20 - 24 - 2 - 2, 10)
-    return max(1, -(-len(help_) * 6 // (5 * room)))
-
-
 class SelectStandIn(Static):
     """What a compact Select draws (its value, then its arrow, on $surface), for the first
     frame only: a Select costs ~30 ms to mount on a 2-core VM, 4-6x a plain widget, and the
