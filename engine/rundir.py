@@ -215,6 +215,7 @@ def tokenizer_of(path: Path) -> Path | None:
 # ---------------------------------------------------------------- the one writer
 
 _held: dict[str, tuple[int, int]] = {}  # run dir (resolved) -> fds of it and its writer.lock, held here
+_identities: dict[str, dict[str, object]] = {}  # run dir -> its identity, for writer.lock once the run writes
 _recorded: set[str] = set()  # run dirs whose writer.pid this process wrote
 
 
@@ -289,7 +290,7 @@ def lock(path: Path) -> None:
         os.close(dir_fd)
         raise UserError(f"{path} is being written by {holder(path)}; wait for it or stop it") from None
     _held[key] = (dir_fd, file_fd)
-    _record_identity(file_fd, here)
+    _identities[key] = here  # recorded by claim_writer, once the run writes: a refusal leaves writer.lock as it was
 
 
 def _identity(path: Path, st: os.stat_result) -> dict[str, object]:
@@ -349,6 +350,7 @@ def _record_identity(fd: int, identity: dict[str, object]) -> None:
 def unlock(path: Path) -> None:
     """Drop the lock (not the record): for a check that refused after locking."""
     fds = _held.pop(_key(path), None)
+    _identities.pop(_key(path), None)
     for fd in fds or ():
         os.close(fd)  # closing the last descriptor drops the flock
 
@@ -404,6 +406,9 @@ def claim_writer(path: Path) -> None:
     if _held_by_ancestor(path):
         return  # the launcher's record names the holder of the lock
     lock(path)
+    key = _key(path)
+    if key in _held and key in _identities:
+        _record_identity(_held[key][1], _identities[key])
     since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     files.atomic_write_bytes(path / WRITER, f"{socket.gethostname()} {os.getpid()} {since}\n".encode())
     _recorded.add(_key(path))

@@ -128,6 +128,19 @@ def micro_config(data: Path, **flags):
     return resolve("micro", None, {"data.path": str(data)} | CPU | flags)
 
 
+def built_parts(data: Path, run_dir: Path, overrides: dict[str, Any]):
+    """The micro preset over `data` with `overrides`, bound to its dataset, built into a
+    segment's parts and finished (compiled where asked, attention picked) without a run."""
+    from engine.config import resolve
+    from engine.run.preflight import open_data
+    from engine.train import build, distributed
+
+    config, dataset = open_data(resolve("micro", None, {"data.path": str(data)} | overrides))
+    parts = build.parts(config, dataset, distributed.Context(), None)
+    build.finish(parts, config, run_dir)
+    return parts
+
+
 def open_run(run_dir: Path, data: Path | None = None, *, resume: bool = False, sinks: Iterable = (),
              control=None, on_event: Callable | None = None, force: bool = False, **flags):  # fmt: skip
     """A run opened by its owner (engine.run.owner.start), not yet trained: micro_config(data,

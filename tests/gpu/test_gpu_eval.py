@@ -9,22 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import resolve
-from engine.run.preflight import open_data
-from engine.train import build, distributed
 from engine.train.evaluation import Evaluation
 from engine.train.state import Progress
+from harness import built_parts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.parametrize("pin", [True, False])
 def test_val_batches_are_pinned_where_the_training_batches_are(pin: bool, tiny_dataset: Path, tmp_path: Path) -> None:
-    config = resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cuda", "speed.precision": "bf16",
-                                     "data.pin_memory": pin, "train.eval_batches": 2})  # fmt: skip
-    config, dataset = open_data(config)
-    p = build.parts(config, dataset, distributed.Context(), None)
-    build.finish(p, config, tmp_path)
+    p = built_parts(tiny_dataset, tmp_path, {"speed.device": "cuda", "speed.precision": "bf16",
+                                              "data.pin_memory": pin, "train.eval_batches": 2})  # fmt: skip
     pinned = [torch.as_tensor(t).is_pinned() for batch in p.val_batches for t in batch]
     assert pinned == [pin] * 4
     loss = Evaluation(lambda e: None, every=None).run(p, Progress(step=1))

@@ -39,8 +39,8 @@ def _on_training_calls(monkeypatch, hook) -> None:
     real = GPT.forward
     calls = {"n": 0}
 
-    def forward(self, idx, targets=None):
-        logits, loss = real(self, idx, targets)
+    def forward(self, idx, targets=None, **kw):
+        logits, loss = real(self, idx, targets, **kw)
         if torch.is_grad_enabled() and loss is not None:
             calls["n"] += 1
             loss = hook(self, calls["n"], loss)

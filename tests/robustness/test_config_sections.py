@@ -52,7 +52,8 @@ def test_a_section_written_as_a_value_is_one_line(tmp_path: Path, tiny_dataset: 
 def test_a_model_preset_name_is_pointed_at_the_preset_flag(tmp_path: Path, tiny_dataset: Path, capsys) -> None:
     config = tmp_path / "c.toml"
     config.write_text('model = "gpt2-medium"\n')
-    err = cli_fails(capsys, ["train", "--config", str(config), "--data", str(tiny_dataset), "--n-layer", "1"],
+    err = cli_fails(capsys, ["train", "--preset", "micro", "--config", str(config), "--data", str(tiny_dataset),
+                             "--device", "cpu", "--n-layer", "1", "--max-steps", "1", "--out", str(tmp_path / "out")],
                     "--preset gpt2-medium")  # fmt: skip
     assert "[model]" in err
 

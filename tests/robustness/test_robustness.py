@@ -38,8 +38,8 @@ def poison_loss(monkeypatch):
     bad: set[int] = set()
     calls = [0]
 
-    def forward(self, idx, targets=None):
-        logits, loss = original(self, idx, targets)
+    def forward(self, idx, targets=None, **kw):
+        logits, loss = original(self, idx, targets, **kw)
         if self.training and loss is not None:
             calls[0] += 1
             if calls[0] in bad:
@@ -115,8 +115,8 @@ def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_data
     def blow_up(grad):  # the forward of steps 2 and 3 is fine; their gradients overflow
         return grad * float("inf") if calls[0] in (2, 3) else grad
 
-    def counting_forward(self, idx, targets=None):
-        logits, loss = original(self, idx, targets)
+    def counting_forward(self, idx, targets=None, **kw):
+        logits, loss = original(self, idx, targets, **kw)
         if self.training:
             calls[0] += 1
         return logits, loss

@@ -79,7 +79,7 @@ def test_worker_command_drops_nproc_and_pins_the_run_dir(tmp_path):
     "flags, expected",
     [
         (["--nproc", "0"], "--nproc: 0 is out of range"),
-        (["--nproc", "2", "--device", "mps"], "not MPS"),
+        (["--nproc", "2", "--device", "mps"], "no MPS"),
         (["--nproc", "2", "--parallel", "zero3"], "invalid choice"),
         (["--nproc", "2", "--lr", "0"], "optim.lr"),
     ],

@@ -12,21 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import resolve
-from engine.run.preflight import open_data
-from engine.train import build, distributed
 from engine.train.evaluation import Evaluation
 from engine.train.losses import cross_entropy
 from engine.train.state import Progress
+from harness import built_parts
 
 
 @pytest.mark.parametrize("loss", ["plain", "chunked"])
 def test_the_eval_gets_no_logits_and_the_same_loss(loss: str, tiny_dataset: Path, tmp_path: Path) -> None:
-    config = resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu", "speed.precision": "fp32",
-                                     "model.loss": loss, "train.eval_batches": 3})  # fmt: skip
-    config, dataset = open_data(config)
-    p = build.parts(config, dataset, distributed.Context(), None)
-    build.finish(p, config, tmp_path)
+    p = built_parts(tiny_dataset, tmp_path, {"speed.device": "cpu", "speed.precision": "fp32", "model.loss": loss,
+                                              "train.eval_batches": 3})  # fmt: skip
     outputs: list[tuple[torch.Tensor | None, torch.Tensor]] = []
     p.model.register_forward_hook(lambda module, args, out: outputs.append(out))
     events: list[object] = []

@@ -91,7 +91,7 @@ def test_bare_command_opens_the_setup_form(cols: int, rows: int, tmp_path: Path)
     t = Tmux(cols, rows, str(GPT2_TUI), tmp_path)
     try:
         t.wait_for("set up a run", "preset", "nano")
-        t.wait_for("Batch and schedule", "block size")
+        t.wait_for("Speed switches", "compile")  # the first screen opens on the switches
         t.keys("C-q")
         t.wait_for("EXIT-STATUS-0")
     finally:
