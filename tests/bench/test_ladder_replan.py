@@ -7,6 +7,7 @@ ladders on CPU (micro, compile left out), one with CPU burners beside it."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -50,10 +51,23 @@ def test_on_a_busy_machine_under_a_tiny_budget_every_rung_runs_and_is_marked(tmp
 
 
 @pytest.mark.slow  # a real ladder on a busy CPU: minutes on the 2-core box
-def test_a_ladder_behind_its_budget_measures_fewer_steps_on_the_rungs_left(tmp_path, tiny_dataset, capsys) -> None:
+def test_a_ladder_behind_its_budget_measures_fewer_steps_on_the_rungs_left(
+    tmp_path, tiny_dataset, capsys, monkeypatch
+) -> None:
     """The batch given (no shape probe): the baseline runs as asked, and the rungs after it
     re-plan from what it took."""
     out = tmp_path / "ladder"
+    real_rung = bench._run_rung
+
+    lingered: list[str] = []
+
+    def rung_then_linger(r: bench.RungResult, *args: object, **kwargs: object) -> None:
+        real_rung(r, *args, **kwargs)
+        if not lingered:  # on a quick machine the first rung's 15 micro steps fit in 1 s: put the ladder behind
+            lingered.append(r.name)
+            time.sleep(1.5)
+
+    monkeypatch.setattr(bench, "_run_rung", rung_then_linger)
     code = main(["bench", *FAST, "--data", str(tiny_dataset), "--batch-size", "2", "--warmup", "3", "--steps", "12",
                  "--budget", "1", "--out", str(out)])  # fmt: skip
     printed = capsys.readouterr().out
@@ -61,7 +75,7 @@ def test_a_ladder_behind_its_budget_measures_fewer_steps_on_the_rungs_left(tmp_p
     result = bench.LadderResult.model_validate_json((out / "ladder.json").read_text())
     ran = [r for r in result.rungs if r.status == "ran"]
     assert not _budget_reasons(result) and len(ran) >= 5
-    assert (ran[0].warmup, ran[0].steps) == (3, 12)  # nothing measured yet to re-plan from
+    assert lingered == [ran[0].name] and (ran[0].warmup, ran[0].steps) == (3, 12)  # nothing measured yet to re-plan from
     assert all((r.warmup, r.steps) == (1, bench.MIN_STEPS) for r in ran[1:]), [(r.warmup, r.steps) for r in ran]
     assert "re-planned" in printed and "the rest measure 1 + 3 steps, not 3 + 12" in printed
     assert all("1 + 3 steps (re-planned for the budget)" in row[-1] for row in bench.table_rows(result)[2:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from textual.app import App
 import tui.app
 from engine import rundir
 from engine.config import SWITCH, resolve
+from engine.run.owner import Run
 from engine.settings import form_sections
 from engine.text import program
 from gpt2_tui import main
@@ -162,10 +164,23 @@ def test_ctrl_q_on_an_in_app_run_prints_the_command_that_resumes_it(
                                          "speed.precision": "fp32", "train.max_steps": 150,
                                          "train.sample_tokens": 0})  # fmt: skip
 
+    # 150 micro steps take about a second: the run holds at step 3's boundary until "p" is
+    # pressed, so the pause lands before its end however slow the machine (the race CI lost)
+    pressed = threading.Event()
+    real_boundary = Run.at_boundary
+
+    def boundary(self: Run, segment: Any) -> Any:
+        if segment.step == 3:
+            pressed.wait(timeout=120)
+        return real_boundary(self, segment)
+
+    monkeypatch.setattr(Run, "at_boundary", boundary)
+
     async def drive(pilot) -> None:
         app = pilot.app
-        await launch_in_app(pilot, app, run_dir, steps=1)  # far from its end: micro steps take ~10 ms
+        await launch_in_app(pilot, app, run_dir, steps=1)
         await pilot.press("p")  # paused at a step boundary: ctrl+q stops it before its end
+        pressed.set()
         await until(pilot, lambda: app.session.state.paused, "paused")
         await pilot.press("ctrl+q")
 
