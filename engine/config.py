@@ -59,7 +59,8 @@ WEIGHTS = "Starting weights"
 BATCH = "Batch and schedule"
 DEVICE = "Device"
 SWITCH = "Speed switches"
-FORM_SECTIONS = (SWITCH, DEVICE, BATCH, WEIGHTS)
+RECIPE = "Recipe"  # the speedrun's tricks: each changes what is computed, so a change is a new run
+FORM_SECTIONS = (SWITCH, DEVICE, BATCH, RECIPE, WEIGHTS)
 # OpenAI's GPT-2 on the Hugging Face Hub (engine/prep/hf.py)
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 LOGGERS = ("tensorboard", "wandb", "csv")  # engine/run/loggers.py
