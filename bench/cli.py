@@ -63,6 +63,8 @@ def add_parsers(sub: Any) -> None:
                    help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}; --to-loss also "
                    f"{', '.join(LOSS_RUNG_NAMES)}")  # fmt: skip
     b.add_argument("--rounds", type=int, default=3, metavar="N", help="--plain: alternating rounds of each loop")
+    b.add_argument("--nanogpt", type=Path, metavar="DIR", help="--plain: also time nanoGPT's own train.py from this "
+                   "checkout of github.com/karpathy/nanoGPT, at the same shape")  # fmt: skip
     b.add_argument("--compile-cache", choices=["cold", "warm", "both", "all"], default=None,
                    help="ladder and --config: time the first step with torch.compile's caches empty (cold), "
                    "filled by a run of the same config (warm), both, or all: both, then an empty cache with "

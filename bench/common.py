@@ -48,6 +48,7 @@ class BenchOptions(BaseModel):
     preset: str | None = None
     config: Path | None = None
     plain: bool = False
+    nanogpt: Path | None = None  # --plain: a nanoGPT checkout whose train.py runs beside ours
     best: bool = False
     steps: int | None = Field(None, ge=1, le=MAX_STEPS)
     warmup: int = Field(5, ge=1, le=MAX_STEPS)

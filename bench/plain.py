@@ -91,11 +91,21 @@ class PlainResult(BaseModel):
 VARIANTS = {
     "ours": "gpt2-tui Trainer (the preset's config, fp32, eager, log every step)",
     "reference": "independent reference loop (bench/reference.py: its own GPT-2, AdamW, clip 1.0)",
+    "nanogpt": "nanoGPT's own train.py (--nanogpt: its model, AdamW, clip 1.0, at our shape)",
 }
 
 
+def nanogpt_loop(checkout: Path, config: RunConfig, dataset: Dataset, steps: int) -> list[float]:
+    """Seconds per step of nanoGPT's own train.py at `config`'s shape (bench/nanogpt.py)."""
+    from bench import nanogpt
+
+    val = dataset.val.shards[0]
+    return nanogpt.step_times(checkout, reference_tokens(dataset), np.asarray(val.read(0, min(val.count, 100_000))),
+                              reference_shape(config), steps, config.optim.lr)  # fmt: skip
+
+
 def compare(config: RunConfig, dataset: Dataset, out: Path, steps: int, warmup: int, rounds: int,
-            command: str, preset: str) -> PlainResult:  # fmt: skip
+            command: str, preset: str, nanogpt: Path | None = None) -> PlainResult:  # fmt: skip
     import datetime
 
     result = PlainResult(
@@ -104,19 +114,21 @@ def compare(config: RunConfig, dataset: Dataset, out: Path, steps: int, warmup: 
         block_size=config.seq_len, vocab_size=config.model.vocab_size or 0, steps=steps, warmup=warmup,
         rounds=rounds, command=command,
     )  # fmt: skip
-    settled: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    names = [k for k in VARIANTS if k != "nanogpt" or nanogpt is not None]
+    settled: dict[str, list[float]] = {k: [] for k in names}
     total = warmup + steps
     ours = config.model_copy(deep=True)
     ours.train.max_steps = total
     ours.train.eval_interval = ours.train.ckpt_interval = total + 1
     ours.train.log_interval = 1
-    cpu: dict[str, float] = {k: 0.0 for k in VARIANTS}
-    names = list(VARIANTS)
+    cpu: dict[str, float] = {k: 0.0 for k in names}
     for n in range(rounds):
         for name in names if n % 2 == 0 else names[::-1]:  # paired: the order flips each round
             c0 = time.process_time()
             if name == "ours":
                 times = time_config(ours, dataset, out / f"round{n}-ours").step_times_s
+            elif name == "nanogpt" and nanogpt is not None:  # its CPU time is its child's, not counted here
+                times = nanogpt_loop(nanogpt, config, dataset, total)
             else:
                 times = reference_loop(config, dataset, total)
             cpu[name] += time.process_time() - c0
@@ -139,14 +151,19 @@ def to_markdown(r: PlainResult) -> str:
         f"load average before {r.load_before}, after {r.load_after}  ",
         f"Command: `{r.command}`",
         "",
-        "| loop | median ms/step | per-round medians (ms) | x reference | CPU ms/step (all steps + build) |",
-        "|---|---:|---|---:|---:|",
+        "| loop | median ms/step | per-round medians (ms) | x reference | x nanoGPT | CPU ms/step (all steps + build) |",
+        "|---|---:|---|---:|---:|---:|",
     ]
     for name, what in VARIANTS.items():
+        if name not in r.ms:
+            continue
         rounds = ", ".join(f"{m:.1f}" for m in r.per_round_ms.get(name, []))
-        lines.append(
-            f"| {what} | {r.ms[name]:.1f} | {rounds} | {r.ms[name] / r.ms['reference']:.3f}x | {r.cpu_ms[name]:.1f} |"
-        )
+        vs_nano = f"{r.ms[name] / r.ms['nanogpt']:.3f}x" if "nanogpt" in r.ms else "-"
+        cpu = "-" if name == "nanogpt" else f"{r.cpu_ms[name]:.1f}"  # a child process: its CPU is not ours to read
+        lines.append(f"| {what} | {r.ms[name]:.1f} | {rounds} | {r.ms[name] / r.ms['reference']:.3f}x | {vs_nano} | {cpu} |")
+    if "nanogpt" in r.ms:  # the per-round pairs: drift between rounds cancels within each
+        pairs = [o / g for o, g in zip(r.per_round_ms["ours"], r.per_round_ms["nanogpt"], strict=True)]
+        lines += ["", "ours / nanoGPT per round: " + ", ".join(f"{p:.3f}x" for p in pairs)]
     return "\n".join(lines) + "\n"
 
 
@@ -158,12 +175,18 @@ def run(args: BenchOptions, command: str) -> int:
                        ("train.batch_size", args.batch_size), ("train.block_size", args.block_size)):  # fmt: skip
         if value is not None:
             overrides[key] = value
+    checkout = None
+    if args.nanogpt is not None:  # refused before anything is written
+        from bench.nanogpt import check_checkout
+
+        checkout = check_checkout(args.nanogpt)
     config, dataset = prepared(resolve(preset, None, overrides), memory=False)
     out = args.out or default_out(f"plain-{preset}")
     rundir.check_new(out)
     out.mkdir(parents=True, exist_ok=True)
-    console.out.line(f"our loop vs the independent reference loop: preset {preset} -> {out}", flush=True)
-    result = compare(config, dataset, out, args.steps or 30, args.warmup, args.rounds, command, preset)
+    also = " and nanoGPT's train.py" if checkout is not None else ""
+    console.out.line(f"our loop vs the independent reference loop{also}: preset {preset} -> {out}", flush=True)
+    result = compare(config, dataset, out, args.steps or 30, args.warmup, args.rounds, command, preset, checkout)
     text = to_markdown(result)
     atomic_write_bytes(out / "plain.md", text.encode())
     atomic_write_bytes(out / "plain.json", json.dumps(result.model_dump(mode="json"), indent=1).encode())

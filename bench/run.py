@@ -31,6 +31,8 @@ def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
         raise UserError(f"{report_only[0]} belongs to --gpu-report; add --gpu-report or leave it out")
     if opts.budget and (opts.config is not None or opts.plain or opts.best):
         raise UserError("--budget bounds the ladder (and --gpu-report's parts), not --config, --plain or --best; leave it out")
+    if opts.nanogpt is not None and not opts.plain:
+        raise UserError("--nanogpt times nanoGPT's train.py beside --plain's loops: add --plain, or leave it out")
     if opts.compile_cache and (opts.plain or opts.best):
         raise UserError("--compile-cache times the ladder or --config FILE, not --plain or --best; leave it out")
     if opts.to_loss is not None:
