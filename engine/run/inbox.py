@@ -36,12 +36,19 @@ class Inbox:
         if not distributed.agree_due(ctx):
             return []
         local = self.control.take()
-        if self.mailbox is not None:
-            for r in self.mailbox.take(defer):
+        if self.mailbox is not None:  # a toggle stays in the mailbox until settled: see settle
+            for r in self.mailbox.take(defer, hold=tuple(k for k in ("toggle",) if k not in defer)):
                 if r.problem is None and r.old:
                     r = dataclasses.replace(r, problem="stale: it was in the mailbox before this run's writer started")
                 local.append(r)
         return distributed.agree(local, ctx, lambda: Request("stop"))
+
+    def settle(self, toggles: Sequence[Request]) -> None:
+        """The toggles taken at this boundary are settled (their hand-over checkpoint names them,
+        or they were dropped with a word): out of the mailbox. Until here a kill -9 leaves them
+        there, for the next writer to drop with a line, never lost without one."""
+        if self.mailbox is not None:
+            self.mailbox.settle({r.id for r in toggles})
 
     def ack(self, r: Request, status: str, step: int, reason: str = "") -> None:
         self.emit(ev.RequestAck(id=r.id, kind=r.kind, status=status, step=step, reason=reason))

@@ -321,8 +321,11 @@ class Run:
             segment.clock.restart()
         if ending is not None:
             self.inbox.drop(toggles, segment.step, "the run stopped")
+            self.inbox.settle(toggles)
             return ending
-        return self._toggle(segment, toggles)
+        ending = self._toggle(segment, toggles)
+        self.inbox.settle(toggles)  # saved for (the checkpoint names them) or dropped with a word
+        return ending
 
     def _act_on(self, segment: Trainer, requests: list[Request], toggles: list[Request]) -> Ending | None:
         """Pause, resume and save act at once; toggles are gathered (checked after a pause)."""

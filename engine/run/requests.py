@@ -159,10 +159,12 @@ class Mailbox:
             os.close(fd)
         self._start = (st.st_dev, st.st_ino, 0, st.st_size)
 
-    def take(self, defer: tuple[str, ...] = ()) -> list[Request]:
+    def take(self, defer: tuple[str, ...] = (), hold: tuple[str, ...] = ()) -> list[Request]:
         """Every request in the mailbox, oldest first; those of a kind in `defer` (toggles while the run is paused)
         stay in the file, so a writer killed meanwhile never holds one only in memory: the next
-        writer finds it there (stale, dropped with a line)."""
+        writer finds it there (stale, dropped with a line). Those of a kind in `hold` are taken
+        and stay in the file too, until `settle` (a toggle: until its hand-over checkpoint
+        names it, or it is dropped), so a kill in between cannot lose one without a word."""
         import fcntl
 
         try:
@@ -201,7 +203,7 @@ class Mailbox:
                     taken.append((raw.rstrip(b"\r\n"), r))
                 at += len(raw)
             self._start = None  # what was there at the start is taken now
-            keep = [line for line, r in taken if r.problem is None and not r.old and r.kind in defer]
+            keep = [line for line, r in taken if r.problem is None and not r.old and r.kind in defer + hold]
             out = [r for line, r in taken if not (r.problem is None and not r.old and r.kind in defer)]
             if keep:  # under the lock: rewritten in place, a sender appends after it
                 kept = b"".join(line + b"\n" for line in keep)
@@ -212,6 +214,33 @@ class Mailbox:
         finally:
             os.close(fd)
         return out
+
+    def settle(self, ids: set[str]) -> None:
+        """Remove the held requests `ids` from the mailbox (Mailbox.take's `hold`): they are settled."""
+        import fcntl
+
+        if not ids:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return  # gone or refused since the take: nothing of ours is left there
+        try:
+            st = os.fstat(fd)
+            if files.not_own(st) is not None or st.st_size > READ_CAP:
+                return  # the next take refuses it
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a sender appends in a moment: wait for it
+            data = os.pread(fd, READ_CAP + 1, 0)
+            keep = [raw for raw in data.splitlines(keepends=True)
+                    if raw.strip() and parse(raw.decode("utf-8", errors="replace").strip("\r\n")).id not in ids]  # fmt: skip
+            if keep:
+                kept = b"".join(line.rstrip(b"\r\n") + b"\n" for line in keep)
+                os.pwrite(fd, kept, 0)
+                os.ftruncate(fd, len(kept))
+            else:
+                os.unlink(self.path)
+        finally:
+            os.close(fd)
 
     def _refuse(self, key: tuple[int, int, str], why: str, remove: bool = False) -> list[Request]:
         if remove:

@@ -58,3 +58,29 @@ def test_an_acknowledged_toggle_is_not_dropped_by_a_resume(tmp_path, tiny_datase
     assert acks == {i: ["applied"] for i in ids}, acks
     lost = [e.message for e in events if e.event == "warning" and "killed before it applied" in e.message]
     assert lost == [], lost
+
+
+def test_a_toggle_taken_then_killed_before_its_save_is_dropped_with_a_word(tmp_path, tiny_dataset, monkeypatch) -> None:
+    """The window before the hand-over checkpoint: the toggle was taken from the mailbox and
+    was being checked when the kill came. It stayed in the mailbox (held until settled), so
+    the resume finds it and drops it with a line: one acknowledgement, never silence."""
+    run_dir = tmp_path / "run"
+    asked: list[str] = []
+
+    def on(e: Any) -> None:
+        if e.event == "step" and e.step == 2 and not asked:
+            asked.append(toggle.request(run_dir, {"data.prefetch": False}).id)
+
+    def killed_while_checking(*args: Any, **kwargs: Any) -> Any:
+        raise Killed
+
+    run = open_run(run_dir, tiny_dataset, on_event=on, **(QUIET | {"train.max_steps": 6}))
+    with monkeypatch.context() as m:
+        m.setattr(toggle, "check", killed_while_checking)
+        with pytest.raises(Killed):
+            run.run()
+    assert open_run(run_dir, resume=True).run() == "completed"
+    events = run_events(run_dir)
+    acks = [(e.status, e.reason) for e in events if e.event == "request" and e.id == asked[0]]
+    assert len(acks) == 1 and acks[0][0] == "dropped" and "stale" in acks[0][1], acks
+    assert any(e.event == "warning" and asked[0] in e.message for e in events)
