@@ -397,5 +397,5 @@ def bpe_tokenizer(source: HubSource, vocab_size: int, into: Path, sample_chars: 
     except _BadRecord as err:
         raise UserError(str(err)) from None
     path = Path(into) / "tokenizer.json"
-    train_tokenizer(texts, vocab_size).save(str(path))
+    files.atomic_write_bytes(path, train_tokenizer(texts, vocab_size).to_str(pretty=True).encode())  # no link followed
     return path

@@ -572,7 +572,7 @@ def prepare_report(
             # releases the GIL, so rich's spinner thread keeps ticking meanwhile
             with _Progress(f"training a {vocab_size}-token BPE on {len(train.parts)} documents", None, progress):
                 tok = train_tokenizer(train.texts(), vocab_size)
-            tok.save(str(tmp / "tokenizer.json"))
+            files.atomic_write_bytes(tmp / "tokenizer.json", tok.to_str(pretty=True).encode())  # no link followed
         else:
             files.copy_file(Path(tokenizer).expanduser(), tmp / "tokenizer.json", files.TOKENIZER_CAP, follow_links=True)
         vocab = tok.get_vocab_size()
