@@ -20,7 +20,7 @@ SECTIONS = tuple(name for name, f in RunConfig.model_fields.items()
                  if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))  # fmt: skip
 KNOWN = frozenset(s.dotted for s in all_settings())
 # Strings shaped like a setting that are file names the code reads or writes, not settings.
-FILE_NAMES = frozenset({"train.bin", "model.safetensors"})
+FILE_NAMES = frozenset({"train.bin", "model.safetensors", "train.py", "model.py"})  # the last two: nanoGPT's
 # "section.name" standing alone in a string (a sentence's full stop may follow): not part of a
 # longer dotted path ("config.speed.compile", "speed.compile.x"), a path or a call ("model.n_params(").
 DOTTED = re.compile(rf"(?<![\w./])(?:{'|'.join(SECTIONS)})\.[A-Za-z_]\w*(?![\w/(]|\.\w)")
