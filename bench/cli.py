@@ -25,11 +25,20 @@ BENCH_DATA_FLAGS = (
     ("--vocab-size", Bounded(2, MAX_VOCAB), "vocab of nanoGPT/llm.c files, which carry none (default 50257)"),
 )
 BENCH_DATA_ARGS = ("--data", *(f for f, _, _ in BENCH_DATA_FLAGS))
+BASELINE = "baseline"  # --to-loss with no LOSS (argparse converts its const too): the baseline's final val loss
+
+
+def loss_or_baseline(text: str) -> float | str:
+    """--to-loss's value: a val loss, or BASELINE (what --to-loss alone means)."""
+    return BASELINE if text == BASELINE else target_loss(text)
+
+
+loss_or_baseline.__name__ = "loss"
 
 
 def add_parsers(sub: Any) -> None:
     """Add `bench-data` and `bench` to the subparsers of engine.cli.build_parser."""
-    from bench.names import LOSS_RUNG_NAMES, PARTS, RUNG_NAMES
+    from bench.names import LOSS_RUNG_NAMES, PARTS, RECIPE_NAMES, RUNG_NAMES
 
     # checked here (one line on bad input), then handed to bench.batching as given
     d = sub.add_parser("bench-data", help="time batch building: vectorized vs loop, RAM vs reads from disk")
@@ -44,9 +53,17 @@ def add_parsers(sub: Any) -> None:
     mode.add_argument("--config", type=Path, metavar="FILE", help="time this run config over time (compile warm-up)")
     b.add_argument("--plain", action="store_true", help="our Trainer vs an independent plain PyTorch GPT-2 loop")
     b.add_argument("--best", action="store_true", help="every optimization on; sweep micro-batch x compile mode")
-    b.add_argument("--to-loss", type=target_loss, metavar="LOSS", help="train each rung (the ladder's, then + Muon, "
-                   "+ WSD) to this val loss and rank them by training time to it (default preset micro; --steps: a "
-                   "rung's most steps, default 300; --budget bounds the whole run)")  # fmt: skip
+    b.add_argument("--to-loss", type=loss_or_baseline, nargs="?", const=BASELINE, metavar="LOSS",
+                   help="train each rung (the ladder's, then + Muon, + WSD) to this val loss and rank them by training "
+                   "time to it (default preset micro; --steps: a rung's most steps, default 300; --budget bounds the "
+                   "whole run); with --recipe-ladder the LOSS may be left out: the baseline's final val "
+                   "loss")  # fmt: skip
+    b.add_argument("--recipe-ladder", action="store_true", help="--to-loss over the speedrun's tricks instead: "
+                   "the GPT-2 baseline (its final val loss the target), each trick added in turn, then each left "
+                   f"out of the full recipe, over paired --seeds, ranked by median training time to the target: "
+                   f"{', '.join(RECIPE_NAMES)}")  # fmt: skip
+    b.add_argument("--seeds", type=int, metavar="N", help="--recipe-ladder: seeds per row, the same list for every "
+                   "row (default 3)")  # fmt: skip
     b.add_argument("--steps", type=int, metavar="N", help="timed steps per rung (default 20; --config: 100)")
     b.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed steps first (compile happens here)")
     b.add_argument("--out", type=Path, metavar="DIR", help="new directory for the tables (default runs/bench-NAME-TIME)")
@@ -59,9 +76,10 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--log-interval", type=int, metavar="N", help="steps per timed interval (default 1; --best: 10)")
     b.add_argument("--batch-sizes", metavar="LIST", help="--best: comma-separated micro-batches (default 8,16,32)")
     b.add_argument("--compile-modes", metavar="LIST", help="--best: comma-separated compile modes, 'eager' = none")
-    b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:] + LOSS_RUNG_NAMES, metavar="RUNG",
-                   help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}; --to-loss also "
-                   f"{', '.join(LOSS_RUNG_NAMES)}")  # fmt: skip
+    tricks = [n for n in RECIPE_NAMES if n not in LOSS_RUNG_NAMES]
+    b.add_argument("--skip", action="append", default=[], choices=RUNG_NAMES[1:] + LOSS_RUNG_NAMES + tricks,
+                   metavar="RUNG", help=f"leave a rung out (repeatable): {', '.join(RUNG_NAMES[1:])}; --to-loss also "
+                   f"{', '.join(LOSS_RUNG_NAMES)}; --recipe-ladder: a trick")  # fmt: skip
     b.add_argument("--rounds", type=int, default=3, metavar="N", help="--plain: alternating rounds of each loop")
     b.add_argument("--nanogpt", type=Path, metavar="DIR", help="--plain: also time nanoGPT's own train.py from this "
                    "checkout of github.com/karpathy/nanoGPT, at the same shape")  # fmt: skip

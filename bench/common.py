@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -71,7 +71,9 @@ class BenchOptions(BaseModel):
     full: bool = False  # --gpu-report: the full report's parts, not the short-window profile
     no_doctor: bool = False  # --gpu-report: leave the doctor out
     budget: int | None = Field(None, ge=1, le=10**6)
-    to_loss: float | None = Field(None, gt=0)
+    to_loss: Annotated[float, Field(gt=0)] | Literal["baseline"] | None = None  # "baseline": --to-loss alone
+    recipe_ladder: bool = False  # --to-loss's rows: the speedrun's tricks (bench/recipe_ladder.py)
+    seeds: int | None = Field(None, ge=1, le=1000)  # --recipe-ladder: paired seeds per row
 
     @classmethod
     def from_flags(cls, values: dict[str, Any]) -> BenchOptions:

@@ -6,6 +6,8 @@
     bench --best                every optimization on, micro-batch x compile mode swept (best.py)
     bench --gpu-report          the GPU figures for docs/gpu/: a short window's profile, or --full (gpu_report.py)
     bench --to-loss X           each rung trained to val loss X, ranked by training time to it (to_loss.py)
+    bench --recipe-ladder       the speedrun's tricks: each added, then each left out, over paired seeds,
+                                ranked by training time to the baseline's final val loss (recipe_ladder.py)
 """
 
 from __future__ import annotations
@@ -35,11 +37,17 @@ def run(opts: BenchOptions, command: str = "gpt2-tui bench") -> int:
         raise UserError("--nanogpt times nanoGPT's train.py beside --plain's loops: add --plain, or leave it out")
     if opts.compile_cache and (opts.plain or opts.best):
         raise UserError("--compile-cache times the ladder or --config FILE, not --plain or --best; leave it out")
-    if opts.to_loss is not None:
+    if opts.seeds is not None and not opts.recipe_ladder:
+        raise UserError("--seeds is --recipe-ladder's (seeds per row): add --recipe-ladder, or leave it out")
+    if opts.to_loss is not None or opts.recipe_ladder:
         other = [f for f, v in (("--config", opts.config is not None), ("--plain", opts.plain), ("--best", opts.best),
                                 ("--compile-cache", opts.compile_cache)) if v]  # fmt: skip
         if other:
             raise UserError(f"--to-loss trains the ladder's rungs to a loss; {other[0]} is another tool: leave one out")
+        if opts.recipe_ladder:
+            from bench import recipe_ladder
+
+            return recipe_ladder.run(opts, command)
         from bench import to_loss
 
         return to_loss.run(opts, command)

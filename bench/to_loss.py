@@ -264,7 +264,9 @@ def _save(result: ToLossResult, out: Path) -> None:
 
 def run(args: BenchOptions, command: str) -> int:
     """`gpt2-tui bench --to-loss X`: the rungs ranked by training time to X, printed and written."""
-    assert args.to_loss is not None
+    if not isinstance(args.to_loss, float):
+        raise UserError("--to-loss needs a val loss (e.g. --to-loss 4.5) unless --recipe-ladder, "
+                        "whose baseline sets it")
     preset = args.preset or "micro"
     bench = ladder.BenchConfig(
         preset=preset, data=args.data, device=args.device, vocab_size=args.vocab_size, batch_size=args.batch_size,

@@ -44,6 +44,8 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "labels": ("engine.inspect.compare", "labels"),
     "read_run": ("engine.inspect.compare", "read_run"),
     "reach_text": ("engine.inspect.compare", "reach_text"),
+    "recipe_of": ("engine.inspect.compare", "recipe_of"),
+    "recipe_text": ("engine.inspect.compare", "recipe_text"),
     "rows": ("engine.inspect.compare", "rows"),
     "shown_settings": ("engine.inspect.compare", "shown_settings"),
     "setting_items": ("engine.inspect.compare", "setting_items"),
@@ -112,7 +114,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and the import graph
     from engine.events import EventLines  # noqa: F401
     from engine.files import atomic_write_bytes  # noqa: F401
     from engine.gpu_monitor import GpuSample, available  # noqa: F401
-    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SETTINGS_COLUMN, best_val_loss, cells, labels, reach_text, read_run, rows, setting_items, shown_settings  # noqa: F401
+    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SETTINGS_COLUMN, best_val_loss, cells, labels, reach_text, read_run, recipe_of, recipe_text, rows, setting_items, shown_settings  # noqa: F401
     from engine.inspect.runs import DEFAULT_ROOT, COLUMNS as RUN_COLUMNS, RunSummary, list_runs, row, summarize  # noqa: F401
     from engine.prep.prepare import default_dataset  # noqa: F401
     from engine.run.preflight import Verdict, preflight  # noqa: F401

@@ -165,11 +165,84 @@ class ModelConfig(_Strict):
         ),
         json_schema_extra=_meta(SWITCH, live=True),
     )
+    # The speedrun's architecture switches (modded-nanogpt); engine/train/model.py acts on each.
+    mlp: Literal["gelu", "relu2"] = Field(
+        "gelu",
+        description="MLP activation: relu2 = relu(x)^2 "
+        "(modded-nanogpt, with qk-norm and zero-init: -32%)",
+        json_schema_extra=_meta(RECIPE),
+    )
+    qk_norm: bool = Field(
+        False,
+        description="RMS-norm q and k per head before attention (modded-nanogpt)",
+        json_schema_extra=_meta(RECIPE),
+    )
+    positions: Literal["learned", "rotary"] = Field(
+        "learned",
+        description="rotary = rotary embeddings on q, k (no learned position table; "
+        "modded-nanogpt: -30% with a tuned lr)",
+        json_schema_extra=_meta(RECIPE),
+    )
+    tie_head: bool = Field(
+        True,
+        description="lm_head shares wte's matrix; off: its own "
+        "(modded-nanogpt's untied head: -10%)",
+        json_schema_extra=_meta(RECIPE),
+    )
+    zero_init_proj: bool = Field(
+        False,
+        description="attention's and MLP's output projections (and an untied head) start at 0 "
+        "(modded-nanogpt)",
+        json_schema_extra=_meta(RECIPE),
+    )
+    logit_softcap: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="tanh cap on the logits: c * tanh(logits / c) (modded-nanogpt: 30)",
+        json_schema_extra=_meta(RECIPE, blank="no cap"),
+    )
+    value_embeds: bool = Field(
+        False,
+        description="an extra embedding table whose output is mixed into the values of the first "
+        "and last layers (modded-nanogpt: -15%)",
+        json_schema_extra=_meta(RECIPE),
+    )
+    unet_skips: bool = Field(
+        False,
+        description="the first half's block outputs added, with learned weights, to the second "
+        "half's inputs in reverse order (modded-nanogpt: -8%)",
+        json_schema_extra=_meta(RECIPE),
+    )
+    value_residual: bool = Field(
+        False,
+        description="each layer's v mixed with the first layer's v by a learned lambda "
+        "(modded-nanogpt)",
+        json_schema_extra=_meta(RECIPE),
+    )
+    attn_window: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CONTEXT,
+        description="sliding-window attention: each token sees at most this many before it "
+        "(modded-nanogpt)",
+        json_schema_extra=_meta(RECIPE, blank="the whole context"),
+    )
+    fp8_head: bool = Field(
+        False,
+        description="lm_head matmul in FP8 on Hopper (modded-nanogpt: -8%); refused elsewhere",
+        json_schema_extra=_meta(RECIPE),
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(
+                f"rotary positions need an even head size; n_embd {self.n_embd} / n_head "
+                f"{self.n_head} is {self.n_embd // self.n_head}"
+            )
         return self
 
     @property
@@ -179,14 +252,20 @@ class ModelConfig(_Strict):
 
     def n_params(self, vocab_size: int | None = None) -> int:
         """GPT-2's parameter count (tied embedding once), in closed form: instant for any size.
-        Per block: 12 C^2 weights, plus 13 C of biases and LayerNorms (2 C without biases).
-        `vocab_size` stands in while the dataset has not decided it."""
+        Per block: 12 C^2 weights, plus 13 C of biases and LayerNorms (2 C without biases);
+        the recipe switches add their tables (untied head, value embeds), drop wpe (rotary)
+        and add their learned scalars. `vocab_size` stands in while the dataset has not
+        decided it."""
         vocab = self.vocab_size or vocab_size
         assert vocab is not None, "vocab_size is resolved from the dataset first"
         v = -(-vocab // 64) * 64 if self.pad_vocab else vocab
-        C = self.n_embd
+        C, L = self.n_embd, self.n_layer
         per_block = 12 * C * C + (13 if self.bias else 2) * C
-        return v * C + self.block_size * C + self.n_layer * per_block + (2 if self.bias else 1) * C
+        tables = 1 + (not self.tie_head) + self.value_embeds  # wte, an untied head, value embeds
+        wpe = self.block_size * C if self.positions == "learned" else 0
+        scalars = (L // 2 if self.unet_skips else 0) + (max(L - 1, 0) if self.value_residual else 0)
+        scalars += min(L, 2) if self.value_embeds else 0  # one gate per layer given value embeds
+        return tables * v * C + wpe + L * per_block + (2 if self.bias else 1) * C + scalars
 
 
 class DataConfig(_Strict):
@@ -233,6 +312,12 @@ class DataConfig(_Strict):
             "build the next batch on a background thread while a GPU computes (ignored on CPU)"
         ),
         json_schema_extra=_meta(SWITCH, live=True),
+    )
+    align_docs: bool = Field(
+        False,
+        description="each training row starts at a document start, after an end-of-text token "
+        "(modded-nanogpt); needs a dataset that records its end-of-text id",
+        json_schema_extra=_meta(RECIPE),
     )
 
 
@@ -318,6 +403,16 @@ class OptimConfig(_Strict):
         ge=0,
         lt=1,
         description="Muon's (Nesterov) momentum (optimizer muon)",
+    )
+    muon_momentum_warmup: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description=(
+            "steps over which Muon's momentum ramps linearly from 0.85 to --muon-momentum "
+            "(0 = off; optimizer muon; modded-nanogpt's momentum warm-up)"
+        ),
+        json_schema_extra=_meta(RECIPE),
     )
     weight_decay: float = Field(
         0.1,
@@ -533,6 +628,36 @@ class TrainConfig(_Strict):
             "of the last good state"
         ),
     )
+    batch_ramp: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description="steps over which the tokens per step ramp up to the full batch, by "
+        "accumulating fewer micro-batches early (modded-nanogpt's batch-size schedule: -2%); "
+        "0 = off",
+        json_schema_extra=_meta(RECIPE),
+    )
+
+    @model_validator(mode="after")
+    def _ramp_has_room(self) -> TrainConfig:
+        """A ramp needs micro-batches to leave out (grad_accum > 1) and steps after it."""
+        r, a, n = self.batch_ramp, self.grad_accum, self.max_steps
+        if r and a == 1:
+            raise Invalid(f"batch ramp {r} needs grad accumulation above 1: it ramps the "
+                          "micro-batches a step accumulates", {"train.grad_accum": "2 or more"},
+                          {"train.batch_ramp": 0})  # fmt: skip
+        if r and r >= n:
+            raise Invalid(f"batch ramp {r} is not below max steps {n}: the full batch would "
+                          "never train", {"train.batch_ramp": f"{n - 1} or less"},
+                          {"train.max_steps": f"{r + 1} or more"})  # fmt: skip
+        return self
+
+    def accum_at(self, step: int) -> int:
+        """Micro-batches optimizer step `step` (0-based) accumulates: the batch ramp's
+        ceil(grad_accum * (step + 1) / batch_ramp), at least 1, then grad_accum."""
+        if step + 1 >= self.batch_ramp:
+            return self.grad_accum
+        return max(1, -(-self.grad_accum * (step + 1) // self.batch_ramp))
 
 
 class RunConfig(_Strict):
@@ -597,6 +722,10 @@ class RunConfig(_Strict):
     @property
     def tokens_per_step(self) -> int:
         return self.train.batch_size * self.train.grad_accum * self.seq_len
+
+    def tokens_at(self, step: int) -> int:
+        """Tokens one rank trains on at optimizer step `step` (0-based): fewer in a batch ramp."""
+        return self.train.batch_size * self.train.accum_at(step) * self.seq_len
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))

@@ -11,6 +11,12 @@ bf16 (Ampere or newer, which brings TF32 too), on one GPU or several (torchrun).
   as data ({setting: value}, engine/errors.py). A rule `by_config` is decided from the config
   alone, wherever its device may be CUDA (the validator refuses it); the others need the
   machine (engine.device asks with the machine's Target).
+- Sliding-window attention (model.attn_window) runs on every target, no rule needed: the manual
+  path bands its mask; flash passes SDPA the banded boolean mask instead of is_causal, which on
+  CUDA rules out the FlashAttention kernel (it takes no mask): SDPA runs cuDNN's or the
+  memory-efficient kernel (engine.train.attention.kernel_name names it), and the T x T mask is
+  built each step. FlexAttention (block-sparse, skipping the masked blocks) is not used: it
+  needs torch.compile to be fast and is not on every device torch supports here.
 - `IDLE`: a switch value that does nothing there (the run trains as without it): the ladder
   skips its rung, the trainer leaves it off, the form says why.
 
@@ -117,6 +123,13 @@ REFUSED: tuple[Rule, ...] = (
          lambda v: "optimizer muon with parallel fsdp: torch.optim.Muon orthogonalizes whole weight matrices, "
                    "not FSDP2 shards",
          ({"speed.parallel": "ddp"}, {"optim.optimizer": "adamw"})),
+    # Not built: torch._scaled_mm's FP8 head (modded-nanogpt's) needs CUDA capability 9.0+, and no
+    # Hopper GPU was there to test it; untested CUDA code is not shipped, so it is refused everywhere.
+    Rule("fp8 head", ("model.fp8_head",),
+         lambda t: True, lambda v: bool(_v(v, "model.fp8_head")),
+         lambda v: "model.fp8_head is not built yet: an FP8 lm_head (torch._scaled_mm) runs only on a Hopper GPU "
+                   "(CUDA capability 9.0+), and none was there to test it",
+         ({"model.fp8_head": False},)),
     Rule("bf16 without native bf16", ("speed.precision",),
          lambda t: t.kind == "cuda" and not t.bf16, lambda v: _v(v, "speed.precision") == "bf16",
          lambda v: "this GPU has no bf16 support",

@@ -8,6 +8,9 @@ micro-batch changed): against the segment before in the same run, and against th
 Every setting that differs between the rows (optimizer, schedule, lr, batch, model shape, data,
 seed, speed switches: the config each segment trained with) is named, by the config's sections,
 in the table and in the JSON (`differs`, each segment's `settings`).
+Each row's recipe: what it computes beyond GPT-2 as published (the optimizer, the schedule and the
+form's Recipe switches, where not at their defaults: `mlp=relu2 qk_norm`), in the `recipe` column
+and each run's `recipe` in the JSON.
 Time to a loss: the training time and tokens each run (and segment) took to first reach a
 target val loss (`--target`; default the worst final val loss among the runs, which every run
 reached), and how many times sooner than the first run that reached it (`target vs first`). The
@@ -30,7 +33,9 @@ from pydantic import BaseModel
 from engine import events as ev
 from engine import rundir
 from engine import files
+from engine.config import RECIPE, RunConfig
 from engine.errors import UserError
+from engine.settings import all_settings
 from engine.text import duration_text, human, loss_text, path_text, ratio_text, short, value_text
 from engine.text import shown as cell
 from engine.train.contention import line as contention_line, marked
@@ -47,6 +52,7 @@ class RunComparison(BaseModel):
     # how many times sooner than the first run that reached the target this one did (its training
     # time over this one's, like `vs first`; None: this run or no run reached it)
     to_target_vs_first: float | None = None
+    recipe: dict[str, Any] = {}  # its recipe settings not at GPT-2's defaults (recipe_of), by dotted name
 
 
 class Comparison(BaseModel):
@@ -126,6 +132,8 @@ def compare(run_dirs: Sequence[Path], target: float | None = None) -> Comparison
     for run, evals in read:
         run.to_target = mark_target(run.segments, evals, goal)
     runs = [r for r, _ in read]
+    for r in runs:
+        r.recipe = recipe_of(r.segments[0].config) if r.segments else {}
     base = next((r.to_target for r in runs if r.to_target), None)
     for r in runs:
         r.to_target_vs_first = sooner(r.to_target, base)
@@ -160,6 +168,35 @@ def sooner(reach: Reach | None, base: Reach | None) -> float | None:
     if reach is None or base is None or reach.train_time_s <= 0:
         return None
     return base.train_time_s / reach.train_time_s
+
+
+# ------------------------------------------------------------------------------ recipes
+
+
+def _default(dotted: str) -> Any:
+    section, name = dotted.split(".")
+    return RunConfig.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]
+
+
+# What a run computes beyond GPT-2 as published (issue 40): the optimizer and the schedule, and
+# every switch of the form's Recipe section, in the config's order, each with GPT-2's value.
+RECIPE_SETTINGS: dict[str, Any] = {
+    s.dotted: _default(s.dotted)
+    for s in all_settings()
+    if s.form == RECIPE or s.dotted in ("optim.optimizer", "optim.schedule")
+}
+GPT2 = "GPT-2"  # the recipe cell of a run with none: GPT-2 as published
+
+
+def recipe_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The recipe settings of a trained-with config (SegmentSummary.config) not at GPT-2's defaults."""
+    return {n: config[n] for n, gpt2 in RECIPE_SETTINGS.items() if n in config and config[n] != gpt2}
+
+
+def recipe_text(recipe: dict[str, Any]) -> str:
+    """'mlp=relu2 qk_norm tie_head=off': a switch turned on by its name alone; GPT2 for none."""
+    words = [short(n) if v is True else f"{short(n)}={value_text(v)}" for n, v in recipe.items()]
+    return cell(" ".join(words)) if words else GPT2
 
 
 # ------------------------------------------------------------------------------ rows
@@ -216,12 +253,13 @@ def setting_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary)
 
 
 # The payoff first (speed, speed-ups, val loss, time to the target), the details after, the
-# settings that differ last: at 80 columns the figures the product exists to show stay on
-# screen however many settings differ. `why` stays beside the step range: what a row changed.
+# recipe (what the row computes beyond GPT-2) and the settings that differ last: at 80 columns
+# the figures the product exists to show stay on screen however many settings differ.
+# `why` stays beside the step range: what a row changed.
 COLUMNS = ("run", "steps", "why", "ms/step", "tok/s", "vs prev", "vs first", "best val", "to target", "target vs first",
-           "warm-up", "compile", "MFU", "peak mem", "differs")  # fmt: skip
+           "warm-up", "compile", "MFU", "peak mem", "recipe", "differs")  # fmt: skip
 SETTINGS_COLUMN = COLUMNS.index("differs")
-LEFT = frozenset({0, 1, 2, SETTINGS_COLUMN})  # text columns; the figures are right-aligned
+LEFT = frozenset({0, 1, 2, COLUMNS.index("recipe"), SETTINGS_COLUMN})  # text columns; the figures are right-aligned
 KEY_COLUMNS = 2  # run and steps: repeated in each block of a table split to fit a narrow terminal
 
 
@@ -235,7 +273,8 @@ def cells(r: Row) -> list[str]:
         "" if r.best_val_loss is None else loss_text(r.best_val_loss), reach_text(s.to_target),
         "" if s.to_target is None else ratio_text(r.target_vs_first),
         "-" if s.first_step_time_s is None else f"{s.first_step_time_s:.2f} s", compile_text(s),
-        "-" if s.mfu is None else f"{100 * s.mfu:.1f}%", human(s.peak_mem_bytes), "",
+        "-" if s.mfu is None else f"{100 * s.mfu:.1f}%", human(s.peak_mem_bytes),
+        recipe_text(recipe_of(s.config)), "",
     ]  # fmt: skip
 
 

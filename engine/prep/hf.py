@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from engine import files
-from engine.config import PRETRAINED, ModelConfig, flag_of
+from engine.config import PRETRAINED, RECIPE, ModelConfig, cli_change, flag_of
 from engine.errors import UserError
 
 HUB_NAMES = {name: f"openai-community/{name}" for name in PRETRAINED}
@@ -231,14 +231,45 @@ def read_shape(directory: Path) -> dict[str, int]:
     }
 
 
+# The recipe switches (engine/train/model.py) that change what the model computes; zero_init_proj
+# only changes where training starts, so weights trained with it are GPT-2's all the same.
+INIT_ONLY = ("zero_init_proj",)
+
+
+def recipe_switch(model: ModelConfig) -> tuple[str, Any] | None:
+    """The first recipe switch of `model` away from GPT-2 that transformers' GPT-2 cannot compute,
+    as (dotted setting, GPT-2's value), or None."""
+    for name, info in ModelConfig.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("form") == RECIPE and name not in INIT_ONLY and getattr(model, name) != info.default:
+            return f"model.{name}", info.default
+    return None
+
+
+def refuse_recipe(model: ModelConfig, source: str) -> None:
+    """`--init-from` weights are GPT-2's: a model with a recipe switch on cannot take them (one line)."""
+    hit = recipe_switch(model)
+    if hit is not None:
+        dotted, gpt2 = hit
+        flag = cli_change(dotted, getattr(model, dotted[6:]))
+        fixes = ({dotted: gpt2},) if gpt2 is not None else ()  # a value's None: no flag sets it, drop the flag
+        raise UserError(
+            f"--init-from {source}: GPT-2's weights cannot start a model with {flag} (a recipe switch "
+            "transformers' GPT-2 does not compute)",
+            *fixes, also="" if fixes else f"drop {flag.split()[0]}",
+        )
+
+
 def shape_config(
     directory: Path, base: ModelConfig | None = None, explicit: Mapping[str, Any] | None = None, source: str | None = None
 ) -> ModelConfig:
     """`base` (the user's model switches: pad_vocab, attention, dropout, loss...) with the
     shape the weights decide. `explicit` holds the shape fields the user set themselves
-    (ModelConfig field name -> value): one that differs is refused, naming its flag."""
-    shape = read_shape(directory)
+    (ModelConfig field name -> value): one that differs is refused, naming its flag; a recipe
+    switch is refused (refuse_recipe)."""
     name = source or str(directory)
+    refuse_recipe(base or ModelConfig(), name)
+    shape = read_shape(directory)
     for key, value in (explicit or {}).items():
         if key in shape and value is not None and value != shape[key]:
             flag = flag_of(f"model.{key}") or f"model.{key}"
@@ -361,6 +392,10 @@ def export_problem(model: ModelConfig) -> str | None:
     not what, so they export."""
     if not model.bias:
         return "it was trained with bias = false (--no-bias), and transformers' GPT-2 always has biases"
+    hit = recipe_switch(model)
+    if hit is not None:
+        flag = cli_change(hit[0], getattr(model, hit[0][6:]))
+        return f"it was trained with {flag}, a recipe switch transformers' GPT-2 does not compute"
     return None
 
 

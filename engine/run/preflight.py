@@ -281,9 +281,10 @@ def pretrained_shape(c: Check) -> None:
         return  # a resumed run's shape is its own; a judged config's was read already
     explicit = {k[6:]: v for k, v in (c.explicit or {}).items() if k.startswith("model.")}
     try:
-        if c.local_only:
-            from engine.prep import hf
+        from engine.prep import hf
 
+        hf.refuse_recipe(c.config.model, c.config.model.init_from)  # before any cache or network
+        if c.local_only:
             if hf.cached_config_dir(c.config.model.init_from) is None:
                 c.complete = False  # a Hub model not downloaded yet: the launch reads its shape
                 return
@@ -355,6 +356,23 @@ def bind(config: RunConfig, ds: Dataset) -> RunConfig:
     return bound
 
 
+def documents_rule(c: Check) -> None:
+    """data.align_docs: a dataset that records its end-of-text id (its info: the form), with enough
+    documents to start a batch's rows at (opened: their starts found here, once, for the run)."""
+    if not c.config.data.align_docs or c.data is False:
+        return
+    from engine.train import batches
+
+    if isinstance(c.data, DatasetInfo):
+        batches.check_eot(c.data)
+    elif c.verdict.dataset is not None:
+        T, train = c.config.seq_len, c.verdict.dataset.train
+        seen = batches.reach(batches.documents(c.verdict.dataset, T, c.config.train.batch_size), train, T)
+        if seen < 0.5:  # long documents: only their first block is ever trained on
+            c.warn(UserError(f"data.align_docs: rows from document starts reach only {seen:.0%} of the train "
+                             f"split's tokens (its documents are longer than a block of {T})"))  # fmt: skip
+
+
 def memory_rule(c: Check) -> None:
     """The estimate (the form's and the dialog's panels show it) and, when asked, the refusal of
     what will not fit the device (engine.train.memory.check_fits: the budget the run will have)."""
@@ -377,7 +395,7 @@ def no_effect_warnings(c: Check) -> None:
         c.warn(UserError(f"decay fraction {o.decay_fraction:g} has no effect with the cosine schedule "
                          "(it sizes the wsd decay)", {"optim.schedule": "wsd"}))  # fmt: skip
     if o.optimizer == "adamw":
-        for dotted in ("optim.muon_lr", "optim.muon_momentum"):
+        for dotted in ("optim.muon_lr", "optim.muon_momentum", "optim.muon_momentum_warmup"):
             if c.given(dotted):
                 name = dotted.split(".")[1].replace("_", " ")
                 c.warn(UserError(f"{name} {getattr(o, dotted.split('.')[1]):g} has no effect with the AdamW optimizer "
@@ -390,7 +408,8 @@ def no_effect_warnings(c: Check) -> None:
                          {"optim.decay_fraction": f"{1 / max(o.decay_end(n), 1):.3g} or more"}))  # fmt: skip
 
 
-RULES: list[Rule] = [pretrained_shape, device_rule, loggers_rule, dataset_rule, memory_rule, no_effect_warnings]
+RULES: list[Rule] = [pretrained_shape, device_rule, loggers_rule, dataset_rule, documents_rule, memory_rule,
+                     no_effect_warnings]  # fmt: skip
 
 
 def preflight(
@@ -399,7 +418,8 @@ def preflight(
     local_only: bool = False, resume: bool = False, memory: bool = True,
 ) -> Verdict:  # fmt: skip
     """The one judgement of a config before it runs, for every front door: each rule of RULES
-    in order (pretrained shape, device, loggers, dataset vocab and length, memory, inputs of no effect).
+    in order (pretrained shape, device, loggers, dataset vocab and length, documents, memory, inputs of no
+    effect).
     `dataset`: True opens it (the CLI, bench), an opened Dataset is bound, a DatasetInfo judged
     (the form), False leaves the data alone (a live toggle: the run's own). A rule that raises
     UserError refuses; the others still judge (the form shows every field's refusal)."""

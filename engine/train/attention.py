@@ -212,12 +212,15 @@ def cache_tag(first: str | None) -> str:
     return f"sdpa {'>'.join(ranked)} on {','.join(on)}"
 
 
-def kernel_name(shape: Shape) -> str:
-    """The kernel SDPA takes for this shape under the current priority (what runs, in words)."""
+def kernel_name(shape: Shape, window: int | None = None) -> str:
+    """The kernel SDPA takes for this shape under the current priority (what runs, in words);
+    `window` (model.attn_window): with the banded mask the model passes (FlashAttention takes none)."""
     size = (shape.batch, shape.heads, shape.seq, shape.head_dim)
     q, k, v = (torch.empty(size, dtype=shape.dtype, device=shape.device) for _ in range(3))  # only their shape counts
+    band = window is not None and window < shape.seq - 1  # engine.train.model.CausalSelfAttention.band
+    mask = torch.ones(shape.seq, shape.seq, dtype=torch.bool, device=shape.device).tril() if band else None
     try:
-        chosen = torch._fused_sdp_choice(q, k, v, is_causal=True)
+        chosen = torch._fused_sdp_choice(q, k, v, attn_mask=mask, is_causal=mask is None)
     except RuntimeError:
         return "none"
     return NAMES.get(int(chosen), f"kernel {int(chosen)}")

@@ -3,21 +3,24 @@
 `BatchSampler` draws window starts with ONE numpy RNG call per batch, so the vectorized
 gather and the naive per-row loop (kept as the slow rung of the speed ladder) produce
 identical batches from the same seed, and its state round-trips through JSON for exact
-resumption. `BatchLoader` moves batches to the device, optionally building the next one on a
-background thread while the model computes.
+resumption. With data.align_docs the starts are drawn from `document_starts` (each row
+begins after an end-of-text token), still one RNG call a batch. `BatchLoader` moves batches
+to the device, optionally building the next one on a background thread while the model computes.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
-from engine.dataset import TokenSplit
+from engine.dataset import Dataset, DatasetInfo, TokenSplit
 from engine.errors import UserError
+from engine.text import program
 
 
 # --------------------------------------------------------------------------- sampling
@@ -47,10 +50,19 @@ class BatchSampler:
         usable = np.array([s.count - block_size for s in split.shards], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(usable)[:-1]])
         self._usable_total = int(usable.sum())
+        self._aligned: np.ndarray | None = None  # align(): the only window starts drawn
+
+    def align(self, starts: np.ndarray) -> None:
+        """Draw rows only from these window starts (`document_starts`): each batch is still one
+        RNG call, now over their indices, so a restored state resumes the same batches."""
+        self._aligned = starts
 
     def _draw(self) -> tuple[np.ndarray, np.ndarray]:
         """(shard index, offset in shard) per row, from one RNG call."""
-        g = self._rng.integers(0, self._usable_total, size=self.batch_size, dtype=np.int64)
+        if self._aligned is None:
+            g = self._rng.integers(0, self._usable_total, size=self.batch_size, dtype=np.int64)
+        else:
+            g = self._aligned[self._rng.integers(0, len(self._aligned), size=self.batch_size, dtype=np.int64)]
         if len(self._starts) == 1:  # the common case, without the search (~15 us a batch)
             return np.zeros(self.batch_size, dtype=np.int64), g
         shard = np.searchsorted(self._starts, g, side="right") - 1
@@ -128,6 +140,63 @@ class BatchSampler:
         self._rng = rng
         self.batches = batches
         self.seed = state.get("seed", self.seed)
+
+
+# --------------------------------------------------------------------------- document starts
+
+
+_SCAN = 1 << 24  # tokens per chunk when scanning a split for end-of-text tokens
+_found: weakref.WeakKeyDictionary[TokenSplit, dict[tuple[int, int], np.ndarray]] = weakref.WeakKeyDictionary()
+
+
+def document_starts(split: TokenSplit, eot_id: int, block_size: int) -> np.ndarray:
+    """Every window start that begins a document (the token after an end-of-text token, or a
+    shard's first token unless it is one) and holds block_size + 1 tokens, in the sampler's
+    coordinates (shards' usable starts laid end to end). One int64 per document, scanned in
+    chunks (a split on disk is never read whole), once per split: preflight's count is build's."""
+    cached = _found.setdefault(split, {})
+    if (eot_id, block_size) in cached:
+        return cached[eot_id, block_size]
+    parts, base = [], 0
+    for shard in split.shards:
+        usable = shard.count - block_size
+        found = [] if usable < 1 or int(shard.read(0, 1)[0]) == eot_id else [np.zeros(1, np.int64)]
+        for at in range(0, max(usable - 1, 0), _SCAN):  # an EOT at p starts a document at p + 1 < usable
+            chunk = shard.read(at, min(_SCAN, usable - 1 - at))
+            found.append(np.flatnonzero(chunk == eot_id).astype(np.int64) + (at + 1))
+        parts.extend(f + base for f in found)
+        base += max(usable, 0)
+    starts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    cached[eot_id, block_size] = starts
+    return starts
+
+
+def check_eot(info: DatasetInfo) -> int:
+    """The dataset's end-of-text id, or one line refusing data.align_docs on data that records none."""
+    if info.eot_id is None:
+        raise UserError(f"data.align_docs needs documents, but this {info.format} dataset records no end-of-text "
+                        "id", {"data.align_docs": False},
+                        also=f"tokenize the text with `{program()} prepare`, which marks each one")  # fmt: skip
+    return info.eot_id
+
+
+def documents(dataset: Dataset, block_size: int, batch_size: int) -> np.ndarray:
+    """data.align_docs' train-row starts, or one line refusing a dataset with no end-of-text id
+    or fewer documents than a batch has rows (the val set is never aligned: every recipe is
+    judged on the same one)."""
+    starts = document_starts(dataset.train, check_eot(dataset.info), block_size)
+    if len(starts) < max(2, batch_size):
+        raise UserError(f"data.align_docs needs documents, but the train split has {len(starts)} that start a "
+                        f"block of {block_size} tokens (a batch has {batch_size} rows)", {"data.align_docs": False},
+                        also="use a dataset of more documents")  # fmt: skip
+    return starts
+
+
+def reach(starts: np.ndarray, split: TokenSplit, block_size: int) -> float:
+    """The share of the split's tokens that rows from these starts can hold: a document longer
+    than a block is trained on its first block only (the rest is never seen)."""
+    ends = np.append(starts[1:], split.num_tokens - block_size)  # shards laid end to end: near enough
+    return float(np.minimum(ends - starts, block_size + 1).sum()) / max(1, split.num_tokens)
 
 
 # --------------------------------------------------------------------------- device loading

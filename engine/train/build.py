@@ -24,8 +24,9 @@ from engine.train import attention, compile_cache, compiling, distributed
 from engine.train.flops import flops_per_token, peak_flops
 from engine.train.guard import StepGuard
 from engine.dataset import Dataset
-from engine.train.batches import BatchLoader, BatchSampler
+from engine.train.batches import BatchLoader, BatchSampler, documents
 from engine.train.model import GPT
+from engine.train.muon import Muon, momentum_at
 
 
 @dataclass
@@ -90,7 +91,7 @@ def finish(p: Parts, config: RunConfig, run_dir: Path) -> None:
         choice = attention.choose(shape)  # rank 0's measurement on every rank
         p.sdpa, p.attention_ms = choice.picked, choice.timings
         with attention.prefer(p.sdpa):
-            p.attention = attention.kernel_name(shape)
+            p.attention = attention.kernel_name(shape, cfg.model.attn_window)
     if cfg.speed.compile:
         mode = None if cfg.speed.compile_mode == "default" else cfg.speed.compile_mode
         compile_cache.enable()  # PyTorch's compile caches in the gpt2-tui cache: a rerun skips the compile
@@ -156,13 +157,11 @@ def optimizer(module: torch.nn.Module, o: OptimConfig, device: torch.device) -> 
         raise UserError(f"fused AdamW is not available here ({err})", {"optim.fused": False}) from None
     if o.optimizer == "adamw":
         return adamw
-    if not hasattr(torch.optim, "Muon"):
-        raise UserError(f"optimizer muon needs torch.optim.Muon (PyTorch 2.9 or newer; this is {torch.__version__})",
-                        {"optim.optimizer": "adamw"})  # fmt: skip
-    # no weight decay on the Muon matrices (modded-nanogpt's); adjust_lr_fn None = Keller Jordan's
-    # original scaling, sqrt(max(1, rows/cols)), which the 0.02 default is tuned for
-    muon = torch.optim.Muon([p for _, p in params if id(p) in matrices], lr=o.muon_lr, weight_decay=0.0,
-                            momentum=o.muon_momentum, nesterov=True, adjust_lr_fn=None)  # fmt: skip
+    # ours (engine.train.muon): torch.optim.Muon's numbers, one Newton-Schulz per shape, the skip
+    # on the device. No weight decay on the Muon matrices (modded-nanogpt's); adjust_lr_fn None =
+    # Keller Jordan's original scaling, sqrt(max(1, rows/cols)), which the 0.02 default is tuned for
+    muon = Muon([p for _, p in params if id(p) in matrices], lr=o.muon_lr, weight_decay=0.0,
+                momentum=momentum_at(0, o), nesterov=True, adjust_lr_fn=None)  # fmt: skip
     return MuonAdamW(adamw, muon, o.muon_lr / o.lr)
 
 
@@ -206,10 +205,10 @@ class MuonAdamW:
     dict over both (parameter ids numbered across them, AdamW's first), so a checkpoint is
     checked (engine.train.checkpoint) and resumed exactly like a plain AdamW's.
 
-    torch's Muon reads no device-side skip flag: `step_unless` skips its step on the device
-    (AdamW's half through found_inf when fused), with no host read."""
+    `step_unless` skips a bad step on the device with no host read: AdamW's half through
+    found_inf when fused, Muon's (engine.train.muon.Muon) through its own `skip`."""
 
-    def __init__(self, adamw: torch.optim.Optimizer, muon: torch.optim.Optimizer, lr_scale: float):
+    def __init__(self, adamw: torch.optim.Optimizer, muon: Muon, lr_scale: float):
         self.adamw, self.muon = adamw, muon
         self.lr_scale = lr_scale  # muon_lr / lr: the schedule's lr times this is Muon's
         self.defaults: dict[str, Any] = {"fused": False}  # no found_inf of its own: see step_unless
@@ -255,20 +254,28 @@ class MuonAdamW:
 KEPT_CHUNK_BYTES = 16 * 2**20  # parameter bytes stepped at once where a skip puts tensors back
 
 
-def step_unless(opt: torch.optim.Optimizer | MuonAdamW, skip: torch.Tensor) -> None:
-    """The optimizer step, skipped on the device where `skip` (the guard's 0/1 verdict) is set,
-    with no host read. Fused AdamW honours it as found_inf: its kernel leaves weights, moments
-    and step counts as they were. Muon and unfused AdamW read none, so they step a chunk of
-    parameters at a time (KEPT_CHUNK_BYTES: the copies stay small) and put back, where `skip`
-    is set, everything the chunk's step changed (torch.where): weights, moments, momentum, and
-    state the step created (zeros, as new). Not put back: unfused AdamW's step count where it
-    lives on the host (a GPU's non-capturable AdamW), so its bias correction counts the step."""
+def step_unless(opt: torch.optim.Optimizer | MuonAdamW, skip: torch.Tensor, on_device: bool | None = None) -> None:
+    """The optimizer step, skipped where `skip` (the guard's 0/1 verdict) is set, with no host
+    read on an accelerator. Fused AdamW honours it as found_inf: its kernel leaves weights,
+    moments and step counts as they were; our Muon takes it as its `skip` (engine.train.muon:
+    the update zeroed, no copies). Unfused AdamW reads none: on a GPU it steps a chunk of
+    parameters at a time (KEPT_CHUNK_BYTES: the copies stay small) and puts back, where `skip`
+    is set, everything the chunk's step changed (torch.where): weights, moments, and state the
+    step created (zeros, as new); not put back: its step count where it lives on the host (a
+    GPU's non-capturable AdamW), so its bias correction counts the step. On the CPU the
+    verdict is already a number (its ops run in order: no queue to drain), so unfused AdamW
+    reads it and steps or not: the put-back cost it 3x its step there (nano 7 -> 21 ms).
+    `on_device` (None: not on the CPU) forces either form."""
+    on_device = skip.device.type != "cpu" if on_device is None else on_device
     if isinstance(opt, MuonAdamW):
-        step_unless(opt.adamw, skip)
-        step_unless(opt.muon, skip)
+        step_unless(opt.adamw, skip, on_device)
+        opt.muon.step(skip=skip)
     elif opt.defaults.get("fused"):
         opt.found_inf = skip.float()
         opt.step()
+    elif not on_device:
+        if not skip.item():
+            opt.step()
     else:
         bad = skip > 0
         for chunk in _chunks(opt):
@@ -323,6 +330,14 @@ def set_lr(opt: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
         group["lr"] = lr
 
 
+def set_momentum(opt: torch.optim.Optimizer | MuonAdamW, o: OptimConfig, step: int) -> None:
+    """Muon's momentum for `step` (its warm-up's ramp: engine.train.muon.momentum_at), set beside
+    the lr each step: a function of the step alone, so a resume sets what a straight run did."""
+    if isinstance(opt, MuonAdamW):
+        for group in opt.muon.param_groups:
+            group["momentum"] = momentum_at(step, o)
+
+
 def loaders(
     config: RunConfig, dataset: Dataset, device: torch.device, dist: distributed.Context
 ) -> tuple[BatchLoader, list[Any]]:
@@ -330,6 +345,8 @@ def loaders(
     the validation batches: the same set at every eval, pinned where the training batches are)."""
     T, B, seed = config.seq_len, config.train.batch_size, config.train.seed
     sampler = distributed.train_sampler(dataset.train, B, T, seed, config.data.vectorized, dist)
+    if config.data.align_docs:  # train rows only: the val set stays the one every recipe is judged on
+        sampler.align(documents(dataset, T, B))
     idle = devices.idle_data_switches(device.type)  # switches that do nothing on this device
     train = BatchLoader(
         sampler, device, pin_memory=config.data.pin_memory and "data.pin_memory" not in idle,

@@ -46,9 +46,18 @@ _PEAKS: list[tuple[str, dict[str, float]]] = [
 
 
 def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int) -> int:
-    """Training FLOPs per token: 6N for the weights plus 12*L*H*Q*T for attention scores."""
+    """Training FLOPs per token: 6N for the weights plus 12*L*H*Q*T for attention scores.
+
+    N counts what a token is multiplied by. A lookup table costs no FLOPs, so the tables beyond
+    the one the tied lm_head stands for are left out: wte when the head is untied (the head's own
+    matrix is in), and the value-embed table; wpe stays in, as in GPT-2's published 6N. With a
+    sliding window a query scores at most window + 1 keys (the model's FLOPs: a masked dense
+    kernel still computes all T, which shows as a lower MFU)."""
     head_dim = cfg.n_embd // cfg.n_head
-    return 6 * n_params + 12 * cfg.n_layer * cfg.n_head * head_dim * seq_len
+    tables = (not cfg.tie_head) + cfg.value_embeds
+    lookups = tables * cfg.padded_vocab_size * cfg.n_embd if tables else 0
+    keys = seq_len if cfg.attn_window is None else min(seq_len, cfg.attn_window + 1)
+    return 6 * (n_params - lookups) + 12 * cfg.n_layer * cfg.n_head * head_dim * keys
 
 
 def peak_flops(device_name: str, precision: Precision) -> float | None:

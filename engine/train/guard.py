@@ -73,10 +73,11 @@ class StepGuard:
     its loss spikes far above its recent level: the sign that the previous update blew the
     weights up although every number stayed finite. `judge` returns the decision as a
     0/1 device tensor that the optimizer step honours on the device (engine.train.build.step_unless:
-    fused AdamW as `found_inf`, the GradScaler's own mechanism; Muon and unfused AdamW by putting
-    back what the step changed), and keeps the streak, count and loss EMA on the device too. The
-    host reads them a step later (`snapshot`, engine/train/readings.py) at log, eval and
-    checkpoint steps, under torchrun too: never the flag itself.
+    fused AdamW as `found_inf`, the GradScaler's own mechanism; Muon as its `skip`; unfused AdamW
+    by putting back what the step changed, or on the CPU by a read that waits for nothing), and
+    keeps the streak, count and loss EMA on the device too. The host reads them a step later
+    (`snapshot`, engine/train/readings.py) at log, eval and checkpoint steps, under torchrun
+    too: never the flag itself.
     """
 
     def __init__(self, max_bad_steps: int, device: torch.device):

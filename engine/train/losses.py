@@ -58,7 +58,8 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int, want_grad: bool
+        ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int, want_grad: bool,
+        softcap: float | None = None,
     ) -> Tensor:
         N, C = hidden.shape
         V = weight.size(0)
@@ -75,6 +76,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
             for start in range(0, N, chunk_rows):
                 h_c, t_c = h[start : start + chunk_rows], targets[start : start + chunk_rows]
                 z = (h_c @ w.T).float()  # (n, V) logits; softmax math in fp32
+                if softcap is not None:  # z = c * tanh(z / c); its derivative 1 - tanh^2 scales p below
+                    cap = torch.tanh(z.div_(softcap))
+                    z = cap * softcap
                 lse = torch.logsumexp(z, dim=-1)  # (n,)
                 loss += (lse - z.gather(1, t_c[:, None]).squeeze(1)).sum()
                 if not (need_h or need_w):
@@ -83,6 +87,8 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 # waits for backward: applied before the cast, fp16 would flush p/N to zero.
                 p = z.sub_(lse[:, None]).exp_()  # (n, V)
                 p[torch.arange(len(t_c), device=p.device), t_c] -= 1.0
+                if softcap is not None:
+                    p.mul_(cap.square_().neg_().add_(1.0))
                 g = p.to(dtype)  # (n, V)
                 if need_h:
                     grad_h[start : start + chunk_rows] = g @ w  # (n, C)
@@ -106,19 +112,21 @@ class _ChunkedLinearCE(torch.autograd.Function):
             grad_h = grad_h.mul_(scale.to(grad_h.dtype))
         if grad_w is not None:
             grad_w = grad_w.mul_(scale.to(grad_w.dtype))
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def chunked_linear_cross_entropy(
-    hidden: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int | None = None
+    hidden: Tensor, weight: Tensor, targets: Tensor, chunk_rows: int | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """Mean cross-entropy of `hidden @ weight.T` against `targets`, never holding N x V logits.
 
     hidden (N, C), weight (V, C) (the tied wte works: autograd adds the embedding's grad),
-    targets (N,) int. Returns a scalar fp32 loss. Under autocast the matmuls run in the
+    targets (N,) int; `softcap` c: the logits capped to c * tanh(z / c) (model.logit_softcap).
+    Returns a scalar fp32 loss. Under autocast the matmuls run in the
     autocast dtype; gradients come back in the inputs' own dtypes.
     """
     assert hidden.dim() == 2 and weight.dim() == 2 and targets.shape == hidden.shape[:1]
     rows = chunk_rows or chunk_rows_for(hidden.size(0), weight.size(0))
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return _ChunkedLinearCE.apply(hidden, weight, targets, rows, want_grad)
+    return _ChunkedLinearCE.apply(hidden, weight, targets, rows, want_grad, softcap)

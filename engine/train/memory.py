@@ -15,6 +15,10 @@ engine (engine/train/model.py + engine/train/trainer.py) really allocates them:
   chunk's logits and temporaries (a few chunk_rows x Vp), the hidden rows' and the
   weight's gradients (N x C, Vp x C fp32) computed in forward and saved for backward, and
   under autocast the lm_head weight's low-precision copy while the loss runs;
+- the recipe switches (model.qk_norm, positions, value_embeds, value_residual, attn_window,
+  logit_softcap, tie_head, unet_skips: `recipe_activations`): each one's tables and scalars in the
+  parameter count, and what each makes autograd save (fresh q, k or v tensors that SDPA keeps,
+  rms_norm's statistics, the window's mask as SDPA's bias, the softcap's tanh over B*T*Vp);
 - the peak over forward, backward and the optimizer step, plus the CUDA context and a
   caching-allocator margin that `torch.cuda.max_memory_allocated` does not see.
 
@@ -107,6 +111,15 @@ class _Shape(BaseModel):
     attention: str
     ckpt: bool
     chunked: bool  # model.loss == "chunked"
+    # the recipe switches that change what is saved or held (engine/train/model.py)
+    qk_norm: bool = False
+    rotary: bool = False
+    value_embeds: bool = False
+    value_residual: bool = False
+    window: bool = False  # attn_window shorter than the sequence: a banded mask
+    softcap: bool = False
+    tied: bool = True
+    unet: bool = False
 
 
 def _shape(config: RunConfig) -> _Shape:
@@ -117,6 +130,9 @@ def _shape(config: RunConfig) -> _Shape:
         L=m.n_layer, H=m.n_head, C=m.n_embd, V=V, Vp=Vp, ctx=m.block_size,
         B=config.train.batch_size, T=config.seq_len, bias=m.bias, dropout=m.dropout,
         attention=m.attention, ckpt=m.grad_checkpointing, chunked=m.loss == "chunked",
+        qk_norm=m.qk_norm, rotary=m.positions == "rotary", value_embeds=m.value_embeds,
+        value_residual=m.value_residual, softcap=m.logit_softcap is not None, tied=m.tie_head,
+        window=m.attn_window is not None and m.attn_window < config.seq_len - 1, unet=m.unet_skips,
     )  # fmt: skip
 
 
@@ -144,13 +160,22 @@ def size_text(config: RunConfig, short: bool = False) -> str:
 
 
 def _param_tensors(s: _Shape) -> int:
-    """Parameter tensors (one AdamW `step` scalar each): wte, wpe, 6 weights (+6 biases) a block, ln_f."""
+    """Parameter tensors (one AdamW `step` scalar each): wte, wpe, 6 weights (+6 biases) a block, ln_f;
+    the recipe's: no wpe (rotary), an untied head, the value-embed table, and the learned scalars
+    (U-net skip weights as one tensor, a value-embed gate a gated layer, a value-residual lambda a layer)."""
     b = int(s.bias)
-    return 2 + s.L * (6 + 6 * b) + 1 + b
+    tables = 1 + (not s.rotary) + (not s.tied) + s.value_embeds
+    scalars = (s.unet and s.L > 1) + (min(s.L, 2) if s.value_embeds else 0) + (s.L - 1 if s.value_residual else 0)
+    return tables + s.L * (6 + 6 * b) + 1 + b + scalars
+
+
+def _n_scalars(s: _Shape) -> int:
+    """The recipe's learned scalars (1-D parameters): skip weights, value-embed gates, value-residual lambdas."""
+    return (s.L // 2 if s.unet else 0) + (min(s.L, 2) if s.value_embeds else 0) + (s.L - 1 if s.value_residual else 0)
 
 
 def _largest_param(s: _Shape) -> int:
-    return max(s.Vp * s.C, s.ctx * s.C, 4 * s.C * s.C)
+    return max(s.Vp * s.C, 0 if s.rotary else s.ctx * s.C, 4 * s.C * s.C)
 
 
 # ---------------------------------------------------------------- activations
@@ -181,19 +206,67 @@ def layer_activations(s: _Shape, low: bool, target: Target) -> int:
     return total
 
 
+def recipe_activations(s: _Shape, low: bool) -> int:
+    """What the recipe switches add to the blocks' saved bytes (no checkpointing; engine/train/model.py),
+    found tensor by tensor with saved_tensors_hooks on CPU (tests/config/test_recipe_memory.py):
+    - a fresh q and k (qk_norm, rotary) or v (value embeds, value residual) instead of views of the
+      qkv buffer: flash SDPA saves it (a B*T*C each). The qkv buffer (3a) stays saved while anything
+      saves a view of it: SDPA, rms_norm's input in fp32, the residual's mix * v and (1 - mix) * v1;
+    - qk_norm: rms_norm's rstd for q and k (4 B*H*T each), under autocast its fp32 copy of q and k;
+    - rotary: cos and sin (4 T*D bytes once; cast per layer under autocast);
+    - value embeds: the table's fp32 output once, under autocast its cast in each gated layer;
+    - a window shorter than the sequence: flash SDPA turns the boolean mask into a T x T bias in
+      q's dtype (the manual path's mask is the causal one's size);
+    - U-net skips (`unet_skip`): the skips' mul saves each skip, all of them saved by the next
+      block's ln_1 anyway but the last one, when the first layer that pops it is the next one."""
+    if not (s.qk_norm or s.rotary or s.value_embeds or s.value_residual or s.window):
+        return unet_skip(s)
+    B, T, C, H, L = s.B, s.T, s.C, s.H, s.L
+    a, flash, btc, fresh_qk = (2 if low else 4), s.attention == "flash", s.B * s.T * s.C, s.qk_norm or s.rotary
+    total = (4 * btc if s.value_embeds and not low else 0) + (4 * T * (C // H) if s.rotary and not low else 0)
+    for i in range(L):
+        ve, mix = s.value_embeds and i in (0, L - 1), s.value_residual and i > 0
+        first_v = s.value_residual and L > 1 and i == 0  # saved by every later layer's mix
+        qkv = (flash and not (fresh_qk and (ve or mix))) or (s.qk_norm and not low) or ((mix or first_v) and not ve)
+        total += (int(qkv) - int(flash)) * 3 * a * btc
+        if flash:
+            total += (2 * a * btc if fresh_qk else 0) + (a * btc if ve or mix else 0) + (a * T * T if s.window else 0)
+        if ve and (mix or (first_v and not flash)):  # the v after the embedding, saved by the mix
+            total += a * btc
+        total += (8 * B * H * T + (8 * btc if low else 0)) if s.qk_norm else 0
+        total += (a * btc if ve and low else 0) + (4 * T * (C // H) if s.rotary and low else 0)
+    return total + unet_skip(s)
+
+
+def unet_skip(s: _Shape) -> int:
+    """With an even n_layer the first half's last output is added to itself by the next layer (the first
+    of the second half): saved by the skip's mul for its weight's gradient, and by no ln_1 (4 B*T*C)."""
+    return 4 * s.B * s.T * s.C if s.unet and s.L > 1 and s.L % 2 == 0 else 0
+
+
+def recipe_checkpointed(s: _Shape, low: bool) -> int:
+    """Checkpointed blocks save nothing inside, but hold their inputs: the value-embed table's fp32
+    output, the value residual's v1 (the first layer's v: its qkv buffer, or the embedded v), and
+    the U-net's skip (unet_skip)."""
+    a, btc = (2 if low else 4), s.B * s.T * s.C
+    v1 = (a if s.value_embeds else 3 * a) * btc if s.value_residual and s.L > 1 else 0
+    return (4 * btc if s.value_embeds else 0) + v1 + unet_skip(s)
+
+
 def head_activations(s: _Shape, low: bool) -> int:
     """Saved outside the blocks: token and position ids, ln_f input and stats, and the loss's:
     plain: lm_head input, the fp32 log-softmax over the padded vocab (B*T*Vp*4), targets;
     chunked: the gradients computed in forward, grad_hidden (B*T*C fp32, ln_f's dtype) and
-    grad_weight (Vp*C fp32)."""
+    grad_weight (Vp*C fp32). The softcap (plain loss) saves its tanh over the padded vocab (fp32)."""
     B, T, C = s.B, s.T, s.C
     a = 2 if low else 4
-    ids = 8 * B * T + 8 * T  # idx, positions
+    ids = 8 * B * T + (0 if s.rotary else 8 * T)  # idx, positions (rotary: no position table)
     emb = B * T * C if s.dropout > 0 else 0
     ln_f = 4 * B * T * C + 8 * B * T
     if s.chunked:
         return ids + emb + ln_f + chunked_saved(s)
-    return ids + emb + ln_f + 8 * B * T + 4 + a * B * T * C + 4 * B * T * s.Vp  # + targets, total weight
+    cap = 4 * B * T * s.Vp if s.softcap else 0
+    return ids + emb + ln_f + 8 * B * T + 4 + a * B * T * C + 4 * B * T * s.Vp + cap  # + targets, total weight
 
 
 def chunked_saved(s: _Shape) -> int:
@@ -206,30 +279,31 @@ def chunked_transient(s: _Shape, low: bool) -> int:
     fp32 plus logsumexp's temporary of the same size (under autocast, the low-precision
     matmul output and its fp32 copy, then the low-precision gradient chunk: about as much),
     and autocast's low-precision copy of the lm_head weight (Vp x C)."""
-    return 8 * chunk_rows_for_shape(s) * s.Vp + (2 * s.Vp * s.C if low else 0)
+    rows = chunk_rows_for_shape(s) * s.Vp  # the softcap's tanh: one more chunk in fp32
+    return (12 if s.softcap else 8) * rows + (2 * s.Vp * s.C if low else 0)
 
 
 def saved_activations(s: _Shape, low: bool, target: Target, compiled: bool = False) -> tuple[int, int]:
     """(all bytes saved for backward by one micro-batch, one block's share)."""
     layer = layer_activations(s, low, target)
     if s.ckpt:  # non-reentrant checkpoint keeps only each block's input (fp32 residual)
-        per_layer = 4 * s.B * s.T * s.C
-    elif compiled:
-        per_layer = int(layer * COMPILE_ACTIVATION_FACTOR)
+        per_layer, recipe = 4 * s.B * s.T * s.C, recipe_checkpointed(s, low)
     else:
-        per_layer = layer
-    return s.L * per_layer + head_activations(s, low), per_layer
+        factor = COMPILE_ACTIVATION_FACTOR if compiled else 1
+        per_layer, recipe = int(layer * factor), int(recipe_activations(s, low) * factor)
+    return s.L * per_layer + recipe + head_activations(s, low), per_layer + recipe // s.L
 
 
 def weight_copies(s: _Shape, low: bool) -> int:
     """Autocast's bf16/fp16 copies of the matmul weights, saved for backward (0 in fp32).
 
     With checkpointing the blocks' copies are not kept (recomputed one block at a time);
-    lm_head's (the tied embedding, Vp*C) always is.
+    lm_head's (the tied embedding or its own, Vp*C) always is. The recipe's gates and lambdas are
+    cast to v's dtype too (engine.train.model: type_as), 2 bytes each.
     """
     if not low:
         return 0
-    blocks = 0 if s.ckpt else s.L * 12 * s.C * s.C
+    blocks = 0 if s.ckpt else s.L * 12 * s.C * s.C + _n_scalars(s) - (s.L // 2 if s.unet else 0)  # gates, lambdas
     head = 0 if s.chunked else s.Vp * s.C  # the chunked loss casts the weight inside, saves no copy
     return 2 * (blocks + head)
 
@@ -291,6 +365,8 @@ def estimate(config: RunConfig, world_size: int = 1, sharding: Sharding = "ddp")
     else:
         logits_fwd = a * B * T * s.Vp  # lm_head's output, alive only through the loss's forward (GPT returns none in training)
         ce_fwd = 4 * B * T * s.Vp if low else 0  # autocast's fp32 copy fed to log_softmax
+        if s.softcap:  # the capped fp32 logits fed to log_softmax instead (model.GPT.logits), either precision
+            ce_fwd = 4 * B * T * s.Vp
         ce_bwd = 8 * B * T * s.Vp  # nll_loss's grad + log_softmax's grad, both fp32 B*T*Vp
     if compiled:
         if not s.chunked:  # inductor fuses the cross-entropy: no fp32 copy, one fp32 gradient
@@ -398,7 +474,9 @@ def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -
     if fused:
         return extra
     if target == "cuda":  # AdamW's decayed (2-D) params: with Muon only the embeddings
-        decayed = (s.Vp + s.ctx) * s.C if muon else n - s.L * (4 * s.C + int(s.bias) * 9 * s.C) - s.C * (1 + int(s.bias))
+        tables = (1 + (not s.tied) + s.value_embeds) * s.Vp * s.C + (0 if s.rotary else s.ctx * s.C)
+        one_d = s.L * (4 * s.C + int(s.bias) * 9 * s.C) + s.C * (1 + int(s.bias)) + _n_scalars(s)
+        decayed = tables if muon else n - one_d
         return extra + 4 * decayed
     return extra + 2 * 4 * _largest_param(s)
 

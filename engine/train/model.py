@@ -1,9 +1,28 @@
-"""GPT-2 as published (pre-LN, GELU-tanh, tied embeddings, scaled residual init).
+"""GPT-2 as published (pre-LN, GELU-tanh, tied embeddings, scaled residual init), and the
+speedrun's recipe switches (modded-nanogpt), each off by default and acting in a few lines here.
 
 Switches from ModelConfig: attention kernel (`flash` = SDPA, `manual` = explicit masked
 softmax), vocab padding to a multiple of 64, bias, dropout, per-block gradient
 checkpointing, and the loss (`plain` = cross-entropy on the full logits, `chunked` = lm_head
 and loss fused over row chunks; engine/train/losses.py).
+
+Recipe switches (all off = GPT-2, bit-identical; tests/train/test_recipe_model.py):
+- `mlp = relu2`: relu(x)^2 in place of GELU (MLP.forward);
+- `qk_norm`: q and k RMS-normed over the head size, no weight (CausalSelfAttention.forward);
+- `positions = rotary`: q and k rotated per head (base 10000, after qk_norm); no wpe table;
+- `tie_head = false`: lm_head its own matrix (std 0.02; zero with zero_init_proj, as modded);
+- `zero_init_proj`: attention's and MLP's c_proj start at 0 (GPT._init_weights);
+- `logit_softcap = c`: logits = c * tanh(logits / c) in fp32, before the loss (GPT.logits; the
+  chunked loss caps inside its chunks);
+- `value_embeds`: one more (Vp x C) table, its lookup added into v of the first and last
+  layer with a learned gate (init 0.5);
+- `unet_skips`: n_layer // 2 learned weights (init 1); the first half's block outputs are
+  pushed, and popped into the last half's inputs in reverse order (GPT.forward);
+- `value_residual`: every layer after the first mixes its v with the first layer's,
+  v = l * v + (1 - l) * v1, l learned per layer (init 0.5);
+- `attn_window = w`: each token sees itself and at most w tokens before it (a banded mask:
+  SDPA with an explicit boolean mask, the manual path's mask banded too);
+- `fp8_head`: not built (engine/switch_matrix.py refuses it everywhere, with the reason).
 
 Padded ids: the training loss runs on the padded logits as they come (no slice, no copy).
 Padded ids are never targets, so they only sit in the softmax normalizer, where training
@@ -24,54 +43,105 @@ from engine.config import ModelConfig
 from engine.train.losses import chunked_linear_cross_entropy, cross_entropy
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, 1, head_size / 2) each
+
+
+def rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """x (B, T, H, D) with each pair (x[..., i], x[..., i + D/2]) rotated by its position's angle."""
+    cos, sin = (t.to(x.dtype) for t in rope)
+    x1, x2 = x.chunk(2, dim=-1)  # (B, T, H, D/2) each
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+
+
+def scalar(value: float) -> nn.Parameter:
+    """A learned mixing weight: shape (1,), not (), so FSDP2 can shard it like any tensor."""
+    return nn.Parameter(torch.full((1,), value))
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.n_head, self.dropout, self.flash = cfg.n_head, cfg.dropout, cfg.attention == "flash"
+        self.qk_norm, self.window = cfg.qk_norm, cfg.attn_window
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.residual_scaled = True  # GPT-2 init: std / sqrt(2 * n_layer)
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        gets_ve = cfg.value_embeds and layer in (0, cfg.n_layer - 1)
+        self.ve_gate = scalar(0.5) if gets_ve else None  # value embeddings' weight in v
+        self.v_mix = scalar(0.5) if cfg.value_residual and layer > 0 else None  # value residual's lambda
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def band(self, T: int, device: torch.device) -> torch.Tensor | None:
+        """The sliding window's (T, T) mask, True = attended: causal and at most `window` back;
+        None where it is the plain causal mask (no window, or one as long as the sequence)."""
+        if self.window is None or self.window >= T - 1:
+            return None
+        i = torch.arange(T, device=device)
+        back = i[:, None] - i[None, :]  # (T, T): how far key j is behind query i
+        return (back >= 0) & (back <= self.window)
+
+    def forward(
+        self, x: torch.Tensor, rope: Rope | None = None, ve: torch.Tensor | None = None, v1: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the attention's output, this layer's v (B, T, C): the value residual's v1 when first)."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.ve_gate is not None:  # value embedding (B, T, C), per head as v is; in v's dtype (autocast)
+            v = v + self.ve_gate.type_as(v) * ve.type_as(v)
+        if self.v_mix is not None:  # value residual: mixed with the first layer's v
+            mix = self.v_mix.type_as(v)
+            v = mix * v + (1 - mix) * v1
+        v_out = v
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in (q, k, v))  # (B, T, H, D)
+        if self.qk_norm:  # in (B, T, H, D), as rotary: SDPA's output then needs no copy back to (B, T, C)
+            q, k = F.rms_norm(q, (q.size(-1),)).type_as(v), F.rms_norm(k, (k.size(-1),)).type_as(v)
+        if rope is not None:
+            q, k = rotary(q, rope), rotary(k, rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        mask = self.band(T, x.device)
         if self.flash:
             p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None)
         else:  # the unoptimized path: a full T x T score matrix
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            if mask is None:
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             att = self.attn_dropout(F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1))
             y = att @ v
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))), v_out
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.relu2 = cfg.mlp == "relu2"
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.residual_scaled = True
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        h = self.c_fc(x)  # (B, T, 4C)
+        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, layer)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+    def forward(
+        self, x: torch.Tensor, rope: Rope | None = None, ve: torch.Tensor | None = None, v1: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the block's output, its attention's v: the first layer's is every later one's v1)."""
+        y, v = self.attn(self.ln_1(x), rope, ve, v1)
+        x = x + y
+        return x + self.mlp(self.ln_2(x)), v
 
 
 class GPT(nn.Module):
@@ -80,31 +150,47 @@ class GPT(nn.Module):
         assert cfg.vocab_size is not None, "resolve vocab_size from the dataset first"
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size  # real ids: [0, vocab_size); the rest is padding
+        Vp, C, L = cfg.padded_vocab_size, cfg.n_embd, cfg.n_layer
+        learned = cfg.positions == "learned"  # rotary: no position table
         self.transformer = nn.ModuleDict(
             dict(
-                wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
-                wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+                wte=nn.Embedding(Vp, C),
+                **({"wpe": nn.Embedding(cfg.block_size, C)} if learned else {}),
+                **({"ve": nn.Embedding(Vp, C)} if cfg.value_embeds else {}),  # value embeddings
                 drop=nn.Dropout(cfg.dropout),
-                h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
-                ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+                h=nn.ModuleList(Block(cfg, i) for i in range(L)),
+                ln_f=nn.LayerNorm(C, bias=cfg.bias),
             )
         )
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied
+        self.lm_head = nn.Linear(C, Vp, bias=False)
+        if cfg.tie_head:
+            self.lm_head.weight = self.transformer.wte.weight  # tied
+        self.skip_weights = nn.Parameter(torch.ones(L // 2)) if cfg.unet_skips and L > 1 else None
         self.apply(self._init_weights)
+        if cfg.zero_init_proj and not cfg.tie_head:
+            nn.init.zeros_(self.lm_head.weight)  # modded-nanogpt's untied head starts at 0 too
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
             std = 0.02
             if getattr(module, "residual_scaled", False):
-                std /= math.sqrt(2 * self.cfg.n_layer)
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+                std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
+            nn.init.normal_(module.weight, mean=0.0, std=std)  # std 0: zero_init_proj
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
     def num_params(self) -> int:
         """Unique parameters: the tied embedding counts once."""
         return sum(p.numel() for p in self.parameters())
+
+    def rope(self, T: int, device: torch.device) -> Rope | None:
+        """Rotary's cos and sin (T, 1, D/2) at base 10000, or None with learned positions."""
+        if self.cfg.positions != "rotary":
+            return None
+        D = self.cfg.n_embd // self.cfg.n_head
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D)
+        angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)[:, None, :]
+        return angles.cos(), angles.sin()
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool | None = None
@@ -114,18 +200,34 @@ class GPT(nn.Module):
         over the padded vocab). The logits come back in eval mode, not in training (nothing
         outside then holds the (B, T, V) tensor through backward) unless `return_logits`
         says otherwise; never under the chunked loss, which makes none."""
-        T = idx.size(1)
+        T, L = idx.size(1), self.cfg.n_layer
         assert T <= self.cfg.block_size, f"sequence of {T} exceeds context {self.cfg.block_size}"
-        pos = torch.arange(T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
+        x = self.transformer.drop(x)
+        rope, ve = self.rope(T, idx.device), self.transformer.ve(idx) if "ve" in self.transformer else None
+        v1, skips, n_skip = None, [], 0 if self.skip_weights is None else len(self.skip_weights)
+        for i, block in enumerate(self.transformer.h):
+            if i >= L - n_skip:  # U-net: the second half takes the first half's outputs, last in first
+                x = x + self.skip_weights[i - (L - n_skip)] * skips.pop()
+            args = (x, rope, ve if i in (0, L - 1) else None, v1)
             if self.cfg.grad_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x, v = checkpoint(block, *args, use_reentrant=False)
             else:
-                x = block(x)
+                x, v = block(*args)
+            v1 = v if v1 is None and self.cfg.value_residual else v1  # the first layer's v
+            if i < n_skip:
+                skips.append(x)
         if targets is None:  # generation: only the last position is needed
-            return self.lm_head(self.transformer.ln_f(x[:, [-1], :]))[..., : self.vocab_size], None
+            return self.logits(self.transformer.ln_f(x[:, [-1], :]))[..., : self.vocab_size], None
         return self.loss_head(x, targets, (not self.training) if return_logits is None else return_logits)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """lm_head, then the tanh softcap where set (in fp32: c * tanh(z / c) near c needs it)."""
+        z = self.lm_head(x)  # (B, T, Vp)
+        cap = self.cfg.logit_softcap
+        return z if cap is None else cap * torch.tanh(z.float() / cap)
 
     def loss_head(
         self, x: torch.Tensor, targets: torch.Tensor, return_logits: bool = False
@@ -134,9 +236,11 @@ class GPT(nn.Module):
         its own so the `blocks` compile scope compiles it as one more region."""
         x = self.transformer.ln_f(x)
         if self.cfg.loss == "chunked":  # never holds the B x T x V logits
-            loss = chunked_linear_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1))
+            loss = chunked_linear_cross_entropy(
+                x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1), softcap=self.cfg.logit_softcap
+            )
             return None, loss
-        logits = self.lm_head(x)  # (B, T, Vp): CE straight on it; autocast runs CE in fp32
+        logits = self.logits(x)  # (B, T, Vp): CE straight on it; autocast runs CE in fp32
         loss = cross_entropy(logits, targets)
         return (logits if return_logits else None), loss
 

@@ -12,6 +12,7 @@ its reading is read, a step later, by every rank at the same step (engine/train/
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,12 @@ class StepClock:
 
     def mark(self) -> None:
         """The steps counted so far went into a reading: count again from here."""
-        self.steps, self.data_s = 0, 0.0
+        self.steps, self.data_s, self.tokens = 0, 0.0, 0
+
+    def count(self, tokens: int) -> None:
+        """A step taken, with the tokens it trained on (all ranks'; fewer in a batch ramp)."""
+        self.steps += 1
+        self.tokens += tokens
 
 
 class Reporting:
@@ -53,6 +59,8 @@ class Reporting:
         self.clock = StepClock()
         self.dist = distributed.current()
         self.step_times: list[float] = []
+        self.step_tokens: list[float] = []  # each step report's tokens a step (all ranks'), beside step_times
+        self._timed: deque[float] = deque()  # each recorded interval's tokens a step, until its reading arrives
         self.gauge = contention.Gauge()  # each step event's window, read as it is emitted
         self.contention: list[ev.Contention] = []
         self._p: Parts | None = None
@@ -75,6 +83,7 @@ class Reporting:
         if report and loss is not None and self.dist.enabled:  # an all-reduce on the device: no host read
             values = torch.cat([values, distributed.mean_over_ranks(loss, self.dist).reshape(1).to(values.dtype)])
         c.readings.record(at.step, at.tokens, lr, values, c.steps, c.data_s, report)
+        self._timed.append(c.tokens / max(1, c.steps))
         c.mark()
 
     def settle(self, at: Progress) -> list[guards.Reading]:
@@ -97,21 +106,23 @@ class Reporting:
         assert self._p is not None
         p = self._p
         reading = p.guard.take(r.values[:4], r.step)  # this step's loss, norm and the skipped-step counters
+        tokens = self._timed.popleft()
         at.train_time_s += r.step_time_s * max(0, r.step - at.timed_to)  # the steps this reading timed
         at.timed_to = max(at.timed_to, r.step)
         if r.report:
-            self._step_event(p, r.values[4] if len(r.values) > 4 else reading.loss, r, reading.norm)
+            self._step_event(p, r.values[4] if len(r.values) > 4 else reading.loss, r, reading.norm, tokens)
         if p.warmup is not None:
             self._warmed_up(p, r.step)
         return reading
 
-    def _step_event(self, p: Parts, loss: float, r: Reading, grad_norm: float) -> None:
+    def _step_event(self, p: Parts, loss: float, r: Reading, grad_norm: float, tokens: float) -> None:
         rank_times = distributed.gather_floats(r.step_time_s, self.dist)
         step_time = max(rank_times) if rank_times else r.step_time_s  # a step ends with its slowest rank
         self.step_times.append(step_time)
+        self.step_tokens.append(tokens)
         self.contention.append(busy := self.gauge.read())
         W = self.dist.world_size
-        tok_s = self.config.tokens_per_step * W / step_time
+        tok_s = tokens / step_time
         mem = torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else None
         self.emit(ev.Step(step=r.step, loss=loss, lr=r.lr, grad_norm=grad_norm, step_time_s=step_time,
                           tokens_per_s=tok_s, mfu=mfu(tok_s / W, p.flops_token, p.peak), mem_bytes=mem,
@@ -141,7 +152,7 @@ class Reporting:
             return {}
         p, W = self._p, self.dist.world_size
         settled = ev.settled_step_time(self.step_times)
-        tok_s = self.config.tokens_per_step * W / settled
+        tok_s = ev.settled_step_time(self.step_tokens) / settled  # the full batch's, once a batch ramp is over
         return {
             "first_step_time_s": self.step_times[0],
             "median_step_time_s": settled,

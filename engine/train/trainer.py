@@ -8,16 +8,17 @@ What happens around the steps is three components, each saying when it is due
 (`Components`): evaluation, saving (checkpoints, and the resume) and reporting (the readings,
 the step clock, the GPU sampler). The measuring tools pass ones that never evaluate or save.
 
-Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast, loss/accum ->
+Per optimizer step: zero_grad(set_to_none) -> micro-batches under autocast (grad_accum of
+them, fewer early in a batch ramp), loss/accum ->
 (fp16) unscale -> clip, recording the pre-clip norm -> the guard's verdict, one for all
 ranks -> optimizer step (skipped on the device when bad) -> scaler update,
 with the LR from `lr_at(step)`. Everything (model build, torch.compile, the loop) happens
 on the thread that calls `train()`, because torch.compile is not thread-safe.
 The host syncs with the device only at eval, checkpoint and last steps, under torchrun too:
 whether a step's update is skipped (NaN/Inf, a loss spike) is decided on the device and
-honoured there (build.step_unless: the fused AdamW's `found_inf`, or the tensors kept where
-skipped), so a bad step never reaches the weights and a `--log-interval N` step makes no host
-read at all; its numbers are read a step later (engine/train/reporting.py).
+honoured there (build.step_unless: the fused AdamW's `found_inf`, Muon's `skip`, or the
+tensors kept where skipped), so a bad step never reaches the weights and a `--log-interval N`
+step makes no host read at all; its numbers are read a step later (engine/train/reporting.py).
 """
 
 from __future__ import annotations
@@ -174,10 +175,12 @@ class Trainer:
     # ------------------------------------------------------------------ the recipe
 
     def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step; returns (loss, pre-clip grad norm) as device tensors (no sync)."""
-        p, accum, clock = self.parts, self.config.train.grad_accum, self.reporting.clock
+        """One optimizer step; returns (loss, pre-clip grad norm) as device tensors (no sync).
+        Its micro-batches: grad_accum, fewer early in a batch ramp (TrainConfig.accum_at)."""
+        p, accum, clock = self.parts, self.config.train.accum_at(self.at.step), self.reporting.clock
         assert p is not None
         build.set_lr(p.optimizer, lr)
+        build.set_momentum(p.optimizer, self.config.optim, self.at.step)  # Muon's warm-up ramp, by the step
         p.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=p.device)
         for i in range(accum):
@@ -228,9 +231,10 @@ class Trainer:
                 p.optimizer.zero_grad(set_to_none=True)  # this step was never taken
                 self.save_checkpoint()
                 raise
+            taken = self.config.tokens_at(at.step) * self.dist.world_size  # all ranks' (a batch ramp's)
             at.step += 1
-            at.tokens += self.config.tokens_per_step * self.dist.world_size
-            rep.clock.steps += 1
+            at.tokens += taken
+            rep.clock.count(taken)
 
             last = at.step == max_steps
             log, evaluate = rep.due(at.step, last), self.evaluation.due(at.step, last)

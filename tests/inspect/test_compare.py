@@ -46,7 +46,9 @@ def test_compare_json_two_runs_and_the_resumed_ones_segments(runs, capsys) -> No
     assert list(out) == ["runs", "target_val_loss", "target_from", "differs"]
     assert [r["run_dir"] for r in out["runs"]] == [str(a), str(b)]
     ra, rb = out["runs"]
-    assert list(ra) == ["run_dir", "best_val_loss", "segments", "final_val_loss", "to_target", "to_target_vs_first"]
+    assert list(ra) == ["run_dir", "best_val_loss", "segments", "final_val_loss", "to_target", "to_target_vs_first",
+                        "recipe"]  # fmt: skip
+    assert ra["recipe"] == rb["recipe"] == {}  # GPT-2 as published
     assert len(ra["segments"]) == 1 and len(rb["segments"]) == 2
     first, second = rb["segments"]
     assert list(second) == SEGMENT_KEYS
@@ -473,3 +475,60 @@ def test_the_segments_tab_shows_the_payoff_at_80x24(runs) -> None:
         assert loss_text(r.best_val_loss) in second, second
 
     on_segments_tab(runs[1], (80, 24), check)
+
+
+# ------------------------------------------------------------------ issue 40: each row's recipe
+
+
+@pytest.fixture(scope="module")
+def switched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """GPT-2 as published, and a run with three of the speedrun's switches and Muon."""
+    from harness import bigram_tokens, write_gpt2tui
+
+    from gpt2_tui import main
+
+    root = tmp_path_factory.mktemp("switched")
+    data = write_gpt2tui(root / "data", bigram_tokens(20_000, 64, 1), bigram_tokens(4_000, 64, 2), 64)
+    gpt2, tricks = root / "gpt2", root / "tricks"
+    assert main(["train", *TRAIN, "--data", str(data), "--max-steps", "6", "--out", str(gpt2)]) == 0
+    assert main(["train", *TRAIN, "--data", str(data), "--max-steps", "6", "--out", str(tricks), "--mlp", "relu2",
+                 "--qk-norm", "--no-tie-head", "--optimizer", "muon"]) == 0  # fmt: skip
+    return gpt2, tricks
+
+
+RECIPE_CELL = "mlp=relu2 qk_norm tie_head=off optimizer=muon"  # the config's order; a switch on by its name
+
+
+def test_compare_shows_each_rows_recipe_from_its_config(switched, recipes, capsys, monkeypatch) -> None:
+    """Issue 40: which of the speedrun's tricks a row trained with, against GPT-2's defaults."""
+    from gpt2_tui import main
+
+    capsys.readouterr()
+    assert main(["compare", *map(str, switched), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["recipe"] for r in out["runs"]] == [
+        {}, {"model.mlp": "relu2", "model.qk_norm": True, "model.tie_head": False, "optim.optimizer": "muon"}]
+    monkeypatch.setenv("COLUMNS", "400")  # one table
+    for dirs, want in ((switched, {"gpt2": "GPT-2", "tricks": RECIPE_CELL}),
+                       (recipes, {"adamw": "GPT-2", "muon": "optimizer=muon", "wsd": "schedule=wsd"})):  # fmt: skip
+        assert main(["compare", *map(str, dirs)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        header = next(x for x in lines if x.startswith("run "))
+        at, end = header.index("recipe"), header.index("differs")  # left-aligned under its header
+        assert header.split()[-2:] == ["recipe", "differs"]
+        rows = {x.split()[0]: x for x in lines if x.split() and x.split()[0] in want}
+        assert {name: row[at:end].strip() for name, row in rows.items()} == want
+
+
+def test_the_compare_screen_shows_each_rows_recipe(switched) -> None:
+    from tui.widgets.segments import SegmentTable
+
+    async def check(pilot, screen) -> None:
+        legend = str(screen.query_one("#compare-legend").render())
+        lines = {x.split()[1]: x for x in legend.splitlines() if x.startswith("\u2588")}
+        assert "recipe GPT-2" in lines["gpt2"] and f"recipe {RECIPE_CELL}" in lines["tricks"]
+        table = screen.query_one(SegmentTable)
+        col = COLUMNS.index("recipe")
+        assert [str(table.get_row_at(i)[col]) for i in (0, 1)] == ["GPT-2", RECIPE_CELL]
+
+    on_compare_screen(switched, (200, 50), check)

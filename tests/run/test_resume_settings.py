@@ -37,6 +37,7 @@ ELSEWHERE = {  # settings that are not kept in the optimizer's groups, and where
     "schedule": "the schedule", "decay_fraction": "the schedule",
     "optimizer": "refused at resume: the checkpoint holds that optimizer's state (resumed_config)",
     "grad_clip": "read from the config at every step (Trainer.train_step)",
+    "muon_momentum_warmup": "build.set_momentum sets Muon's momentum by the step, each step (test_muon_fast)",
 }
 
 

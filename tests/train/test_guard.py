@@ -105,9 +105,11 @@ def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_data
                                    {"optim.optimizer": "muon", "optim.fused": False}])  # fmt: skip
 def test_without_found_inf_a_nan_step_is_skipped_and_its_verdict_never_read(tmp_path, tiny_dataset, monkeypatch,
                                                                             flags):  # fmt: skip
-    """Unfused AdamW and Muon read no found_inf: their step is still skipped on the device (what it
-    changed put back where the verdict is set), the verdict never read on the host; the steps
-    around the bad ones train; a bad first step leaves the state as new (zeros)."""
+    """Unfused AdamW and Muon read no found_inf: their step is still skipped (Muon's on the device,
+    its update zeroed), the verdict never read on the host, except by unfused AdamW on the CPU:
+    there the verdict is already a number (no queue to drain), so it reads it once a step rather
+    than pay 3x its step for the put-back (its device form: the next test); the steps around the
+    bad ones train; a bad first step leaves the state as new (zeros, or none yet)."""
     _scale_loss(monkeypatch, lambda n: float("nan") if n in (1, 3, 4) else 1.0)
     verdicts: list[torch.Tensor] = []
     judge = guard.StepGuard.judge
@@ -141,11 +143,55 @@ def test_without_found_inf_a_nan_step_is_skipped_and_its_verdict_never_read(tmp_
     t.segment.train_step = train_step
     assert t.run() == "completed"
     assert not t.segment.parts.optimizer.defaults["fused"]
-    assert read == []  # no per-step host read of the verdict (the old loop read it with .item() every step)
-    assert states[1] and all(not v.any() for v in states[1])  # a skipped first step: the state as new
+    host = flags.get("optim.fused") is False  # unfused AdamW on the CPU: one read a step, nothing to wait for
+    assert read == (["item"] * 6 if host else [])  # Muon never reads the verdict (the old loop: .item() a step)
+    assert (states[1] or host) and all(not v.any() for v in states[1])  # a skipped first step: the state as new
     assert all(torch.equal(a, b) for a, b in zip(weights[2], weights[4]))  # steps 3-4 never reached the weights
     assert not all(torch.equal(a, b) for a, b in zip(weights[4], weights[5]))  # step 5 trained
     assert all(torch.isfinite(w).all() for w in weights[6])
+
+
+def test_unfused_adamw_skips_on_the_device_without_reading_the_verdict(monkeypatch):
+    """Unfused AdamW's device form (build.step_unless on an accelerator; forced here on the CPU):
+    a skipped step, first or later, puts back weights and moments (a first one's as new: zeros),
+    and the verdict is never read on the host."""
+    from engine.train import build
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=False)
+    x = torch.randn(4, 8)
+    verdicts: list[torch.Tensor] = []
+    read: list[str] = []
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, _name=name, **kw):
+            if any(self is v for v in verdicts):
+                read.append(_name)
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def step(bad: bool) -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        verdicts.append(torch.ones(()) if bad else torch.zeros(()))
+        build.step_unless(opt, verdicts[-1], on_device=True)
+
+    weights = [p.detach().clone() for p in model.parameters()]
+    step(bad=True)
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    assert all(not v.any() for s in opt.state.values() for k, v in s.items() if k != "step")
+    step(bad=False)
+    trained = [p.detach().clone() for p in model.parameters()]
+    moments = [v.clone() for s in opt.state.values() for k, v in s.items() if k != "step"]
+    assert not all(torch.equal(a, b) for a, b in zip(weights, trained)) and any(v.any() for v in moments)
+    step(bad=True)
+    assert all(torch.equal(a, b) for a, b in zip(trained, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(moments, [v for s in opt.state.values() for k, v in s.items()
+                                                           if k != "step"]))  # fmt: skip
+    assert read == []
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from engine.api import best_val_loss, labels, read_run
 from engine.api import UserError
 from engine.api import change_text, shown
 from engine.api import Reach, SegmentReader, SegmentSummary, default_target, final_val_loss, mark_target, reach_text
-from engine.api import setting_items, shown_settings
+from engine.api import recipe_of, recipe_text, setting_items, shown_settings
 from engine.api import loss_text
 from tui.screens import BACK
 from tui.models.runstate import EMA_BETA, X_AXES, Series, XAxis
@@ -207,15 +207,19 @@ class CompareScreen(Screen):
         self.loaded = True
 
     def legend(self) -> Text:
-        """The runs in their colours, each with its values of the settings that differ between
-        the rows (optimizer, schedule, ...: highlighted where not the first run's), each segment
-        start with what it changed; x and keys."""
+        """The runs in their colours, each with its recipe where one is not GPT-2's (what it computes
+        beyond GPT-2: `recipe mlp=relu2 qk_norm`) and its values of the settings that differ between the rows
+        (optimizer, schedule, ...: highlighted where not the first run's), each segment start
+        with what it changed; x and keys."""
         out = Text()
         target = target_of(self.runs)
         segs = [s for r in self.runs for s in r.segments]
         differs = shown_settings(segs) if segs else []
-        for r in self.runs:
+        recipes = [recipe_of(r.segments[0].config) if r.segments else {} for r in self.runs]
+        for r, recipe in zip(self.runs, recipes):
             out.append("\u2588\u2588 ", style=RICH.get(r.color, r.color)).append(shown(r.label), style="bold")
+            if any(recipes):  # all GPT-2: the table's recipe column says so
+                out.append("  recipe ").append(recipe_text(recipe), style="bold")
             if differs and r.segments:
                 for text, hot in setting_items(r.segments[0], differs, segs[0]):
                     out.append(" ").append(text, style=HOT if hot else "")

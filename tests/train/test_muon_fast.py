@@ -1,0 +1,166 @@
+"""Our Muon (engine/train/muon.py, issue 40 item 2): torch.optim.Muon's numbers with one batched
+Newton-Schulz per shape, the guard's skip honoured on the device, the work shared under DDP, and
+the momentum warm-up (optim.muon_momentum_warmup) set by the step, so a resume is bit-exact.
+Run as a script under torchrun (`... test_muon_fast.py ddp OUT`) it is the DDP test's worker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import resolve
+from engine.train.muon import Muon, momentum_at
+
+SHAPES = [(24, 8), (8, 8), (8, 24), (24, 8), (8, 8), (16, 8)]  # tall, square, wide: stacks of 3 (one transposed), 2, 1
+
+
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=g) * 0.1) for s in SHAPES]
+
+
+def _grads(step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(s, generator=g) for s in SHAPES]
+
+
+def _stepped(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], steps: int, **kw) -> None:
+    for i in range(steps):
+        for p, grad in zip(params, _grads(i)):
+            p.grad = grad.clone()
+        opt.step(**kw)
+
+
+@pytest.mark.parametrize("settings", [
+    {"weight_decay": 0.0, "momentum": 0.95, "nesterov": True, "adjust_lr_fn": None},
+    {"weight_decay": 0.1, "momentum": 0.9, "nesterov": False, "adjust_lr_fn": "match_rms_adamw"},
+])  # fmt: skip
+def test_three_steps_equal_torch_muon(settings):
+    """Per matrix, the batched step is torch's: params and momentum after 3 steps within 1e-5 (fp32),
+    with and without the skip verdict given (set to 0)."""
+    if not hasattr(torch.optim, "Muon"):
+        pytest.skip("torch.optim.Muon (PyTorch 2.9+) is the reference")
+    theirs, ours, kept = _params(), _params(), _params()
+    ref = torch.optim.Muon(theirs, lr=0.02, **settings)
+    opt, opt_kept = Muon(ours, lr=0.02, **settings), Muon(kept, lr=0.02, **settings)
+    _stepped(ref, theirs, 3)
+    _stepped(opt, ours, 3)
+    _stepped(opt_kept, kept, 3, skip=torch.zeros(()))
+    for mine in (ours, kept):
+        for a, b in zip(theirs, mine):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    for a, b in zip(theirs, ours):
+        torch.testing.assert_close(opt.state[b]["momentum_buffer"], ref.state[a]["momentum_buffer"], atol=1e-5, rtol=0)
+    assert not all(torch.equal(a, b) for a, b in zip(_params(), ours))  # it trained
+    saved = opt.state_dict()  # torch's layout: one momentum_buffer per parameter, torch's group keys
+    assert set(saved["param_groups"][0]) == set(ref.state_dict()["param_groups"][0])
+    assert all(set(s) == {"momentum_buffer"} for s in saved["state"].values()) and len(saved["state"]) == len(SHAPES)
+
+
+def test_a_step_with_an_inf_grad_leaves_weights_and_momentum_as_they_were(tiny_dataset):
+    """Through the real guard and build.step_unless: a step whose gradient holds inf is judged bad
+    on the device and changes neither the Muon matrices nor their momentum (nor AdamW's half)."""
+    from engine.train import build
+    from engine.train.guard import StepGuard
+    from engine.train.model import GPT
+    from harness import micro_config
+
+    cfg = micro_config(tiny_dataset, **{"optim.optimizer": "muon", "model.vocab_size": 64})
+    model = GPT(cfg.model)
+    opt = build.optimizer(model, cfg.optim, torch.device("cpu"))
+    guard = StepGuard(cfg.train.max_bad_steps, torch.device("cpu"))
+    x = torch.randint(0, cfg.model.vocab_size, (2, cfg.seq_len))
+
+    def step(poison: bool) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(x, x)
+        loss.backward()
+        if poison:
+            next(p for g in opt.muon.param_groups for p in g["params"]).grad[0, 0] = float("inf")
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        skip = guard.judge(loss, norm, scaled=False)
+        build.step_unless(opt, skip)
+        return skip
+
+    assert step(poison=False).item() == 0  # a good step first: the momentum is no longer zero
+    weights = [p.detach().clone() for p in model.parameters()]
+    state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in opt.state.items()}
+    assert any(s["momentum_buffer"].any() for s in opt.muon.state.values())
+    assert step(poison=True).item() == 1
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    assert all(torch.equal(v, state[id(p)][k]) for p, s in opt.state.items() for k, v in s.items())
+    step(poison=False)
+    assert not all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))  # the next good step trains
+
+
+def test_momentum_warmup_ramps_from_0_85_by_the_step():
+    o = resolve("micro", None, {"optim.optimizer": "muon", "optim.muon_momentum": 0.95,
+                                "optim.muon_momentum_warmup": 10}).optim  # fmt: skip
+    assert [momentum_at(s, o) for s in (0, 5, 10, 11)] == pytest.approx([0.85, 0.90, 0.95, 0.95])
+    assert momentum_at(0, o.model_copy(update={"muon_momentum_warmup": 0})) == 0.95  # off: the setting
+
+
+def test_momentum_warmup_changes_the_run_and_resumes_bit_exact(tmp_path, tiny_dataset):
+    """With the warm-up on (12 steps), 8 steps, stop, resume to 16 == 16 straight (every loss and
+    val loss equal), and the curve differs from the same run without the warm-up."""
+    from harness import losses, stopped_at, trained
+
+    common = {"optim.optimizer": "muon", "optim.muon_momentum_warmup": 12, "train.max_steps": 16,
+              "train.eval_interval": 4, "train.ckpt_interval": 100, "model.dropout": 0.1}  # fmt: skip
+    straight = trained(tmp_path / "straight", tiny_dataset, **common)
+    off = trained(tmp_path / "off", tiny_dataset, **(common | {"optim.muon_momentum_warmup": 0}))
+    assert losses(straight)[:1] == losses(off)[:1] and losses(straight)[2:] != losses(off)[2:]
+    run_dir = tmp_path / "split"
+    first = stopped_at(run_dir, tiny_dataset, 8, **common)
+    assert first[-1].reason == "stopped" and first[-1].step == 8
+    both = trained(run_dir, resume=True)
+    assert losses(both) == losses(straight)
+    val = lambda evs: [(e.step, e.val_loss) for e in evs if e.event == "eval"]  # noqa: E731
+    assert val(both) == val(straight)
+
+
+def _ddp_worker(out: Path) -> None:
+    """One rank: the same params and grads on every rank, 2 steps of our Muon, world 2 (gloo)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    params = _params()
+    opt = Muon(params, lr=0.02, weight_decay=0.1)
+    _stepped(opt, params, 2)
+    if dist.get_rank() == 0:
+        torch.save([p.detach() for p in params], out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["ddp"]:
+    _ddp_worker(Path(sys.argv[2]))
+
+
+@pytest.mark.slow
+def test_under_ddp_each_rank_orthogonalizes_its_share_and_the_params_equal_one_process(tmp_path):
+    """torchrun, gloo, 2 CPU processes: each rank orthogonalizes its share of each stack (3, 2 and 1
+    matrices: shares padded) and all-gathers; the params after 2 steps equal one process's."""
+    out = tmp_path / "ddp.pt"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "--max-restarts=0", __file__, "ddp", str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    params = _params()
+    _stepped(Muon(params, lr=0.02, weight_decay=0.1), params, 2)
+    got = torch.load(out, weights_only=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, params))
+
+
+def test_momentum_warmup_with_adamw_warns_it_does_nothing():
+    from engine.run import preflight
+
+    given = {"optim.muon_momentum_warmup": 10}
+    v = preflight.preflight(resolve("micro", overrides=given), explicit=given, dataset=False, memory=False)
+    assert [w.problem for w in v.warnings] == ["muon momentum warmup 10 has no effect with the AdamW optimizer "
+                                               "(it is Muon's)"]  # fmt: skip
