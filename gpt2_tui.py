@@ -86,7 +86,7 @@ def _runs(root: Path | None, target: float | None = None) -> int:
     return 0
 
 
-def _compare(run_dirs: list[Path], as_json: bool) -> int:
+def _compare(run_dirs: list[Path], as_json: bool, target: float | None) -> int:
     from engine.inspect.compare import read_run
     from engine.errors import UserError
 
@@ -96,7 +96,7 @@ def _compare(run_dirs: list[Path], as_json: bool) -> int:
         read_run(d)  # not a run: one line, before the screen opens
     from tui.screens.compare import run_compare
 
-    return run_compare(run_dirs)
+    return run_compare(run_dirs, target)
 
 
 def build_parser() -> tuple[cli.Parser, Any]:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in bench_cli.COMMANDS:
         return cli.guarded(lambda: bench_cli.run_command(args, argv))
     if args.command == "compare" and args.tui:
-        return cli.guarded(lambda: _compare(args.run_dirs, args.json))
+        return cli.guarded(lambda: _compare(args.run_dirs, args.json, args.target))
     if args.command == "runs":
         return cli.guarded(lambda: _runs(args.root, args.target))
     if args.command == "attach":

@@ -197,7 +197,8 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     x.add_argument("--from", dest="which", metavar="best|STEP", help="which checkpoint of the run (default: the latest)")
     x.add_argument("--hf", type=Path, required=True, metavar="DIR", help="new (or empty) directory for the transformers model")
 
-    c = sub.add_parser("compare", help="runs and their segments side by side: settled speed, switches, best val loss")
+    c = sub.add_parser("compare", help="runs and their segments side by side: settled speed, time to a val loss, "
+                       "the recipe and the settings that differ")
     c.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN", help="run directories (live or finished)")
     c.add_argument("--json", action="store_true", help="print the runs and segments as JSON instead of the table")
     c.add_argument("--target", type=target_loss, metavar="LOSS", help="the val loss to time each run to: training time "

@@ -294,6 +294,29 @@ def test_the_compare_screen_shows_the_time_to_the_target(runs) -> None:
     on_compare_screen(runs, (200, 50), check)
 
 
+def test_compare_tui_times_the_runs_to_the_target_given(runs, monkeypatch) -> None:
+    """`compare --tui --target X` opens the screen timed to X, as the table is (issue 39: it was ignored)."""
+    from gpt2_tui import main
+    from tui.screens.compare import CompareApp, CompareScreen
+
+    events, _ = ev.read_events(runs[0] / rundir.EVENTS)
+    target = max(e.val_loss for e in events if isinstance(e, ev.Eval))  # the first eval reaches it: not the default
+    seen: list[str] = []
+
+    async def drive(pilot) -> None:
+        await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen) and pilot.app.screen.loaded, "runs loaded")
+        seen.append(str(pilot.app.screen.query_one("#compare-legend").render()))
+        await pilot.press("ctrl+q")
+
+    real_run = CompareApp.run
+    monkeypatch.setattr(CompareApp, "run", lambda self, *a, **k: real_run(self, headless=True, size=(200, 50),
+                                                                        auto_pilot=drive))  # fmt: skip
+    assert main(["compare", "--tui", "--target", str(target), *map(str, runs)]) == 0
+    assert f"to val {loss_text(target)} (--target)" in seen[0], seen
+    step, _, _ = _reach(runs[0], target)
+    assert f"(step {step})" in seen[0]
+
+
 # ------------------------------------------------------------------ issue 39: what differs, at any width
 
 

@@ -98,20 +98,20 @@ def curves(run_dir: Path, label: str, color: str, events: list[Any]) -> RunCurve
     return run
 
 
-def load(run_dirs: list[Path]) -> list[RunCurves]:
-    """Every run, or UserError naming the first that is not one."""
+def load(run_dirs: list[Path], target: float | None = None) -> list[RunCurves]:
+    """Every run, timed to `target` (target_of), or UserError naming the first that is not one."""
     read = [(d, read_run(d)) for d in run_dirs]
     names = labels([str(d) for d in run_dirs])
     runs = [curves(d, n, PALETTE[i % len(PALETTE)], e) for i, (n, (d, e)) in enumerate(zip(names, read))]
-    target = default_target(r.final_val_loss for r in runs)
+    goal = target_of(runs, target)
     for r in runs:
-        r.to_target = mark_target(r.segments, r.evals, target)
+        r.to_target = mark_target(r.segments, r.evals, goal)
     return runs
 
 
-def target_of(runs: list[RunCurves]) -> float | None:
-    """The val loss the screen times the runs to: the worst final val loss among them."""
-    return default_target(r.final_val_loss for r in runs)
+def target_of(runs: list[RunCurves], target: float | None = None) -> float | None:
+    """The val loss the screen times the runs to: --target's, else the worst final val loss among them."""
+    return target if target is not None else default_target(r.final_val_loss for r in runs)
 
 
 class OverlayChart(PlotextPlot):
@@ -167,9 +167,10 @@ class CompareScreen(Screen):
     """
     BINDINGS = [Binding("x", "xaxis", "X-axis"), Binding("l", "logy", "Log-y"), Binding("r", "reload", "Reload"), BACK]
 
-    def __init__(self, run_dirs: list[Path]):
+    def __init__(self, run_dirs: list[Path], target: float | None = None):
         super().__init__()
         self.run_dirs = [Path(d) for d in run_dirs]
+        self.target = target  # --target: the val loss to time the runs to (None: the worst final one)
         self.runs: list[RunCurves] = []
         self.axis: XAxis = "step"
         self.logy = False
@@ -193,7 +194,7 @@ class CompareScreen(Screen):
     @work(thread=True, exclusive=True, group="compare-load")
     def action_reload(self) -> None:
         try:
-            runs = load(self.run_dirs)
+            runs = load(self.run_dirs, self.target)
         except UserError as err:
             self.app.call_from_thread(self.notify, str(err), severity="error")
             return
@@ -212,7 +213,7 @@ class CompareScreen(Screen):
         (optimizer, schedule, ...: highlighted where not the first run's), each segment start
         with what it changed; x and keys."""
         out = Text()
-        target = target_of(self.runs)
+        target = target_of(self.runs, self.target)
         segs = [s for r in self.runs for s in r.segments]
         differs = shown_settings(segs) if segs else []
         recipes = [recipe_of(r.segments[0].config) if r.segments else {} for r in self.runs]
@@ -230,7 +231,8 @@ class CompareScreen(Screen):
                 out.append(shown(f"  | step {s.from_step}: {change_text(s.changed) or 'unchanged'} ({s.reason})"))
             out.append("\n")
         if target is not None:
-            out.append(f"to val {loss_text(target)} (the worst final val loss): training time = sum of step times, "
+            whence = "--target" if self.target is not None else "the worst final val loss"
+            out.append(f"to val {loss_text(target)} ({whence}): training time = sum of step times, "
                        "evals, saves, pauses and resume gaps left out\n")
         out.append(f"x: {self.axis}{'  log-y' if self.logy else ''}   x axis  l log-y  r reload  esc back")
         return out
@@ -266,17 +268,17 @@ class CompareApp(PlainApp):
     TITLE = "gpt2-tui"
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
 
-    def __init__(self, run_dirs: list[Path]):
+    def __init__(self, run_dirs: list[Path], target: float | None = None):
         super().__init__()
-        self.run_dirs = run_dirs
+        self.run_dirs, self.target = run_dirs, target
 
     def on_mount(self) -> None:
-        self.push_screen(CompareScreen(self.run_dirs))
+        self.push_screen(CompareScreen(self.run_dirs, self.target))
 
 
-def run_compare(run_dirs: list[Path]) -> int:
+def run_compare(run_dirs: list[Path], target: float | None = None) -> int:
     """The caller has checked the directories (engine.inspect.compare.read_run): one line if bad."""
-    CompareApp(run_dirs).run()
+    CompareApp(run_dirs, target).run()
     return 0
 
 
