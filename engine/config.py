@@ -479,6 +479,17 @@ class OptimConfig(_Strict):
         return self
 
 
+# Settings that act only under one value of another: the wsd decay's size, Muon's own. Preflight
+# warns when one is given without it (engine/run/preflight.py); compare shows them on the rows
+# trained under it wherever that setting differs (engine/inspect/compare.py).
+ONLY_UNDER: dict[str, tuple[str, str]] = {
+    "optim.decay_fraction": ("optim.schedule", "wsd"),
+    "optim.muon_lr": ("optim.optimizer", "muon"),
+    "optim.muon_momentum": ("optim.optimizer", "muon"),
+    "optim.muon_momentum_warmup": ("optim.optimizer", "muon"),
+}
+
+
 class SpeedConfig(_Strict):
     """Device and the compute switches."""
 

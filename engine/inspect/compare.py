@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from engine import events as ev
 from engine import rundir
 from engine import files
-from engine.config import RECIPE, RunConfig
+from engine.config import ONLY_UNDER, RECIPE, RunConfig
 from engine.errors import UserError
 from engine.settings import all_settings
 from engine.text import duration_text, human, loss_text, path_text, ratio_text, short, value_text
@@ -147,11 +147,24 @@ def differing(segs: Sequence[SegmentSummary]) -> list[str]:
     return [n for n in SETTINGS if len({repr(s.config.get(n)) for s in segs}) > 1]
 
 
+def with_their_own(names: Sequence[str]) -> list[str]:
+    """`names`, and with a differing optimizer or schedule the settings that act only under one of
+    its values (ONLY_UNDER: a wsd row's decay fraction, a Muon row's lr), in the config's order."""
+    more = {n for n, (mode, _) in ONLY_UNDER.items() if mode in names}
+    return [n for n in SETTINGS if n in names or n in more]
+
+
+def acts_in(s: SegmentSummary, name: str) -> bool:
+    """Whether setting `name` does anything in segment `s` (False: one of ONLY_UNDER's, its mode off)."""
+    mode, value = ONLY_UNDER.get(name, (None, None))
+    return mode is None or s.config.get(mode) == value
+
+
 def name_differences(segs: Sequence[SegmentSummary]) -> list[str]:
     """Each segment's `settings` set to its values of the settings that differ between them; those names."""
     names = differing(segs)
-    for s in segs:
-        s.settings = {n: s.config.get(n) for n in names}
+    for s in segs:  # each row's values of those, and of the ones its optimizer or schedule brings
+        s.settings = {n: s.config.get(n) for n in with_their_own(names) if acts_in(s, n)}
     return names
 
 
@@ -247,9 +260,10 @@ def setting_label(name: str) -> str:
 def setting_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary) -> list[tuple[str, bool]]:
     """('optimizer=muon', differs from the base row) for each shown setting, the ones this segment
     changed first: what a table highlights."""
-    order = [n for n in shown if n in s.changed] + [n for n in shown if n not in s.changed]
-    return [(cell(f"{setting_label(n)}={value_text(s.config.get(n))}"), s.config.get(n) != base.config.get(n))
-            for n in order]  # fmt: skip
+    acting = [n for n in shown if acts_in(s, n)]  # a cosine row has no decay fraction to show
+    order = [n for n in acting if n in s.changed] + [n for n in acting if n not in s.changed]
+    return [(cell(f"{setting_label(n)}={value_text(s.config.get(n))}"),
+             s.config.get(n) != base.config.get(n) or not acts_in(base, n)) for n in order]  # fmt: skip
 
 
 # The payoff first (speed, speed-ups, val loss, time to the target), the details after, the
@@ -333,8 +347,9 @@ def compile_text(s: SegmentSummary) -> str:
 
 def shown_settings(segs: Sequence[SegmentSummary]) -> list[str]:
     """The settings a table's `differs` column shows: those not the same in every row (one
-    segment: none), speed switches and the rest alike (optimizer, schedule, lr, shape, data, seed)."""
-    return differing(segs)
+    segment: none), speed switches and the rest alike (optimizer, schedule, lr, shape, data, seed),
+    with the ones a differing optimizer or schedule brings (with_their_own; on the rows they act in)."""
+    return with_their_own(differing(segs))
 
 
 def table_rows(c: Comparison) -> list[Row]:
@@ -380,6 +395,15 @@ def _wrapped(text: str, width: int | None) -> list[str]:
     return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False)
 
 
+def _folded(text: str, width: int | None) -> list[str]:
+    """A `differs` cell as lines of whole settings within `width` (None: one line)."""
+    if width is None or len(text) <= width:
+        return [text]
+    import textwrap
+
+    return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False) or [""]
+
+
 def format_table(c: Comparison, width: int | None = None) -> str:
     """The plain-text table: settings that differ from the first row carry a `*`. `width`: the
     terminal's columns; a wider table is split into blocks of whole columns, the payoff first."""
@@ -394,17 +418,25 @@ def format_table(c: Comparison, width: int | None = None) -> str:
         same_text = " ".join(cell(f"{short(n)}={value_text(segs[0].switches[n])}") for n in same)
         lines += _wrapped(f"same in all: {same_text}", width)
     if len(segs) > 1:
-        lines += _wrapped(differs_line(shown), width)
+        lines += _wrapped(differs_line(differing(segs)), width)  # what really differs; `shown` adds their own
     body = []
     for r in table:
         row = cells(r)
         items = setting_items(r.segment, shown, segs[0])
         row[SETTINGS_COLUMN] = " ".join(text + ("*" if hot else "") for text, hot in items)
         body.append(row)
+    keys = sum(max(len(x[i]) for x in [list(COLUMNS), *body]) + 2 for i in range(KEY_COLUMNS))
+    folded = [_folded(row[SETTINGS_COLUMN], None if width is None else max(20, width - keys)) for row in body]
+    for row, parts in zip(body, folded):  # a row's settings wider than the terminal go on under it
+        row[SETTINGS_COLUMN] = parts[0]
     widths = [max(len(x[i]) for x in [list(COLUMNS), *body]) for i in range(len(COLUMNS))]
     for n, cols in enumerate(blocks(widths, width)):
         lines += [""] if n else []
-        lines += [_line(cols, row, widths) for row in [list(COLUMNS), *body]]
+        lines.append(_line(cols, list(COLUMNS), widths))
+        for row, parts in zip(body, folded):
+            lines.append(_line(cols, row, widths))
+            for part in parts[1:] if SETTINGS_COLUMN in cols else []:
+                lines.append(_line(cols, [part if i == SETTINGS_COLUMN else "" for i in range(len(row))], widths))
     for note in ("* differs from the first row; speed-ups are settled tok/s ratios; target vs first = the first run's "
                  "time to target over this one's; warm-up = the first logged step", target_line(c),
                  contention_line([s.contention for s in segs], "segments")):  # fmt: skip

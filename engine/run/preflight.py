@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine import rundir
-from engine.config import RunConfig, build, overlay, resolve
+from engine.config import ONLY_UNDER, RunConfig, build, overlay, resolve
 from engine.dataset import Dataset, DatasetInfo, open_dataset
 from engine.errors import Refusal, UserError
 
@@ -395,7 +395,7 @@ def no_effect_warnings(c: Check) -> None:
         c.warn(UserError(f"decay fraction {o.decay_fraction:g} has no effect with the cosine schedule "
                          "(it sizes the wsd decay)", {"optim.schedule": "wsd"}))  # fmt: skip
     if o.optimizer == "adamw":
-        for dotted in ("optim.muon_lr", "optim.muon_momentum", "optim.muon_momentum_warmup"):
+        for dotted in (d for d, (mode, _) in ONLY_UNDER.items() if mode == "optim.optimizer"):
             if c.given(dotted):
                 name = dotted.split(".")[1].replace("_", " ")
                 c.warn(UserError(f"{name} {getattr(o, dotted.split('.')[1]):g} has no effect with the AdamW optimizer "

@@ -350,9 +350,10 @@ def test_compare_json_names_every_setting_that_differs_and_the_time_to_target_ra
     out = json.loads(capsys.readouterr().out)
     assert out["differs"] == DIFFERS  # by the config's section, in its order
     settings = [r["segments"][0]["settings"] for r in out["runs"]]
-    assert settings == [
-        {"optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.optimizer": "adamw", "train.seed": 1337},
-        {"optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.optimizer": "muon", "train.seed": 7},
+    muon = {"optim.muon_lr": 0.02, "optim.muon_momentum": 0.95, "optim.muon_momentum_warmup": 0}
+    assert settings == [  # a setting shows where it acts: Muon's with Muon, the decay fraction with wsd
+        {"optim.schedule": "cosine", "optim.optimizer": "adamw", "train.seed": 1337},
+        {"optim.schedule": "cosine", "optim.optimizer": "muon", **muon, "train.seed": 7},
         {"optim.schedule": "wsd", "optim.decay_fraction": 0.5, "optim.optimizer": "adamw", "train.seed": 1337},
     ]  # fmt: skip
     base = out["runs"][0]["to_target"]  # the worst final val loss: every run reached it
@@ -371,8 +372,9 @@ def test_compare_table_names_what_differs_with_a_time_to_target_ratio(recipes, c
     assert "differs: optim: schedule decay_fraction optimizer; train: seed" in lines
     header = next(x for x in lines if x.startswith("run "))
     rows = {x.split()[0]: x for x in lines if x.split()[0] in ("adamw", "muon", "wsd")}
-    assert rows["adamw"].endswith("schedule=cosine decay_fraction=0.2 optimizer=adamw seed=1337")
-    assert rows["muon"].endswith("schedule=cosine decay_fraction=0.2 optimizer=muon* seed=7*")
+    assert rows["adamw"].endswith("schedule=cosine optimizer=adamw seed=1337")
+    assert rows["muon"].endswith("schedule=cosine optimizer=muon* muon_lr=0.02* muon_momentum=0.95* "
+                                 "muon_momentum_warmup=0* seed=7*")  # Muon's own, at their defaults
     assert rows["wsd"].endswith("schedule=wsd* decay_fraction=0.5* optimizer=adamw seed=1337")
     col = header.index("target vs first") + len("target vs first")  # right-aligned under its header
     assert rows["adamw"][:col].endswith(" 1.00x") and rows["muon"][:col].rstrip()[-1] == "x"
@@ -427,7 +429,9 @@ def test_the_compare_screen_names_what_differs(recipes) -> None:
         lines = {x.split()[1]: x for x in legend.splitlines() if x.startswith("\u2588")}
         assert "optimizer=muon" in lines["muon"] and "seed=7" in lines["muon"] and "schedule=wsd" in lines["wsd"]
         table = screen.query_one(SegmentTable)
-        assert table.get_row_at(1)[-1].plain == "schedule=cosine decay_fraction=0.2 optimizer=muon seed=7"
+        assert table.get_row_at(1)[-1].plain == ("schedule=cosine optimizer=muon muon_lr=0.02 muon_momentum=0.95 "
+                                                 "muon_momentum_warmup=0 seed=7")  # Muon's own shown with it
+        assert "decay_fraction" not in table.get_row_at(1)[-1].plain  # a cosine row has none to show
         assert str(table.get_row_at(0)[COLUMNS.index("target vs first")]) == "1.00x"
 
     on_compare_screen(recipes, (200, 50), check)
