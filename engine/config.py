@@ -230,7 +230,7 @@ class ModelConfig(_Strict):
     )
     fp8_head: bool = Field(
         False,
-        description="lm_head matmul in FP8 on Hopper (modded-nanogpt: -8%); refused elsewhere",
+        description="lm_head matmul in FP8 (modded-nanogpt, Hopper: -8%); not built yet: refused",
         json_schema_extra=_meta(RECIPE),
     )
 
