@@ -285,7 +285,8 @@ def rank(result: RecipeLadderResult) -> None:
     """Ratios against the baseline, each trick's gain, and the rows ranked by median time to the target."""
     rows = {r.name: r for r in result.rows}
     base = rows["baseline"].time_s
-    last = next((r for r in reversed(result.rows) if r.kind == "ladder" and r.tricks), None)  # every trick that runs
+    last = next((r for r in reversed(result.rows) if r.kind == "ladder" and r.tricks and r.status == "ran"
+                 and not (r.reached == 0 and r.reason)), None)  # every trick that runs (and one dropped: not)  # fmt: skip
     full = last if last is not None and last.status == "ran" else None
     before = rows["baseline"]
     for r in result.rows:
@@ -325,7 +326,8 @@ def run_ladder(
     probe, dataset = prepared(resolve(bench.preset, None, base | gpt2_values()), memory=False)
     assert probe.model.vocab_size is not None
     tricks = tricks_here(bench.skip, device, probe.model.vocab_size, bench.steps, probe.seq_len)
-    rows = plan(tricks, lambda overrides: _refused(bench.preset, base | overrides, dataset))
+    refused = lambda overrides: _refused(bench.preset, base | overrides, dataset)  # noqa: E731
+    rows = plan(tricks, refused)
     rundir.check_new(out)
     seed_list = [bench.seed + i for i in range(seeds)]
     budget = bench.budget_for(device)
@@ -402,6 +404,8 @@ def run_ladder(
             tell(f"    seed {seed}: {_seed_outcome(row.runs[-1])}")
         row.status = "ran"
         summarize(row)
+        if row.kind == "ladder" and row.reached == 0 and not cut_short(row):
+            drop_trick(row, tricks, rows, n, refused, note)
         _save(result, out)
     by_name = {r.name: r for r in rows}
     for row in rows:
@@ -414,6 +418,33 @@ def run_ladder(
     rank(result)
     _save(result, out)
     return result
+
+
+def cut_short(row: RecipeRow) -> bool:
+    """A row a seed of which failed or was stopped by its time cap: its never may not be the trick's own."""
+    return any(r.status == "failed" or (r.reason or "").startswith("stopped at step") for r in row.runs)
+
+
+def drop_trick(row: RecipeRow, tricks: list[Trick], rows: list[RecipeRow], n: int,
+               refused: Callable[[dict[str, Any]], str | None], note: Callable[[str], None]) -> None:  # fmt: skip
+    """A trick whose ladder row reached the target from no seed is left out of every row after it
+    (the ladder's and the full recipe's), as a refused one is: else each leave-one-out row would
+    carry it and tell nothing. The rows still to run are re-planned without it."""
+    name = row.tricks[-1]
+    row.reason = "never reached the target: left out of the rows after it and of the full recipe"
+    note(f"{row.label}: {row.reason}")
+    kept = [t for t in tricks if t.rung.name != name]
+    tricks[:] = kept
+    fresh = {r.name: r for r in plan(kept, refused)}
+    for later in rows[n + 1 :]:
+        if later.status != "pending":
+            continue
+        again = fresh.get(later.name)
+        if again is None:  # this trick's own leave-one-out: the full recipe is without it already
+            later.status, later.reason = "skipped", f"{row.label.removeprefix('+ ')} is not in the full recipe: {row.reason}"
+            continue
+        later.tricks, later.changes, later.same_as = again.tricks, again.changes, again.same_as
+        later.status, later.reason = again.status, again.reason
 
 
 def _baseline_stop(last: SeedRun, steps: int, budget: float | None, left: float | None, pace: float, seeds: int,

@@ -466,10 +466,12 @@ def optimizer_state(config: RunConfig, s: _Shape, n: int) -> int:
 def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -> int:
     """Scratch memory of AdamW.step: fused 0; foreach (CUDA default when not fused) one
     fp32 copy of the decayed params (sqrt of exp_avg_sq); single-tensor (CPU) two of the largest.
-    Muon (one matrix at a time) adds, for the largest (4C x C): its fp32 Nesterov update, three
-    bf16 Newton-Schulz iterates and two bf16 C x C Gram matrices (modelled)."""
+    Muon (engine/train/muon.py) steps a stack of same-shape matrices at once; the largest is the
+    MLP's, 2L matrices of 4C x C (E elements): at its peak the guard's fp32 where-copy of the
+    gradients, the fp32 Nesterov updates and the bf16 stack are alive together, 10 bytes an
+    element (the Newton-Schulz iterates after them: 7; the fp32 result: 6)."""
     muon = config.optim.optimizer == "muon"
-    extra = (4 * 4 + 3 * 2 * 4 + 2 * 2) * s.C * s.C if muon else 0
+    extra = 10 * (2 * s.L * 4 * s.C * s.C) if muon else 0
     fused = config.optim.fused if config.optim.fused is not None else target == "cuda"
     if fused:
         return extra

@@ -125,6 +125,25 @@ def test_the_recipe_ladder_adds_each_trick_then_leaves_each_out_over_paired_seed
     assert (out / "00-baseline" / "seed-1337" / "events.jsonl").is_file()  # each run a run dir: `compare` reads it
 
 
+def test_a_trick_whose_row_never_reaches_the_target_leaves_the_recipe(data, tmp_path, capsys) -> None:
+    """A trick that reached the target from no seed is left out of the rows after it and of the
+    full recipe (else every leave-one-out row carries it, and none reaches either: the table
+    told nothing). A target no run reaches drops each trick in turn."""
+    out = tmp_path / "never"
+    assert main(["bench", "--to-loss", "0.01", "--recipe-ladder", "--preset", "micro", "--data", str(data), "--device",
+                 "cpu", "--steps", "10", "--seeds", "1", "--out", str(out), *_skips(("muon", "wsd"))]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    result = recipe_ladder.RecipeLadderResult.model_validate_json((out / "recipe_ladder.json").read_text())
+    rows = {r.name: r for r in result.rows}
+    assert rows["+muon"].status == "ran" and rows["+muon"].reached == 0
+    assert rows["+wsd"].changes == {"optim.schedule": "wsd"} and rows["+wsd"].tricks == ["wsd"]  # muon left out
+    assert rows["+wsd"].status == "ran" and rows["+wsd"].reached == 0
+    for name in ("-muon", "-wsd"):
+        assert rows[name].status == "skipped" and "is not in the full recipe" in (rows[name].reason or ""), rows[name]
+    assert sum("left out of the rows after it" in n for n in result.notes) == 2
+    assert "+ Muon: never reached the target: left out of the rows after it" in printed
+
+
 def test_a_budget_the_baseline_cannot_fit_stops_and_says_so(data, tmp_path, capsys) -> None:
     out = tmp_path / "tight"
     assert main(["bench", "--recipe-ladder", "--preset", "micro", "--data", str(data), "--device", "cpu", "--steps",

@@ -31,7 +31,7 @@ def test_a_mistyped_flag_gets_the_closest_one(capsys) -> None:
 
 
 def test_presets_are_listed_smallest_first() -> None:
-    assert preset_names() == ["micro", "nano", "mini", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+    assert preset_names() == ["micro", "speedrun", "nano", "mini", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
 
 
 def test_estimate_shows_the_presets_own_size_and_the_datasets_vocab(capsys) -> None:
