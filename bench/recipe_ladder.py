@@ -441,7 +441,8 @@ def drop_trick(row: RecipeRow, tricks: list[Trick], rows: list[RecipeRow], n: in
             continue
         again = fresh.get(later.name)
         if again is None:  # this trick's own leave-one-out: the full recipe is without it already
-            later.status, later.reason = "skipped", f"{row.label.removeprefix('+ ')} is not in the full recipe: {row.reason}"
+            later.status, later.same_as = "skipped", None
+            later.reason = f"{row.label.removeprefix('+ ')} is not in the full recipe: {row.reason}"
             continue
         later.tricks, later.changes, later.same_as = again.tricks, again.changes, again.same_as
         later.status, later.reason = again.status, again.reason
