@@ -262,8 +262,13 @@ def setting_items(s: SegmentSummary, shown: Sequence[str], base: SegmentSummary)
     changed first: what a table highlights."""
     acting = [n for n in shown if acts_in(s, n)]  # a cosine row has no decay fraction to show
     order = [n for n in acting if n in s.changed] + [n for n in acting if n not in s.changed]
-    return [(cell(f"{setting_label(n)}={value_text(s.config.get(n))}"),
+    return [(cell(f"{setting_label(n)}={setting_value(n, s.config.get(n))}"),
              s.config.get(n) != base.config.get(n) or not acts_in(base, n)) for n in order]  # fmt: skip
+
+
+def setting_value(name: str, value: Any) -> str:
+    """A value as a cell says it: a recipe switch's None is off (no softcap, no window), else value_text's."""
+    return "off" if value is None and name in RECIPE_SETTINGS else value_text(value)
 
 
 # The payoff first (speed, speed-ups, val loss, time to the target), the details after, the

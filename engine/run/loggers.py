@@ -45,9 +45,30 @@ def check(names: Sequence[str]) -> list[str]:
                 importlib.import_module(module)
             except ImportError:
                 raise UserError(f"--log {name} needs the {module} package; pip install gpt2-tui[{name}]") from None
+        if name == "wandb":
+            _wandb_can_start()
         if name not in out:
             out.append(name)
     return out
+
+
+def _wandb_can_start() -> None:
+    """W&B online needs a key (WANDB_API_KEY, or `wandb login`'s line in ~/.netrc); without one
+    `wandb.init` raises mid-set-up, after the run directory is written. Refused here instead;
+    offline or disabled runs need none."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "")).hostname or "api.wandb.ai"
+    netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:  # the user's own file (a dotfile manager's link is fine), read bounded
+        logged_in = host in files.read_text(netrc, 1 << 20, follow_links=True)  # `wandb login` writes its host there
+    except (OSError, UnicodeDecodeError, UserError):
+        logged_in = False
+    if not logged_in:
+        raise UserError("--log wandb: no W&B API key here; run `wandb login`, set WANDB_API_KEY, or set "
+                        "WANDB_MODE=offline to log to the run directory only")  # fmt: skip
 
 
 def make_sinks(names: Sequence[str], run_dir: Path) -> list[ev.Sink]:

@@ -559,3 +559,12 @@ def test_the_compare_screen_shows_each_rows_recipe(switched) -> None:
         assert [str(table.get_row_at(i)[col]) for i in (0, 1)] == ["GPT-2", RECIPE_CELL]
 
     on_compare_screen(switched, (200, 50), check)
+
+
+def test_a_recipe_switch_left_unset_reads_off_not_auto() -> None:
+    """`logit_softcap=auto` told a new user the softcap was chosen for them; None there is no softcap."""
+    from engine.inspect.compare import setting_value
+
+    assert setting_value("model.logit_softcap", None) == "off" and setting_value("model.attn_window", None) == "off"
+    assert setting_value("model.logit_softcap", 30.0) == "30.0"
+    assert setting_value("optim.decay_steps", None) == "auto" and setting_value("optim.fused", None) == "auto"

@@ -123,3 +123,28 @@ def test_unasked_extras_are_never_imported(tmp_path: Path) -> None:
     done = python_c(code, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
     assert (tmp_path / loggers.CSV_FILE).read_text().splitlines()[1].startswith(tuple("0123456789"))
+
+
+
+def test_wandb_online_without_a_key_is_refused_before_a_byte_is_written(tmp_path, tiny_dataset, monkeypatch) -> None:
+    """`--log wandb` with no API key crashed in wandb.init, mid-set-up: a traceback, exit 1 and a
+    half-made run directory (found by the random-argv property test). Now one line, exit 2."""
+    pytest.importorskip("wandb")
+    from harness import refusal_problems, run_cli
+
+    argv = ["train", "--preset", "micro", "--data", str(tiny_dataset), "--device", "cpu", "--max-steps", "1",
+            "--out", str(tmp_path / "run"), "--log", "wandb"]  # fmt: skip
+    netrc = tmp_path / "netrc"
+    res = run_cli(argv, tmp_path, tmp_path / "cache", NETRC=str(netrc), WANDB_MODE="", WANDB_API_KEY="")
+    assert not refusal_problems(res) and "wandb login" in res.err, res
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    with pytest.raises(UserError, match="no W&B API key"):
+        loggers.check(["wandb"])
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password x\n")  # what `wandb login` writes
+    assert loggers.check(["wandb"]) == ["wandb"]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    netrc.unlink()
+    assert loggers.check(["wandb"]) == ["wandb"]  # offline needs no key
