@@ -39,5 +39,5 @@ def _last_hidden(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
     t = model.transformer
     x = t.drop(t.wte(idx) + t.wpe(torch.arange(idx.size(1))))
     for block in t.h:
-        x = block(x)
+        x, _ = block(x)  # (output, its v: the value residual's)
     return t.ln_f(x)
