@@ -538,13 +538,7 @@ def header_lines(result: RecipeLadderResult) -> list[str]:
 
 
 def to_text(result: RecipeLadderResult) -> str:
-    rows = table_rows(result)
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]) - 1)]
-    lines = list(header_lines(result)) + [""]
-    for row in rows:
-        cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(row[2:-1], widths[2:])]
-        lines.append("  ".join(cells) + (f"  {row[-1]}" if row[-1] else ""))
-    return "\n".join(lines)
+    return to_loss.text_table(header_lines(result), table_rows(result))
 
 
 def to_markdown(result: RecipeLadderResult) -> str:

@@ -244,9 +244,13 @@ def header_lines(result: ToLossResult) -> list[str]:
 
 
 def to_text(result: ToLossResult) -> str:
-    rows = table_rows(result)
+    return text_table(header_lines(result), table_rows(result))
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    """The console's table: rank right, name left, figures right, the last column a free note."""
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]) - 1)]
-    lines = list(header_lines(result)) + [""]
+    lines = list(header) + [""]
     for row in rows:
         cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(row[2:-1], widths[2:])]
         lines.append("  ".join(cells) + (f"  {row[-1]}" if row[-1] else ""))
