@@ -8,29 +8,17 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from typing import Any
 
 import pytest
-from pydantic import TypeAdapter, ValidationError
 
 from bench import recipe_ladder, rungs
 from bench.names import LOSS_RUNG_NAMES, RECIPE_NAMES, RUNG_NAMES
-from engine.config import RunConfig
 from engine.inspect.compare import RECIPE_SETTINGS
 from engine.settings import all_settings, switches
 from gpt2_tui import main
+from test_rungs import _accepts  # a setting takes the value, strictly
 
 SETTINGS = {s.dotted for s in all_settings()}
-
-
-def _accepts(dotted: str, value: Any) -> bool:
-    section, name = dotted.split(".")
-    info = RunConfig.model_fields[section].annotation.model_fields[name]  # type: ignore[union-attr]
-    try:
-        TypeAdapter(info.annotation).validate_python(value, strict=True)
-    except ValidationError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("trick", rungs.RECIPE, ids=lambda r: r.name)
