@@ -20,14 +20,7 @@ ALL = {"model.mlp": "relu2", "model.qk_norm": True, "model.positions": "rotary",
        "model.unet_skips": True, "model.value_residual": True, "model.attn_window": 5}  # fmt: skip
 ONE_EACH = {k: {k: v} for k, v in ALL.items()}
 # even and odd depths (the U-net's last skip, the value residual's v1), bias or not, padding or not
-SHAPES = {
-    "s1": {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
-           "model.vocab_size": 100, "train.batch_size": 3},
-    "s2": {"model.n_layer": 3, "model.n_head": 4, "model.n_embd": 64, "model.block_size": 64,
-           "model.vocab_size": 300, "model.bias": False, "train.batch_size": 2},
-    "s3": {"model.n_layer": 1, "model.n_head": 3, "model.n_embd": 48, "model.block_size": 48,
-           "model.vocab_size": 64, "model.pad_vocab": False, "train.batch_size": 4, "train.block_size": 40},
-}  # fmt: skip
+from test_memory import SHAPES  # noqa: E402
 
 
 def _config(shape: dict, **flags):
