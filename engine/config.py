@@ -174,7 +174,8 @@ class ModelConfig(_Strict):
     )
     qk_norm: bool = Field(
         False,
-        description="RMS-norm q and k per head before attention (modded-nanogpt)",
+        description="RMS-norm q and k per head before attention "
+        "(modded-nanogpt, with relu2 and zero-init: -32%)",
         json_schema_extra=_meta(RECIPE),
     )
     positions: Literal["learned", "rotary"] = Field(
@@ -192,14 +193,15 @@ class ModelConfig(_Strict):
     zero_init_proj: bool = Field(
         False,
         description="attention's and MLP's output projections (and an untied head) start at 0 "
-        "(modded-nanogpt)",
+        "(modded-nanogpt, with relu2 and qk-norm: -32%)",
         json_schema_extra=_meta(RECIPE),
     )
     logit_softcap: float | None = Field(
         None,
         gt=0,
         allow_inf_nan=False,
-        description="tanh cap on the logits: c * tanh(logits / c) (modded-nanogpt: 30)",
+        description="tanh cap on the logits: c * tanh(logits / c) (modded-nanogpt: 30; with "
+        "value residual and momentum warm-up: -24%)",
         json_schema_extra=_meta(RECIPE, blank="no cap"),
     )
     value_embeds: bool = Field(
@@ -217,7 +219,7 @@ class ModelConfig(_Strict):
     value_residual: bool = Field(
         False,
         description="each layer's v mixed with the first layer's v by a learned lambda "
-        "(modded-nanogpt)",
+        "(modded-nanogpt, with softcap and momentum warm-up: -24%)",
         json_schema_extra=_meta(RECIPE),
     )
     attn_window: int | None = Field(
@@ -225,7 +227,7 @@ class ModelConfig(_Strict):
         ge=1,
         le=MAX_CONTEXT,
         description="sliding-window attention: each token sees at most this many before it "
-        "(modded-nanogpt)",
+        "(modded-nanogpt's document-masked and windowed attention: -30%)",
         json_schema_extra=_meta(RECIPE, blank="the whole context"),
     )
     fp8_head: bool = Field(
@@ -410,7 +412,8 @@ class OptimConfig(_Strict):
         le=MAX_STEPS,
         description=(
             "steps over which Muon's momentum ramps linearly from 0.85 to --muon-momentum "
-            "(0 = off; optimizer muon; modded-nanogpt's momentum warm-up)"
+            "(0 = off; optimizer muon; modded-nanogpt's momentum warm-up, with value residual and "
+            "softcap: -24%)"
         ),
         json_schema_extra=_meta(RECIPE),
     )

@@ -5,18 +5,20 @@ issue was filed against. The TUI items are in tests/tui/test_tui_new_user.py."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gpt2_tui import main
-from harness import MICRO, ROOT, cli_fails, python_c
+from harness import MICRO, ROOT, cli_fails, python_c, run_events
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -115,6 +117,23 @@ def test_train_nano_with_few_max_steps_scales_the_presets_warmup(tmp_path, tiny_
     cfg = (run / "config.toml").read_text()
     warmup = int(re.search(r"^warmup_steps\s*=\s*(\d+)", cfg, re.M).group(1))
     assert 0 <= warmup < 20
+
+
+@pytest.mark.slow
+def test_train_speedrun_from_the_readme_trains_with_its_recipe(tmp_path, tiny_dataset, capsys):
+    """`gpt2-tui train --preset speedrun` (README): the recipe's switches reach the run's config,
+    and Muon, the chunked softcapped loss and rotary train it to its end with finite losses."""
+    run = tmp_path / "run"
+    code = main(["train", "--preset", "speedrun", "--device", "cpu", "--data", str(tiny_dataset), "--out", str(run),
+                 "--max-steps", "6", "--eval-batches", "1"])  # fmt: skip
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "run completed at step 6" in printed.out
+    cfg = tomllib.loads((run / "config.toml").read_text())
+    assert (cfg["model"]["loss"], cfg["model"]["positions"], cfg["model"]["mlp"]) == ("chunked", "rotary", "relu2")
+    assert (cfg["model"]["logit_softcap"], cfg["optim"]["optimizer"], cfg["optim"]["schedule"]) == (30.0, "muon", "wsd")
+    steps = [e for e in run_events(run) if e.event == "step"]
+    assert [e.step for e in steps] == [1, 2, 3, 4, 5, 6] and all(math.isfinite(e.loss) for e in steps)
 
 
 def test_warmup_and_max_steps_both_given_and_conflicting_is_refused_with_a_fix_that_means_something(tmp_path, tiny_dataset, capsys):
