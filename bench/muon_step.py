@@ -6,8 +6,9 @@
 Per preset, one model (its shape; vocab 8192 as the default dataset's), one random batch, and
 four optimizers over copies of the same weights: fused AdamW (the default), unfused AdamW,
 torch.optim.Muon + fused AdamW skipped as the engine did before (its step put back on the
-device where the guard says skip: build.step_unless's copy form), and ours (engine/train/muon.py:
-one batched Newton-Schulz per shape, the skip in its update). Each is timed two ways: the
+device where the guard says skip: build.step_unless's copy form), ours (engine/train/muon.py:
+one batched Newton-Schulz per shape, the skip in its update), and ours with the Newton-Schulz
+compiled (as a run with --compile has it; its compile happens in the untimed warm-up step). Each is timed two ways: the
 training step as the trainer runs it (zero_grad, forward, backward, clip, the guard's verdict,
 build.step_unless) and the optimizer step alone (build.step_unless). Rounds are paired: every
 round times every optimizer, the order rotating round to round, so a busy machine weighs on
@@ -32,7 +33,7 @@ from engine.train import build
 from engine.train.guard import StepGuard
 from engine.train.model import GPT
 
-KINDS = ("adamw fused", "adamw unfused", "torch muon", "our muon")
+KINDS = ("adamw fused", "adamw unfused", "torch muon", "our muon", "our muon compiled")
 
 
 def _optimizer(kind: str, model: torch.nn.Module, preset_optim: object, device: torch.device) -> object:
@@ -43,6 +44,8 @@ def _optimizer(kind: str, model: torch.nn.Module, preset_optim: object, device: 
         params = [p for g in opt.muon.param_groups for p in g["params"]]
         opt.muon = torch.optim.Muon(params, lr=o.muon_lr, weight_decay=0.0, momentum=o.muon_momentum,
                                     nesterov=True, adjust_lr_fn=None)  # fmt: skip
+    if kind == "our muon compiled":  # its Newton-Schulz through torch.compile, as a run with --compile
+        opt.muon.compiled = True  # type: ignore[attr-defined]
     return opt
 
 
@@ -107,13 +110,13 @@ def measure(preset: str, args: argparse.Namespace) -> dict[str, dict[str, float]
 
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> list[str]:
-    head = "| preset (L, C; batch x T) | step | " + " | ".join(KINDS) + " | torch muon / adamw | our muon / adamw |"
-    lines = [head, "|---|---|" + "---:|" * (len(KINDS) + 2)]
+    head = "| preset (L, C; batch x T) | step | " + " | ".join(KINDS) + " | torch muon / adamw | our muon / adamw | compiled / adamw |"
+    lines = [head, "|---|---|" + "---:|" * (len(KINDS) + 3)]
     for preset, r in results.items():
         s = r["_shape"]
         for what, label in (("train", "training step"), ("opt", "optimizer step")):
             ms = [r[k][what] for k in KINDS]
-            ratios = [r[k][what] / r["adamw fused"][what] for k in ("torch muon", "our muon")]
+            ratios = [r[k][what] / r["adamw fused"][what] for k in ("torch muon", "our muon", "our muon compiled")]
             lines.append(f"| {preset} ({s['L']:.0f}, {s['C']:.0f}; {s['batch']:.0f} x {s['T']:.0f}) | {label} | "
                          + " | ".join(f"{m:.1f} ms" for m in ms) + " | "
                          + " | ".join(f"{x:.2f}x" for x in ratios) + " |")  # fmt: skip

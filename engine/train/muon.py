@@ -2,7 +2,8 @@
 by Newton-Schulz), computed so that a step costs little: the matrices of one shape are stacked
 and orthogonalized by ONE batched Newton-Schulz (a 12-layer model's 48 matrices are 4 batched
 iterations, not 48), the guard's skip verdict is honoured on the device with no copies, and under
-DDP each rank orthogonalizes its share of each stack and all-gathers the rest. Per matrix the
+DDP each rank orthogonalizes its share of each stack and all-gathers the rest; where the run
+compiles (speed.compile) the Newton-Schulz is compiled too (build.finish sets `compiled`). Per matrix the
 numbers are torch's (the same coefficients, bf16 iteration, eps, lr scaling and weight decay:
 tests/train/test_muon_fast.py checks a step against torch.optim.Muon), and the state is torch's
 (one `momentum_buffer` per parameter, the same group keys), so a checkpoint is read and checked
@@ -11,6 +12,7 @@ as a torch Muon's (engine.train.checkpoint).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -54,6 +56,13 @@ def orthogonalize(G: torch.Tensor, coefficients: tuple[float, float, float], ste
     return X.mT if tall else X
 
 
+@functools.cache
+def compiled_orthogonalize() -> Callable[..., torch.Tensor]:
+    """`orthogonalize` under torch.compile, made once a process: one graph per stack shape (a
+    model has two or three), built at the first step that compiles, on the training thread."""
+    return torch.compile(orthogonalize, dynamic=False)
+
+
 def lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     """torch.optim.Muon's per-shape lr factor: original (None) sqrt(max(1, rows/cols)),
     match_rms_adamw 0.2 sqrt(max(rows, cols))."""
@@ -81,6 +90,7 @@ class Muon(torch.optim.Optimizer):
                     "ns_coefficients": ns_coefficients, "eps": eps, "ns_steps": ns_steps,
                     "adjust_lr_fn": adjust_lr_fn}  # fmt: skip
         super().__init__(params, defaults)
+        self.compiled = False  # Newton-Schulz through torch.compile: the run's compile switch, not state
         for group in self.param_groups:
             if any(p.ndim != 2 for p in group["params"]):
                 raise ValueError("Muon trains 2-D matrices only")
@@ -140,15 +150,16 @@ class Muon(torch.optim.Optimizer):
         slice of it (padded to a multiple of the world) and the results are all-gathered:
         every rank ends with the whole stack, each matrix computed once."""
         args = (group["ns_coefficients"], group["ns_steps"], group["eps"])
+        orthogonalize_ = compiled_orthogonalize() if self.compiled else orthogonalize
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if world == 1:
-            return orthogonalize(U, *args)
+            return orthogonalize_(U, *args)
         n = U.size(0)
         share = -(-n // world)
         if share * world != n:
             U = torch.cat([U, U.new_zeros(share * world - n, *U.shape[1:])])
         rank = dist.get_rank()
-        mine = orthogonalize(U[rank * share : (rank + 1) * share], *args).contiguous()
+        mine = orthogonalize_(U[rank * share : (rank + 1) * share], *args).contiguous()
         out = mine.new_empty(share * world, *mine.shape[1:])
         dist.all_gather_into_tensor(out, mine)
         return out[:n]

@@ -122,7 +122,7 @@ def test_train_nano_with_few_max_steps_scales_the_presets_warmup(tmp_path, tiny_
 @pytest.mark.slow
 def test_train_speedrun_from_the_readme_trains_with_its_recipe(tmp_path, tiny_dataset, capsys):
     """`gpt2-tui train --preset speedrun` (README): the recipe's switches reach the run's config,
-    and Muon, the chunked softcapped loss and rotary train it to its end with finite losses."""
+    and Muon, the chunked loss and rotary train it to its end with finite losses."""
     run = tmp_path / "run"
     code = main(["train", "--preset", "speedrun", "--device", "cpu", "--data", str(tiny_dataset), "--out", str(run),
                  "--max-steps", "6", "--eval-batches", "1"])  # fmt: skip
@@ -131,7 +131,7 @@ def test_train_speedrun_from_the_readme_trains_with_its_recipe(tmp_path, tiny_da
     assert "run completed at step 6" in printed.out
     cfg = tomllib.loads((run / "config.toml").read_text())
     assert (cfg["model"]["loss"], cfg["model"]["positions"], cfg["model"]["mlp"]) == ("chunked", "rotary", "relu2")
-    assert (cfg["model"]["logit_softcap"], cfg["optim"]["optimizer"], cfg["optim"]["schedule"]) == (30.0, "muon", "wsd")
+    assert (cfg["model"]["qk_norm"], cfg["optim"]["optimizer"], cfg["optim"]["schedule"]) == (True, "muon", "wsd")
     steps = [e for e in run_events(run) if e.event == "step"]
     assert [e.step for e in steps] == [1, 2, 3, 4, 5, 6] and all(math.isfinite(e.loss) for e in steps)
 

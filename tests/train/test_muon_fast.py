@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.config import resolve
-from engine.train.muon import Muon, momentum_at
+from engine.train.muon import COEFFICIENTS, EPS, NS_STEPS, Muon, compiled_orthogonalize, momentum_at
 
 SHAPES = [(24, 8), (8, 8), (8, 24), (24, 8), (8, 8), (16, 8)]  # tall, square, wide: stacks of 3 (one transposed), 2, 1
 
@@ -60,6 +60,37 @@ def test_three_steps_equal_torch_muon(settings):
     saved = opt.state_dict()  # torch's layout: one momentum_buffer per parameter, torch's group keys
     assert set(saved["param_groups"][0]) == set(ref.state_dict()["param_groups"][0])
     assert all(set(s) == {"momentum_buffer"} for s in saved["state"].values()) and len(saved["state"]) == len(SHAPES)
+
+
+@pytest.mark.slow
+def test_where_the_run_compiles_the_newton_schulz_runs_compiled_and_steps_as_eager(tmp_path, tiny_dataset):
+    """speed.compile on: build.finish sets the run's Muon to compile its Newton-Schulz (off: eager),
+    and compiled steps move the weights as eager ones do, the skip verdict honoured the same. Not
+    bit for bit: Inductor keeps the bf16 iteration's fused intermediates in fp32, and five quintic
+    iterations carry that ~2% apart; both land in Newton-Schulz's singular-value band."""
+    from torch._dynamo.utils import counters
+
+    from harness import built_parts
+
+    for compile_on in (False, True):
+        parts = built_parts(tiny_dataset, tmp_path / f"run-{compile_on}",
+                            {"optim.optimizer": "muon", "speed.compile": compile_on, "speed.precision": "fp32"})  # fmt: skip
+        assert parts.optimizer.muon.compiled is compile_on
+    eager, compiled, skipped = _params(), _params(), _params()
+    opt_eager, opt_compiled, opt_skipped = Muon(eager, lr=0.02), Muon(compiled, lr=0.02), Muon(skipped, lr=0.02)
+    opt_compiled.compiled = opt_skipped.compiled = True
+    graphs = counters["stats"]["unique_graphs"]
+    _stepped(opt_eager, eager, 3)
+    _stepped(opt_compiled, compiled, 3)
+    assert counters["stats"]["unique_graphs"] > graphs  # torch.compile traced the Newton-Schulz
+    for p0, a, b in zip(_params(), eager, compiled):
+        moved = (a - p0).norm()
+        assert moved > 0 and (b - a).norm() / moved < 0.05  # the same step, to the iteration's rounding
+    stack = torch.randn(3, 8, 24, generator=torch.Generator().manual_seed(0))
+    singular = torch.linalg.svdvals(compiled_orthogonalize()(stack, COEFFICIENTS, NS_STEPS, EPS).float())
+    assert 0.6 < singular.min() and singular.max() < 1.2  # orthogonalized: the quintic's band, ~0.68-1.13
+    _stepped(opt_skipped, skipped, 2, skip=torch.ones(()))
+    assert all(torch.equal(a, b) for a, b in zip(_params(), skipped))  # a skipped step changes nothing
 
 
 def test_a_step_with_an_inf_grad_leaves_weights_and_momentum_as_they_were(tiny_dataset):
