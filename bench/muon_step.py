@@ -4,13 +4,13 @@
                               [--rounds 5] [--steps 3] [--device cpu]
 
 Per preset, one model (its shape; vocab 8192 as the default dataset's), one random batch, and
-four optimizers over copies of the same weights: fused AdamW (the default), unfused AdamW,
+five optimizers over copies of the same weights: fused AdamW (the default), unfused AdamW,
 torch.optim.Muon + fused AdamW skipped as the engine did before (its step put back on the
 device where the guard says skip: build.step_unless's copy form), ours (engine/train/muon.py:
 one batched Newton-Schulz per shape, the skip in its update), and ours with the Newton-Schulz
-compiled (as a run with --compile has it; its compile happens in the untimed warm-up step). Each is timed two ways: the
-training step as the trainer runs it (zero_grad, forward, backward, clip, the guard's verdict,
-build.step_unless) and the optimizer step alone (build.step_unless). Rounds are paired: every
+compiled (as a run with --compile has it; its compile happens in the untimed warm-up step).
+Each is timed two ways: the training step as the trainer runs it (zero_grad, forward, backward,
+clip, the guard's verdict, build.step_unless) and the optimizer step alone (build.step_unless). Rounds are paired: every
 round times every optimizer, the order rotating round to round, so a busy machine weighs on
 all alike; the table shows the median over rounds of each round's mean over --steps steps,
 and each Muon's ratio to fused AdamW. The load average before and after is printed with it.
