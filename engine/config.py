@@ -252,6 +252,35 @@ class ModelConfig(_Strict):
         assert self.vocab_size is not None, "vocab_size is resolved from the dataset first"
         return -(-self.vocab_size // 64) * 64 if self.pad_vocab else self.vocab_size
 
+    # Where each recipe switch acts, declared once: the model (engine/train/model.py) builds from
+    # these, and the parameter count, the estimator and the FLOP count read them, so none of them
+    # re-derives which layers a switch touches (tests/train/test_recipe_model.py checks all three
+    # against the real model, for every recipe switch this class declares).
+    @property
+    def value_embed_layers(self) -> frozenset[int]:
+        """The layers whose v gets the value embedding, with a learned gate each: the first and last."""
+        return frozenset({0, self.n_layer - 1}) if self.value_embeds else frozenset()
+
+    @property
+    def value_residual_layers(self) -> frozenset[int]:
+        """The layers that mix their v with the first layer's, a learned lambda each: all after it."""
+        return frozenset(range(1, self.n_layer)) if self.value_residual else frozenset()
+
+    @property
+    def unet_skip_count(self) -> int:
+        """U-net skips: the first half's outputs, a learned weight each, into the second half."""
+        return self.n_layer // 2 if self.unet_skips else 0
+
+    @property
+    def learned_scalars(self) -> int:
+        """The recipe's learned mixing weights (1-D parameters): skips, gates and lambdas."""
+        return self.unet_skip_count + len(self.value_embed_layers) + len(self.value_residual_layers)
+
+    @property
+    def vocab_tables(self) -> int:
+        """(Vp x C) matrices: wte (the lm_head when tied), an untied lm_head, the value embeddings."""
+        return 1 + (not self.tie_head) + self.value_embeds
+
     def n_params(self, vocab_size: int | None = None) -> int:
         """GPT-2's parameter count (tied embedding once), in closed form: instant for any size.
         Per block: 12 C^2 weights, plus 13 C of biases and LayerNorms (2 C without biases);
@@ -263,11 +292,8 @@ class ModelConfig(_Strict):
         v = -(-vocab // 64) * 64 if self.pad_vocab else vocab
         C, L = self.n_embd, self.n_layer
         per_block = 12 * C * C + (13 if self.bias else 2) * C
-        tables = 1 + (not self.tie_head) + self.value_embeds  # wte, an untied head, value embeds
         wpe = self.block_size * C if self.positions == "learned" else 0
-        scalars = (L // 2 if self.unet_skips else 0) + (max(L - 1, 0) if self.value_residual else 0)
-        scalars += min(L, 2) if self.value_embeds else 0  # one gate per layer given value embeds
-        return tables * v * C + wpe + L * per_block + (2 if self.bias else 1) * C + scalars
+        return self.vocab_tables * v * C + wpe + L * per_block + (2 if self.bias else 1) * C + self.learned_scalars
 
 
 class DataConfig(_Strict):

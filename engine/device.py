@@ -81,11 +81,20 @@ _X86_NATIVE = {"bf16": (("_is_avx512_bf16_supported", "_is_amx_tile_supported"),
 _ARM_NATIVE = {"bf16": "bf16", "fp16": "asimdhp"}
 
 
+# Overrides the probe: the half precisions this CPU is to be taken as doing natively, comma-separated
+# ("bf16", "bf16,fp16", or "none"). For a CPU the probe misjudges, and for the test suite, which runs
+# every branch on each side whatever CPU it is on (`pytest --cpu-native=none|bf16|...`).
+CPU_NATIVE_ENV = "GPT2_TUI_CPU_NATIVE"
+
+
 def cpu_native(dtype: str) -> bool:
     """Whether this CPU does `dtype` (bf16 or fp16) math in hardware. Without it torch emulates
     it at a few hundredths of fp32's speed (bf16 on an AVX2 CPU: ~0.3 GFLOP/s vs ~130 fp32):
     avx512_bf16 or AMX for bf16, AMX-FP16 for fp16 (avx512_fp16 alone measured slower than
     fp32); on aarch64 the bf16 / asimdhp features. The ladder, the estimate and the form ask here."""
+    forced = os.environ.get(CPU_NATIVE_ENV)
+    if forced is not None:
+        return dtype in {w.strip() for w in forced.split(",")}
     if platform.machine().lower() in ("aarch64", "arm64"):
         return _ARM_NATIVE[dtype] in _cpu_flags()
     names, flags = _X86_NATIVE[dtype]

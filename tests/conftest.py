@@ -9,6 +9,8 @@ that trainer tests can use without tokenizing anything.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +22,25 @@ pytest.register_assert_rewrite("harness")  # its asserts explain themselves as a
 from harness import (  # noqa: E402
     bigram_tokens, random_tokens, tree_snapshot, write_gpt2tui, write_llmc, write_llmc_shard, write_nanogpt,
 )  # fmt: skip
+
+# datasets reads this once, at its import, wherever a test first imports it: never the network here
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-native", default=None, metavar="LIST",
+        help="take this CPU to do these half precisions natively (none, bf16, bf16,fp16), whatever it "
+        "is: the suite on each side of every CPU-dependent branch (engine.device.CPU_NATIVE_ENV)",
+    )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    forced = config.getoption("--cpu-native")
+    if forced is not None:  # in the environment, so every child process the tests start sees it too
+        os.environ["GPT2_TUI_CPU_NATIVE"] = forced
+
 
 # Each test's area, for `pytest -m AREA` (registered in pyproject.toml): the folder under tests/
 # that holds its file. A test skipped for want of CUDA is also gpu.
@@ -116,3 +137,27 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def file_tree() -> Callable[[Path], dict[str, tuple[int, int]]]:
     """tree_snapshot as a fixture (not named `snapshot`: that is syrupy's, for the TUI SVGs)."""
     return tree_snapshot
+
+
+# ----------------------------------------------------------------------------- the layers by cost
+# `slow` is given from measured durations: every test's seconds (setup + call + teardown, so a
+# module fixture's cost lands on the test that first asked for it) and whether it is marked slow
+# are written to the file GPT2_TUI_DURATIONS names; .ci/slow_check.py reads it after the suite
+# and names each unmarked test over its limit.
+DURATIONS_ENV = "GPT2_TUI_DURATIONS"
+_durations: dict[str, dict[str, object]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    row = _durations.setdefault(report.nodeid, {"seconds": 0.0, "slow": "slow" in report.keywords})
+    row["seconds"] = float(row["seconds"]) + report.duration  # type: ignore[arg-type]
+    if report.outcome == "skipped":
+        row["skipped"] = True
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import json
+
+    out = os.environ.get(DURATIONS_ENV)
+    if out and _durations and not hasattr(session.config, "workerinput"):
+        Path(out).write_text(json.dumps(_durations, indent=0, sort_keys=True))

@@ -9,7 +9,10 @@ pytest's rewritten ones). Sections:
   - file trees: tree_snapshot, tree_state, tree_diff;
   - Pilot waits: until, launch_in_app;
   - recorded run directories for the screens: write_run, write_gpu_run, gpu_rounds, runs_app;
-  - hostile input: the warm fork runner of the console script (run_cli), Work dirs, refusal_problems.
+  - hostile input: the warm fork runner of the console script (run_cli), Work dirs, refusal_problems;
+  - tables read from the config: the model's recipe switches (model_switches), a setting's
+    strict type check (accepts), the estimator's test shapes (MEMORY_SHAPES), a recorded chart
+    state (recorded_state).
 """
 
 from __future__ import annotations
@@ -39,6 +42,15 @@ ENGINE_CLI = "engine.cli"  # `python -m ENGINE_CLI ARGS`: the headless commands 
 CPU = {"speed.device": "cpu", "speed.precision": "fp32"}
 QUIET = {"train.eval_interval": 100, "train.ckpt_interval": 100, "train.sample_tokens": 0}  # steps only
 MICRO = ["--preset", "micro", "--device", "cpu", "--precision", "fp32"]  # the same on the command line
+
+
+def force_cpu_native(monkeypatch, native: str) -> None:
+    """Take this CPU to do `native` ("none", "bf16", "bf16,fp16") in hardware, whatever it is
+    (engine.device.CPU_NATIVE_ENV, child processes included): a test of a branch that depends
+    on the CPU forces each side, so it passes on any x86-64 CPU."""
+    from engine.device import CPU_NATIVE_ENV
+
+    monkeypatch.setenv(CPU_NATIVE_ENV, native)
 
 # ----------------------------------------------------------------------------- datasets
 
@@ -689,3 +701,83 @@ def busy_machine(per_cpu: int = BURNERS_PER_CPU) -> Any:
                 p.wait()
 
     return burning()
+
+
+# ----------------------------------------------------------------------------- tables read from the config
+
+# A numeric recipe switch's value when the tables turn it on (a bool flips, a choice takes its other
+# value): the tables' sequences are 16-64 tokens, so a window of 5 bands them.
+SWITCH_VALUES: dict[str, Any] = {"model.logit_softcap": 30.0, "model.attn_window": 5}
+
+
+def model_switches(model_config: Any = None) -> dict[str, Any]:
+    """{"model.X": its value turned on} for every recipe switch `model_config` (ModelConfig unless
+    given) declares (form section Recipe) that the switch matrix does not refuse on CPU: the tests'
+    tables of switches, read from the config, so a new switch is in every table without an edit (a
+    numeric one fails here until SWITCH_VALUES gives it a value)."""
+    import typing
+
+    from engine import switch_matrix
+    from engine.config import RECIPE, ModelConfig
+
+    out: dict[str, Any] = {}
+    for name, info in (model_config or ModelConfig).model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("form") != RECIPE:
+            continue
+        dotted, ann = f"model.{name}", info.annotation
+        if ann is bool:
+            value: Any = not info.default
+        elif typing.get_origin(ann) is typing.Literal:
+            value = next(c for c in typing.get_args(ann) if c != info.default)
+        else:
+            assert dotted in SWITCH_VALUES, f"{dotted}: a new numeric recipe switch; give it a value in SWITCH_VALUES"
+            value = SWITCH_VALUES[dotted]
+        if not switch_matrix.refusals({dotted: value}, switch_matrix.CPU):
+            out[dotted] = value
+    return out
+
+
+def accepts(dotted: str, value: Any) -> bool:
+    """Whether the setting `dotted` takes `value` as it is (strict: no coercion)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from engine.config import RunConfig
+
+    section, name = dotted.split(".")
+    info = RunConfig.model_fields[section].annotation.model_fields[name]  # type: ignore[union-attr]
+    try:
+        TypeAdapter(info.annotation).validate_python(value, strict=True)
+    except ValidationError:
+        return False
+    return True
+
+
+# three small shapes that differ in every dimension the estimator's formulas use (heads, width, layers
+# even and odd, vocab padding, bias, T vs B): tests/config's memory tests
+MEMORY_SHAPES: dict[str, dict[str, Any]] = {
+    "s1": {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+           "model.vocab_size": 100, "train.batch_size": 3},
+    "s2": {"model.n_layer": 3, "model.n_head": 4, "model.n_embd": 64, "model.block_size": 64,
+           "model.vocab_size": 300, "model.bias": False, "train.batch_size": 2},
+    "s3": {"model.n_layer": 1, "model.n_head": 3, "model.n_embd": 48, "model.block_size": 48,
+           "model.vocab_size": 64, "model.pad_vocab": False, "train.batch_size": 4, "train.block_size": 40},
+}  # fmt: skip
+
+
+def recorded_state():
+    """A dashboard's RunState fed a loss falling from ~10 to ~3 (under one decade), a warmup lr
+    6e-5..6e-4, and a slow first step then 0.1 s steps: the chart shapes once found broken."""
+    import math
+
+    from engine import events as ev
+    from tui.models.runstate import RunState
+
+    s = RunState()
+    cfg = {"train": {"max_steps": 100, "batch_size": 1, "grad_accum": 1}, "optim": {"grad_clip": 1.0}}
+    s.feed(ev.RunStarted(config=cfg, n_params=1, device="cpu", device_name="CPU", precision="fp32", flops_per_token=1))
+    for i in range(1, 60):
+        s.feed(ev.Step(step=i, loss=9.0 * math.exp(-i / 40) + 1, lr=6e-4 * min(1.0, i / 10), grad_norm=0.5,
+                       step_time_s=1.0 if i < 3 else 0.1, tokens_per_s=1000.0, mfu=None, mem_bytes=None,
+                       tokens=100 * i))  # fmt: skip
+    return s

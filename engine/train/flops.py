@@ -54,7 +54,7 @@ def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int) -> int:
     sliding window a query scores at most window + 1 keys (the model's FLOPs: a masked dense
     kernel still computes all T, which shows as a lower MFU)."""
     head_dim = cfg.n_embd // cfg.n_head
-    tables = (not cfg.tie_head) + cfg.value_embeds
+    tables = cfg.vocab_tables - 1  # the tied one is the head's matmul
     lookups = tables * cfg.padded_vocab_size * cfg.n_embd if tables else 0
     keys = seq_len if cfg.attn_window is None else min(seq_len, cfg.attn_window + 1)
     return 6 * (n_params - lookups) + 12 * cfg.n_layer * cfg.n_head * head_dim * keys

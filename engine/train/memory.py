@@ -116,6 +116,11 @@ class _Shape(BaseModel):
     rotary: bool = False
     value_embeds: bool = False
     value_residual: bool = False
+    # where they act: ModelConfig's declarations (the layers, the skips, the vocab-wide tables)
+    ve_layers: frozenset[int] = frozenset()
+    mix_layers: frozenset[int] = frozenset()
+    skips: int = 0
+    tables: int = 1
     window: bool = False  # attn_window shorter than the sequence: a banded mask
     softcap: bool = False
     tied: bool = True
@@ -133,6 +138,8 @@ def _shape(config: RunConfig) -> _Shape:
         qk_norm=m.qk_norm, rotary=m.positions == "rotary", value_embeds=m.value_embeds,
         value_residual=m.value_residual, softcap=m.logit_softcap is not None, tied=m.tie_head,
         window=m.attn_window is not None and m.attn_window < config.seq_len - 1, unet=m.unet_skips,
+        ve_layers=m.value_embed_layers, mix_layers=m.value_residual_layers, skips=m.unet_skip_count,
+        tables=m.vocab_tables,
     )  # fmt: skip
 
 
@@ -164,14 +171,14 @@ def _param_tensors(s: _Shape) -> int:
     the recipe's: no wpe (rotary), an untied head, the value-embed table, and the learned scalars
     (U-net skip weights as one tensor, a value-embed gate a gated layer, a value-residual lambda a layer)."""
     b = int(s.bias)
-    tables = 1 + (not s.rotary) + (not s.tied) + s.value_embeds
-    scalars = (s.unet and s.L > 1) + (min(s.L, 2) if s.value_embeds else 0) + (s.L - 1 if s.value_residual else 0)
+    tables = s.tables + (not s.rotary)
+    scalars = (s.skips > 0) + len(s.ve_layers) + len(s.mix_layers)
     return tables + s.L * (6 + 6 * b) + 1 + b + scalars
 
 
 def _n_scalars(s: _Shape) -> int:
     """The recipe's learned scalars (1-D parameters): skip weights, value-embed gates, value-residual lambdas."""
-    return (s.L // 2 if s.unet else 0) + (min(s.L, 2) if s.value_embeds else 0) + (s.L - 1 if s.value_residual else 0)
+    return s.skips + len(s.ve_layers) + len(s.mix_layers)
 
 
 def _largest_param(s: _Shape) -> int:
@@ -225,8 +232,8 @@ def recipe_activations(s: _Shape, low: bool) -> int:
     a, flash, btc, fresh_qk = (2 if low else 4), s.attention == "flash", s.B * s.T * s.C, s.qk_norm or s.rotary
     total = (4 * btc if s.value_embeds and not low else 0) + (4 * T * (C // H) if s.rotary and not low else 0)
     for i in range(L):
-        ve, mix = s.value_embeds and i in (0, L - 1), s.value_residual and i > 0
-        first_v = s.value_residual and L > 1 and i == 0  # saved by every later layer's mix
+        ve, mix = i in s.ve_layers, i in s.mix_layers
+        first_v = bool(s.mix_layers) and i == 0  # saved by every later layer's mix
         qkv = (flash and not (fresh_qk and (ve or mix))) or (s.qk_norm and not low) or ((mix or first_v) and not ve)
         total += (int(qkv) - int(flash)) * 3 * a * btc
         if flash:
@@ -241,7 +248,7 @@ def recipe_activations(s: _Shape, low: bool) -> int:
 def unet_skip(s: _Shape) -> int:
     """With an even n_layer the first half's last output is added to itself by the next layer (the first
     of the second half): saved by the skip's mul for its weight's gradient, and by no ln_1 (4 B*T*C)."""
-    return 4 * s.B * s.T * s.C if s.unet and s.L > 1 and s.L % 2 == 0 else 0
+    return 4 * s.B * s.T * s.C if s.skips and s.L % 2 == 0 else 0
 
 
 def recipe_checkpointed(s: _Shape, low: bool) -> int:
@@ -249,7 +256,7 @@ def recipe_checkpointed(s: _Shape, low: bool) -> int:
     output, the value residual's v1 (the first layer's v: its qkv buffer, or the embedded v), and
     the U-net's skip (unet_skip)."""
     a, btc = (2 if low else 4), s.B * s.T * s.C
-    v1 = (a if s.value_embeds else 3 * a) * btc if s.value_residual and s.L > 1 else 0
+    v1 = (a if s.value_embeds else 3 * a) * btc if s.mix_layers else 0
     return (4 * btc if s.value_embeds else 0) + v1 + unet_skip(s)
 
 
@@ -303,7 +310,7 @@ def weight_copies(s: _Shape, low: bool) -> int:
     """
     if not low:
         return 0
-    blocks = 0 if s.ckpt else s.L * 12 * s.C * s.C + _n_scalars(s) - (s.L // 2 if s.unet else 0)  # gates, lambdas
+    blocks = 0 if s.ckpt else s.L * 12 * s.C * s.C + _n_scalars(s) - s.skips  # gates, lambdas
     head = 0 if s.chunked else s.Vp * s.C  # the chunked loss casts the weight inside, saves no copy
     return 2 * (blocks + head)
 
@@ -476,7 +483,7 @@ def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -
     if fused:
         return extra
     if target == "cuda":  # AdamW's decayed (2-D) params: with Muon only the embeddings
-        tables = (1 + (not s.tied) + s.value_embeds) * s.Vp * s.C + (0 if s.rotary else s.ctx * s.C)
+        tables = s.tables * s.Vp * s.C + (0 if s.rotary else s.ctx * s.C)
         one_d = s.L * (4 * s.C + int(s.bias) * 9 * s.C) + s.C * (1 + int(s.bias)) + _n_scalars(s)
         decayed = tables if muon else n - one_d
         return extra + 4 * decayed

@@ -68,9 +68,8 @@ class CausalSelfAttention(nn.Module):
         self.c_proj.residual_scaled = True  # GPT-2 init: std / sqrt(2 * n_layer)
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.resid_dropout = nn.Dropout(cfg.dropout)
-        gets_ve = cfg.value_embeds and layer in (0, cfg.n_layer - 1)
-        self.ve_gate = scalar(0.5) if gets_ve else None  # value embeddings' weight in v
-        self.v_mix = scalar(0.5) if cfg.value_residual and layer > 0 else None  # value residual's lambda
+        self.ve_gate = scalar(0.5) if layer in cfg.value_embed_layers else None  # value embeddings' weight in v
+        self.v_mix = scalar(0.5) if layer in cfg.value_residual_layers else None  # value residual's lambda
 
     def band(self, T: int, device: torch.device) -> torch.Tensor | None:
         """The sliding window's (T, T) mask, True = attended: causal and at most `window` back;
@@ -165,7 +164,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(C, Vp, bias=False)
         if cfg.tie_head:
             self.lm_head.weight = self.transformer.wte.weight  # tied
-        self.skip_weights = nn.Parameter(torch.ones(L // 2)) if cfg.unet_skips and L > 1 else None
+        self.skip_weights = nn.Parameter(torch.ones(cfg.unet_skip_count)) if cfg.unet_skip_count else None
         self.apply(self._init_weights)
         if cfg.zero_init_proj and not cfg.tie_head:
             nn.init.zeros_(self.lm_head.weight)  # modded-nanogpt's untied head starts at 0 too
@@ -211,7 +210,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             if i >= L - n_skip:  # U-net: the second half takes the first half's outputs, last in first
                 x = x + self.skip_weights[i - (L - n_skip)] * skips.pop()
-            args = (x, rope, ve if i in (0, L - 1) else None, v1)
+            args = (x, rope, ve if i in self.cfg.value_embed_layers else None, v1)
             if self.cfg.grad_checkpointing and self.training:
                 x, v = checkpoint(block, *args, use_reentrant=False)
             else:

@@ -11,7 +11,7 @@ import statistics
 import pytest
 from harness import random_tokens, write_gpt2tui
 
-from engine import rundir
+from engine import device, rundir
 from bench import ladder as bench
 from bench import plain as bench_plain
 from bench.timeline import settle_point
@@ -41,9 +41,13 @@ def test_ladder_runs_every_rung_this_device_can_and_says_why_not_for_the_rest(la
     by = {r.name: r for r in result.rungs}
     assert by["tf32"].status == "skipped" and "CUDA" in by["tf32"].reason
     assert by["compile"].status == "skipped" and "--skip" in by["compile"].reason
-    ran = ["baseline", "preload", "vectorized", "amp", "flash", "pad_vocab", "fused", "chunked_loss"]
+    amp = device.cpu_native("bf16")  # the AMP rung runs where bf16 is native; either side is forced by --cpu-native
+    ran = ["baseline", "preload", "vectorized", *(["amp"] if amp else []), "flash", "pad_vocab", "fused", "chunked_loss"]
     assert [r.name for r in result.rungs if r.status == "ran"] == ran
-    assert by["amp"].precision == "bf16"  # bf16 autocast runs on CPU
+    if amp:
+        assert by["amp"].precision == "bf16"
+    else:
+        assert by["amp"].status == "skipped" and "no native bf16" in by["amp"].reason
     assert by["fused"].notes == [  # fused AdamW did apply; the data switches wait for a GPU
         "pinned memory needs CUDA", "the prefetch thread needs an accelerator: on CPU it takes cores from the math",
     ]
@@ -59,13 +63,15 @@ def test_each_rung_trained_with_the_switches_below_it_plus_its_own(ladder):
     assert speed == ("fp32", False, "manual")
     assert (base["data"]["preload"], base["data"]["vectorized"], base["data"]["prefetch"]) == (False, False, False)
     assert (base["model"]["pad_vocab"], base["optim"]["fused"], base["model"]["vocab_size"]) == (False, False, 100)
-    amp = configs["amp"]
-    assert amp["data"]["preload"] and amp["data"]["vectorized"] and amp["speed"]["precision"] == "bf16"
-    assert amp["model"]["attention"] == "manual" and not amp["model"]["pad_vocab"]
+    half = "bf16" if device.cpu_native("bf16") else "fp32"  # an emulated AMP rung is skipped: fp32 above it
+    if half == "bf16":
+        amp = configs["amp"]
+        assert amp["data"]["preload"] and amp["data"]["vectorized"] and amp["speed"]["precision"] == "bf16"
+        assert amp["model"]["attention"] == "manual" and not amp["model"]["pad_vocab"]
     top = configs["fused"]
     assert top["model"]["attention"] == "flash" and top["model"]["pad_vocab"] and top["optim"]["fused"]
     assert not top["data"]["prefetch"]  # not applied on CPU: the ladder's note says why
-    assert top["speed"]["precision"] == "bf16" and not top["speed"]["compile"]
+    assert top["speed"]["precision"] == half and not top["speed"]["compile"]
     assert base["model"]["loss"] == top["model"]["loss"] == "plain"
     chunked = configs["chunked_loss"]
     assert chunked["model"]["loss"] == "chunked" and chunked["optim"]["fused"] and chunked["model"]["pad_vocab"]
@@ -289,3 +295,16 @@ def test_a_ladder_stopped_before_any_rung_leaves_no_directory(tmp_path, tiny_dat
     result = bench.run_ladder(cfg, tmp_path / "out", stop=stop)
     assert {r.reason for r in result.rungs} == {"stopped before this rung"}
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("native", ["none", "bf16"])
+def test_the_amp_rung_runs_where_bf16_is_native_and_is_skipped_with_the_reason_where_it_is_emulated(monkeypatch, native):
+    import torch
+
+    monkeypatch.setenv(device.CPU_NATIVE_ENV, native)  # each side, whatever this CPU is
+    value, reason = bench.applicable("speed.precision", "amp", torch.device("cpu"), 64)
+    assert value == "bf16"
+    if native == "bf16":
+        assert reason is None
+    else:
+        assert reason is not None and "no native bf16" in reason and "emulates" in reason

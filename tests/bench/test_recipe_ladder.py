@@ -16,7 +16,7 @@ from bench.names import LOSS_RUNG_NAMES, RECIPE_NAMES, RUNG_NAMES
 from engine.inspect.compare import RECIPE_SETTINGS
 from engine.settings import all_settings, switches
 from gpt2_tui import main
-from test_rungs import _accepts  # a setting takes the value, strictly
+from harness import accepts
 
 SETTINGS = {s.dotted for s in all_settings()}
 
@@ -30,7 +30,7 @@ def test_every_trick_names_a_recipe_setting_with_a_value_it_takes(trick: rungs.R
         assert dotted in RECIPE_SETTINGS, f"trick {trick.name}: {dotted} is not a recipe setting (compare's recipe column)"
         assert dotted not in switches(), f"trick {trick.name}: {dotted} is a speed switch, not a recipe"
         here = value.at(steps=300, context=256) if isinstance(value, rungs.Share) else value
-        assert _accepts(dotted, here), f"trick {trick.name}: {dotted} does not take {here!r}"
+        assert accepts(dotted, here), f"trick {trick.name}: {dotted} does not take {here!r}"
         assert here != RECIPE_SETTINGS[dotted], f"trick {trick.name}: {dotted}={here!r} is GPT-2's own value"
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pydantic import TypeAdapter, ValidationError
 
 from bench import rungs
 from bench.names import LOSS_RUNG_NAMES, RUNG_NAMES
-from engine.config import RunConfig
 from engine.settings import all_settings, switches
+from harness import accepts
 
 SETTINGS = {s.dotted for s in all_settings()}
 META_KEYS = {"form", "live", "flag", "label", "blank", "metavar"}  # engine.config._meta's
@@ -22,16 +21,6 @@ def unaccounted(live: tuple[str, ...], ladder: tuple[rungs.Rung, ...], exempt: d
     """The live switches no rung climbs and no exemption names."""
     climbed = {name for r in ladder for name in r.changes}
     return [s for s in live if s not in climbed and s not in exempt]
-
-
-def _accepts(dotted: str, value: Any) -> bool:
-    section, name = dotted.split(".")
-    info = RunConfig.model_fields[section].annotation.model_fields[name]  # type: ignore[union-attr]
-    try:
-        TypeAdapter(info.annotation).validate_python(value, strict=True)
-    except ValidationError:
-        return False
-    return True
 
 
 def test_every_live_switch_is_a_rung_or_exempt_with_a_reason():
@@ -53,14 +42,14 @@ def test_every_rung_names_real_settings_with_values_they_take(rung: rungs.Rung):
     for dotted, value in rung.changes.items():
         assert dotted in SETTINGS, f"rung {rung.name}: {dotted} is no setting"
         if (dotted, value) != ("speed.precision", rungs.AMP):  # the device's half precision, decided by the ladder
-            assert _accepts(dotted, value), f"rung {rung.name}: {dotted} does not take {value!r}"
+            assert accepts(dotted, value), f"rung {rung.name}: {dotted} does not take {value!r}"
 
 
 def test_the_baseline_sets_each_climbed_switch_to_a_value_it_takes():
     climbed = {name for r in rungs.RUNGS for name in r.changes}
     assert set(rungs.BASELINE) == climbed  # each rung is measured against the switch off
     for dotted, value in rungs.BASELINE.items():
-        assert dotted in SETTINGS and _accepts(dotted, value), (dotted, value)
+        assert dotted in SETTINGS and accepts(dotted, value), (dotted, value)
     assert not {name for r in rungs.LOSS_RUNGS for name in r.changes} & set(switches())  # not speed
 
 

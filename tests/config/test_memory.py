@@ -25,17 +25,9 @@ from engine.config import resolve
 from engine.train.memory import MemoryEstimate, estimate, suggest_fit
 from bench.memory_measure import measure_saved, measure_state
 from engine.train.model import GPT
+from harness import MEMORY_SHAPES as SHAPES
 
-# three small shapes that differ in every dimension the formulas use (heads, width,
-# layers, vocab padding, bias, T vs B)
-SHAPES = {
-    "s1": {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
-           "model.vocab_size": 100, "train.batch_size": 3},
-    "s2": {"model.n_layer": 3, "model.n_head": 4, "model.n_embd": 64, "model.block_size": 64,
-           "model.vocab_size": 300, "model.bias": False, "train.batch_size": 2},
-    "s3": {"model.n_layer": 1, "model.n_head": 3, "model.n_embd": 48, "model.block_size": 48,
-           "model.vocab_size": 64, "model.pad_vocab": False, "train.batch_size": 4, "train.block_size": 40},
-}  # fmt: skip
+
 GRID = list(itertools.product(SHAPES, ["flash", "manual"], ["fp32", "bf16"], [False, True]))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from gpt2_tui import main
-from harness import MICRO, ROOT, cli_fails, python_c, run_events
+from harness import MICRO, ROOT, cli_fails, force_cpu_native, python_c, run_events
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -201,12 +201,25 @@ def test_headless_train_prints_its_run_dir_and_how_to_follow_it_before_the_first
 
 
 def _no_native_bf16(monkeypatch) -> None:
-    """This CPU as the CI machine is (AVX2, no avx512_bf16, no AMX): torch's own CPU feature probes say no."""
+    """This CPU as an AVX2 or AMD EPYC box is (no avx512_bf16, no AMX), whatever it is."""
+    force_cpu_native(monkeypatch, "none")
+
+
+@pytest.mark.parametrize("probes", [False, True])
+def test_native_half_precision_is_torch_own_probe_of_this_cpu_unless_forced(monkeypatch, probes):
+    """cpu_native asks torch's CPU feature probes; CPU_NATIVE_ENV overrides them either way."""
     import torch
 
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: False, raising=False)
+    from engine import device
+
+    monkeypatch.delenv(device.CPU_NATIVE_ENV, raising=False)
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: probes, raising=False)
+    assert device.cpu_native("bf16") is probes and device.cpu_native("fp16") is probes
+    force_cpu_native(monkeypatch, "bf16")
+    assert device.cpu_native("bf16") and not device.cpu_native("fp16")
+    force_cpu_native(monkeypatch, "none")
+    assert not device.cpu_native("bf16") and not device.cpu_native("fp16")
 
 
 LADDER_FAST = ["--preset", "micro", "--device", "cpu", "--vocab-size", "64", "--steps", "1", "--warmup", "1",

@@ -15,12 +15,11 @@ from engine.train import memory
 from engine.train.memory import estimate
 from engine.train.model import GPT
 
-ALL = {"model.mlp": "relu2", "model.qk_norm": True, "model.positions": "rotary", "model.tie_head": False,
-       "model.zero_init_proj": True, "model.logit_softcap": 30.0, "model.value_embeds": True,
-       "model.unet_skips": True, "model.value_residual": True, "model.attn_window": 5}  # fmt: skip
+from harness import MEMORY_SHAPES as SHAPES  # even and odd depths, bias or not, padding or not
+from harness import model_switches
+
+ALL = model_switches()  # every recipe switch the config declares, each turned on
 ONE_EACH = {k: {k: v} for k, v in ALL.items()}
-# even and odd depths (the U-net's last skip, the value residual's v1), bias or not, padding or not
-from test_memory import SHAPES  # noqa: E402
 
 
 def _config(shape: dict, **flags):

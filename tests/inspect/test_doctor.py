@@ -12,6 +12,7 @@ import pytest
 
 from engine import device
 from engine.cli import main
+from harness import force_cpu_native
 
 
 @pytest.fixture(autouse=True)
@@ -58,12 +59,9 @@ def test_doctor_table_lists_each_problem_with_its_fix(capsys, monkeypatch, tmp_p
 def test_doctor_says_when_this_cpu_emulates_bf16(monkeypatch):
     """Issue 22 item 10: a CPU whose torch probes say no avx512_bf16 and no AMX (an AVX2 box)
     emulates bf16 at a few hundredths of fp32: doctor says so, with the measured matmul."""
-    import torch
-
     from engine.inspect import doctor
 
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    force_cpu_native(monkeypatch, "none")
     (row,) = [r for r in doctor.machine_rows() if r.name == "CPU bf16"]
     assert "no native bf16" in row.detail and "fp32" in row.detail and "ms" in row.detail
 

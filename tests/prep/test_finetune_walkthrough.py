@@ -16,13 +16,23 @@ import pytest
 
 from harness import ROOT, cli_process
 
-pytest.importorskip("safetensors")
-pytest.importorskip("datasets")
-transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # see pyproject.toml's markers: not in the fast inner loop
 
 BIN = Path(sys.executable).parent
 TRAIN = ["--device", "cpu", "--batch-size", "4", "--block-size", "32", "--max-steps", "2", "--warmup-steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    """The optional libraries the walk-through needs, imported when it runs, not at collection."""
+    pytest.importorskip("safetensors")
+    pytest.importorskip("datasets")
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def _needs_hf(transformers) -> None:
+    """Every test here skips where one of them is missing."""
 
 
 def _env(tmp: Path, **more: str) -> dict[str, str]:
@@ -65,7 +75,8 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work
 
 
-def test_the_walkthrough_fine_tunes_the_pretrained_weights_and_transformers_loads_the_result(walkthrough: Path) -> None:
+def test_the_walkthrough_fine_tunes_the_pretrained_weights_and_transformers_loads_the_result(walkthrough: Path,
+                                                                                             transformers) -> None:
     import torch
     from safetensors.torch import load_file
 

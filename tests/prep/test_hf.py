@@ -14,22 +14,31 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("safetensors")
-transformers = pytest.importorskip("transformers")
+from engine.prep import hf
+from engine.inspect.export import export_run
+from engine.config import ModelConfig
+from engine.errors import UserError
+from engine.train.model import GPT
+from harness import python_c
 
-from engine.prep import hf  # noqa: E402
-from engine.inspect.export import export_run  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.errors import UserError  # noqa: E402
-from engine.train.model import GPT  # noqa: E402
-from harness import python_c  # noqa: E402
+
+@pytest.fixture(scope="module")
+def transformers():
+    """transformers (and safetensors), imported when a test here runs, not at collection."""
+    pytest.importorskip("safetensors")
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def _needs_transformers(transformers) -> None:
+    """Every test here skips where transformers is missing."""
 
 VOCAB = 100  # padded to 128 by pad_vocab: the padding path is exercised
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=48, vocab_size=VOCAB, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hf_dir(tmp_path_factory: pytest.TempPathFactory, transformers) -> Path:
     """A random tiny GPT-2 saved the way the Hub's are: config.json + model.safetensors."""
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**SHAPE))
@@ -43,7 +52,7 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hf_model(hf_dir: Path):
+def hf_model(hf_dir: Path, transformers):
     return transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
 
 
@@ -197,18 +206,19 @@ def _train(tmp_path_factory: pytest.TempPathFactory, **optim):
     return run
 
 
-def test_export_loads_in_transformers_with_our_logits(trained: Path, tmp_path: Path) -> None:
-    _export_matches_transformers(trained, tmp_path)
+def test_export_loads_in_transformers_with_our_logits(trained: Path, tmp_path: Path, transformers) -> None:
+    _export_matches_transformers(trained, tmp_path, transformers)
 
 
-def test_export_of_a_muon_trained_run_loads_in_transformers_with_our_logits(trained_muon: Path, tmp_path: Path) -> None:
+def test_export_of_a_muon_trained_run_loads_in_transformers_with_our_logits(trained_muon: Path, tmp_path: Path,
+                                                                           transformers) -> None:
     from engine import rundir
 
     assert rundir.load_config(trained_muon).optim.optimizer == "muon"
-    _export_matches_transformers(trained_muon, tmp_path)
+    _export_matches_transformers(trained_muon, tmp_path, transformers)
 
 
-def _export_matches_transformers(trained: Path, tmp_path: Path) -> None:
+def _export_matches_transformers(trained: Path, tmp_path: Path, transformers) -> None:
     from engine.inspect.sample import load_model
 
     out = export_run(trained, tmp_path / "hf-out")

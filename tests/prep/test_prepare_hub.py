@@ -4,20 +4,22 @@ the tests write; checked against encoding the same texts directly with `tokenize
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # read by datasets at import: never the network here
-pytest.importorskip("datasets")
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from engine.prep import hub as ph
+from engine.dataset import open_dataset
+from engine.errors import UserError
 
-from engine.prep import hub as ph  # noqa: E402
-from engine.dataset import open_dataset  # noqa: E402
-from engine.errors import UserError  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def _needs_datasets() -> None:
+    """datasets, imported when a test here runs, never at collection (offline: conftest)."""
+    pytest.importorskip("datasets")
 
 EOT = "<|endoftext|>"
 

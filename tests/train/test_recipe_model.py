@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from engine.config import ModelConfig
+from engine.cli import as_flags
 from engine.prep import hf
 from engine.train.flops import flops_per_token
 from engine.train.model import GPT, rotary
-from harness import MICRO, cli_fails, losses, stopped_at, trained
+from harness import MICRO, cli_fails, losses, model_switches, stopped_at, trained
 
 V = 61  # padded to 64
-ALL = dict(mlp="relu2", qk_norm=True, positions="rotary", tie_head=False, zero_init_proj=True, logit_softcap=30.0,
-           value_embeds=True, unet_skips=True, value_residual=True, attn_window=5)  # fmt: skip
+ALL = {k.split(".")[1]: v for k, v in model_switches().items()}  # every recipe switch the config declares, on
 ONE_EACH = [{k: v} for k, v in ALL.items()]
 
 
@@ -224,6 +224,66 @@ def test_sampling_works_with_each_switch(kw):
     assert out.shape == (1, 43) and int(out.max()) < V
 
 
+def _counted_against_the_model(cfg: ModelConfig) -> GPT:
+    """The model `cfg` builds (on the meta device: shapes, no memory), with what the closed-form
+    parameter count, the estimator and the FLOP count say of it checked against what it holds."""
+    from engine.config import resolve
+    from engine.train import memory
+
+    with torch.device("meta"):
+        model = GPT(cfg)
+    params = list(model.parameters())
+    assert sum(p.numel() for p in params) == cfg.n_params()
+    run = resolve(None, None, {f"model.{k}": v for k, v in cfg.model_dump(exclude={"init_from"}).items()}
+                  | {"speed.device": "cpu"})  # fmt: skip
+    shape = memory._shape(run)
+    assert memory._param_tensors(shape) == len(params)
+    built_in = {id(p) for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.LayerNorm))
+                for p in m.parameters()}  # fmt: skip
+    scalars = sum(p.numel() for p in params if id(p) not in built_in and p.dim() == 1)  # the recipe's mixes
+    assert memory._n_scalars(shape) == scalars
+    head = model.lm_head.weight
+    wpe = model.transformer["wpe"].weight if "wpe" in model.transformer else None  # in GPT-2's 6N
+    lookups = sum(m.weight.numel() for m in model.modules()
+                  if isinstance(m, torch.nn.Embedding) and m.weight is not head and m.weight is not wpe)  # fmt: skip
+    T, D = cfg.block_size, cfg.n_embd // cfg.n_head
+    keys = T if cfg.attn_window is None else min(T, cfg.attn_window + 1)
+    assert flops_per_token(cfg, cfg.n_params(), T) == 6 * (cfg.n_params() - lookups) + 12 * cfg.n_layer * cfg.n_head * D * keys
+    return model
+
+
+@pytest.mark.parametrize("n_layer", [1, 2, 3, 4])
+@pytest.mark.parametrize("kw", [{}, *ONE_EACH, ALL], ids=str)
+def test_the_counts_and_the_estimator_see_every_switch_the_config_declares(kw, n_layer):
+    """For every recipe switch ModelConfig declares (the table is read from it) at even and odd
+    depths: the parameter count, the estimator's tensors and scalars and the FLOP count's lookup
+    tables are the model's own. A switch one of them forgot fails here."""
+    _counted_against_the_model(_cfg(n_layer=n_layer, **kw))
+
+
+def test_a_switch_declared_once_is_seen_by_the_model_the_counts_the_estimator_and_the_tables(monkeypatch):
+    """Planted: value embeddings on every layer (later modded-nanogpt records spread them) changed in
+    their one declaration, ModelConfig.value_embed_layers. The model builds a gate in every layer and
+    the counts, the estimator's saved activations and the switch tables follow, with no other edit."""
+    from pydantic import Field, create_model
+
+    from bench.memory_measure import measure_saved
+    from engine.config import RECIPE, resolve
+    from engine.train.memory import estimate
+
+    everywhere = property(lambda self: frozenset(range(self.n_layer)) if self.value_embeds else frozenset())
+    monkeypatch.setattr(ModelConfig, "value_embed_layers", everywhere)
+    model = _counted_against_the_model(_cfg(value_embeds=True))
+    assert [b.attn.ve_gate is not None for b in model.transformer.h] == [True] * 4
+    run = resolve(None, None, {"model.n_layer": 3, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+                               "model.vocab_size": V, "model.value_embeds": True, "speed.device": "cpu",
+                               "speed.precision": "fp32", "train.batch_size": 2})  # fmt: skip
+    est, saved = estimate(run), measure_saved(run)
+    assert abs(est.activation_bytes / saved.activations - 1) <= 0.10, (est.activation_bytes, saved.activations)
+    planted = create_model("Planted", __base__=ModelConfig, value_embeds_everywhere=(bool, Field(False, json_schema_extra={"form": RECIPE})))
+    assert model_switches(planted) == model_switches() | {"model.value_embeds_everywhere": True}  # in every table
+
+
 def test_flops_count_the_matrices_a_token_meets():
     """An untied head is the matmul the tied wte stood for, a value-embed table a lookup: neither adds
     FLOPs; a window scores window + 1 keys a query (tests/train/test_flops.py's formula otherwise)."""
@@ -231,16 +291,15 @@ def test_flops_count_the_matrices_a_token_meets():
     plain = flops_per_token(base, base.n_params(), 32)
     assert plain == 6 * base.n_params() + 12 * 4 * 2 * 16 * 32
     for kw in ({"tie_head": False}, {"value_embeds": True}, {"tie_head": False, "value_embeds": True}):
-        cfg = _cfg(**kw)
-        assert cfg.n_params() > base.n_params() and flops_per_token(cfg, cfg.n_params(), 32) == plain + 6 * (
-            cfg.n_params() - base.n_params() - (64 * 32) * (not cfg.tie_head) - (64 * 32) * cfg.value_embeds)
+        cfg = _cfg(**kw)  # only lookups added (value_embeds adds its gates' 2 scalars: 12 FLOPs)
+        assert cfg.n_params() > base.n_params() and flops_per_token(cfg, cfg.n_params(), 32) == plain + 6 * cfg.learned_scalars
     windowed = _cfg(attn_window=7)
     assert flops_per_token(windowed, windowed.n_params(), 32) == 6 * base.n_params() + 12 * 4 * 2 * 16 * 8
     assert flops_per_token(windowed, windowed.n_params(), 6) == flops_per_token(base, base.n_params(), 6)
 
 
-FLAGS = [["--mlp", "relu2"], ["--qk-norm"], ["--positions", "rotary"], ["--no-tie-head"], ["--logit-softcap", "30"],
-         ["--value-embeds"], ["--unet-skips"], ["--value-residual"], ["--attn-window", "8"]]  # fmt: skip
+# each switch export refuses (all but zero_init_proj, which is only where training starts), as flags
+FLAGS = [as_flags({f"model.{k}": v}) for k, v in ALL.items() if hf.export_problem(_cfg(**{k: v}))]
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=lambda f: f[0])

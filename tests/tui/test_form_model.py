@@ -14,7 +14,7 @@ from engine.errors import UserError
 from engine.run.segments import SWITCHES
 from engine.settings import setting
 from tui.models import form as F
-from harness import python_c
+from harness import force_cpu_native, python_c
 
 
 def test_the_form_model_imports_no_textual() -> None:
@@ -92,13 +92,10 @@ def test_the_presets_warmup_follows_max_steps_the_form_shortened() -> None:
 
 def test_bf16_on_a_cpu_without_it_natively_is_said_in_the_form(monkeypatch) -> None:
     """Issue 22 item 10: the ladder's rule (engine.device.cpu_native), seen from the form: a CPU
-    whose torch probes say no avx512_bf16 and no AMX (an AVX2 CI box) emulates bf16."""
-    import torch
-
+    without avx512_bf16 or AMX (an AVX2 box, an AMD EPYC) emulates bf16."""
     from engine import device
 
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    force_cpu_native(monkeypatch, "none")
     model = F.FormModel(resolve("nano", overrides={"speed.device": "cpu"}))
     model.caps = device.capabilities()
     model.check(shown(model, speed__precision="bf16"))

@@ -10,24 +10,10 @@ import math
 
 from textual.app import App, ComposeResult
 
-from engine import events as ev
-from tui.models.runstate import RunState
+from harness import recorded_state
 from tui.widgets.charts import Line, MetricChart, _log_ticks
 
 SIZE = (100, 60)
-
-
-def recorded_state() -> RunState:
-    """A loss falling from ~10 to ~3 (under one decade), a warmup lr 6e-5..6e-4, and a slow
-    first step then 0.1 s steps: the three shapes the issue found broken."""
-    s = RunState()
-    cfg = {"train": {"max_steps": 100, "batch_size": 1, "grad_accum": 1}, "optim": {"grad_clip": 1.0}}
-    s.feed(ev.RunStarted(config=cfg, n_params=1, device="cpu", device_name="CPU", precision="fp32", flops_per_token=1))
-    for i in range(1, 60):
-        s.feed(ev.Step(step=i, loss=9.0 * math.exp(-i / 40) + 1, lr=6e-4 * min(1.0, i / 10), grad_norm=0.5,
-                       step_time_s=1.0 if i < 3 else 0.1, tokens_per_s=1000.0, mfu=None, mem_bytes=None,
-                       tokens=100 * i))  # fmt: skip
-    return s
 
 
 class Charts(App):

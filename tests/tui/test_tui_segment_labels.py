@@ -8,7 +8,7 @@ import asyncio
 
 from textual.app import App, ComposeResult
 
-from test_tui_charts import recorded_state
+from harness import recorded_state
 from tui.widgets.charts import Line, MetricChart
 
 TOGGLES = [(10, "compile off -> on"), (20, "compile on -> off"), (30, "compile off -> on"), (40, "compile on -> off")]
