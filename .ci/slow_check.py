@@ -1,11 +1,12 @@
 """The slow mark by measurement: read the durations a pytest run wrote (tests/conftest.py, the
-file GPT2_TUI_DURATIONS names) and name every test not marked slow that took over LIMIT_S.
+file GPT2_TUI_DURATIONS names) and name every test not marked slow that took over LIMIT_S, ran a
+training step or started a process (a unit test does neither).
 
     python .ci/slow_check.py DURATIONS.json
 
-Each such test is named with its seconds. The exit status is 1 when one took over FAIL_S (a
-margin of 2x over the limit, so that a loaded CI box does not fail a 5.5 s unit test, while a
-test that trains or spawns without its mark does fail), else 0. The ten slowest tests of each
+Each such test is named with its seconds. The exit status is 1 when one trained, started a
+process or took over FAIL_S (a margin of 2x over the limit, so that a loaded CI box does not fail
+a 5.5 s unit test), else 0. The ten slowest tests of each
 layer are printed too: where the suite's time goes.
 """
 
@@ -34,10 +35,15 @@ def main(argv: list[str]) -> int:
     over = sorted(((s, k) for k, s in unit.items() if s > LIMIT_S), reverse=True)
     for s, k in over:
         print(f"not marked slow but took {s:.1f} s (over {LIMIT_S:.0f} s): {k}")
-    bad = [k for s, k in over if s > FAIL_S]
+    did = {k: [w for w in ("trains", "spawns") if rows[k].get(w)] for k in unit}
+    for k, what in sorted(did.items()):
+        if what:
+            print(f"not marked slow but {' and '.join(what)}: {k}")
+    bad = [k for s, k in over if s > FAIL_S] + [k for k, what in did.items() if what]
     if bad:
-        print(f"{len(bad)} unmarked test(s) over {FAIL_S:.0f} s: mark them slow (pytest.mark.slow) "
-              "or make them cheaper", file=sys.stderr)
+        print(f"{len(bad)} unit test(s) (not marked slow) over {FAIL_S:.0f} s, training or starting a process: "
+              "mark them slow (pytest.mark.slow), read a trained run from the table, or make them cheaper",
+              file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime
 import json
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,9 +48,7 @@ from engine.config import RunConfig, resolve
 from engine.dataset import Dataset
 from engine.device import describe as describe_device, pick as pick_device
 from engine.errors import UserError
-from engine.events import CallbackSink
 from engine.inspect.compare import RECIPE_SETTINGS, recipe_text
-from engine.run.owner import start
 from engine.run.preflight import preflight, prepared
 from engine.run.requests import Control
 from engine.text import contention_text, loss_text, path_text, ratio_text
@@ -214,39 +211,20 @@ def train_once(config: RunConfig, run_dir: Path, seed: int, target: float | None
     """One row from one seed, from scratch: to the end of its steps, or its first eval at or below
     `target`, or `cap_s` seconds, whichever comes first."""
     run = SeedRun(seed=seed)
-    control = Control()
-    readings: list[ev.Contention | None] = []
 
-    def watch(e: Any) -> None:
+    def watch(e: Any, control: Control) -> None:
         if isinstance(e, ev.Eval):
             run.evals.append(EvalPoint(step=e.step, train_time_s=e.train_time_s, tokens=e.tokens, val_loss=e.val_loss))
             if target is not None and e.step > 0 and e.val_loss <= target:
                 control.stop()
         elif isinstance(e, ev.Step):
             run.steps_trained = e.step
-            readings.append(e.contention)
 
-    done = threading.Event()
-    if cap_s is not None:
-        deadline = time.monotonic() + cap_s
-
-        def clock() -> None:
-            if not done.wait(max(0.0, deadline - time.monotonic())):
-                control.stop()
-
-        threading.Thread(target=clock, daemon=True).start()
     began = time.monotonic()
-    try:
-        start(config, run_dir, sinks=[CallbackSink(watch)], control=control).run()
-    except UserError as err:
-        run.status, run.reason = "failed", str(err).splitlines()[0][:300]
-    except Exception as err:  # a missing kernel or compiler: record it, go on
-        words = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        run.status, run.reason = "failed", f"{type(err).__name__}: {words}"[:300]
-    finally:
-        done.set()
-        run.wall_s = time.monotonic() - began
-        run.contention = contention.combine(readings)
+    failed, run.contention = to_loss.train_until(config, run_dir, watch, cap_s)
+    run.wall_s = time.monotonic() - began
+    if failed is not None:
+        run.status, run.reason = "failed", failed
     run.final_val_loss = run.evals[-1].val_loss if run.evals else None
     if run.status != "failed":
         if target is not None:

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from pydantic import BaseModel, Field
@@ -39,7 +39,7 @@ from bench.rungs import LOSS_RUNGS
 from engine import console
 from engine import events as ev
 from engine import files
-from engine.config import resolve
+from engine.config import RunConfig, resolve
 from engine.device import describe as describe_device
 from engine.errors import UserError
 from engine.events import CallbackSink
@@ -157,13 +157,52 @@ def run_to_loss(
     return result
 
 
-def _train(r: LossRung, preset: str, overrides: dict[str, Any], target: float, run_dir: Path, share: float | None) -> None:
-    """One rung from scratch: stopped at the first eval at or below `target`, or at its share."""
+class Trained(NamedTuple):
+    """How a run from scratch ended: the reason it failed (None: it ran), the contention its steps saw."""
+
+    failed: str | None
+    contention: ev.Contention | None
+
+
+def train_until(config: RunConfig, run_dir: Path, watch: Callable[[Any, Control], None], cap_s: float | None) -> Trained:
+    """Train `config` into `run_dir` from scratch; `watch(event, control)` sees every event and may
+    stop the run (its target reached), and a clock stops it after `cap_s` seconds when given. A
+    failure (a refusal, a missing kernel or compiler) is recorded, not raised: the table goes on."""
     control = Control()
-    last: list[ev.Eval] = []
     readings: list[ev.Contention | None] = []
 
-    def watch(e: Any) -> None:
+    def sink(e: Any) -> None:
+        if isinstance(e, ev.Step):
+            readings.append(e.contention)
+        watch(e, control)
+
+    done = threading.Event()
+    if cap_s is not None:
+        deadline = time.monotonic() + cap_s
+
+        def clock() -> None:
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                control.stop()
+
+        threading.Thread(target=clock, daemon=True).start()
+    failed = None
+    try:
+        start(config, run_dir, sinks=[CallbackSink(sink)], control=control).run()
+    except UserError as err:
+        failed = str(err).splitlines()[0][:300]
+    except Exception as err:  # a missing kernel or compiler: record it, go on
+        words = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        failed = f"{type(err).__name__}: {words}"[:300]
+    finally:
+        done.set()
+    return Trained(failed, contention.combine(readings))
+
+
+def _train(r: LossRung, preset: str, overrides: dict[str, Any], target: float, run_dir: Path, share: float | None) -> None:
+    """One rung from scratch: stopped at the first eval at or below `target`, or at its share."""
+    last: list[ev.Eval] = []
+
+    def watch(e: Any, control: Control) -> None:
         if isinstance(e, ev.Eval):
             last[:] = [e]
             if e.step > 0 and e.val_loss <= target and r.step is None:
@@ -171,28 +210,11 @@ def _train(r: LossRung, preset: str, overrides: dict[str, Any], target: float, r
                 control.stop()
         elif isinstance(e, ev.Step):
             r.steps_trained = e.step
-            readings.append(e.contention)
 
-    done = threading.Event()
-    if share is not None:
-        deadline = time.monotonic() + share
-
-        def clock() -> None:
-            if not done.wait(max(0.0, deadline - time.monotonic())):
-                control.stop()
-
-        threading.Thread(target=clock, daemon=True).start()
-    try:
-        start(resolve(preset, None, overrides), run_dir, sinks=[CallbackSink(watch)], control=control).run()
-    except UserError as err:
-        r.status, r.reason = "failed", str(err).splitlines()[0][:300]
+    failed, r.contention = train_until(resolve(preset, None, overrides), run_dir, watch, share)
+    if failed is not None:
+        r.status, r.reason = "failed", failed
         return
-    except Exception as err:  # a missing kernel or compiler: record it, go on
-        r.status, r.reason = "failed", f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
-        return
-    finally:
-        done.set()
-        r.contention = contention.combine(readings)
     if r.step is not None:
         r.status = "reached"
         return

@@ -144,12 +144,64 @@ def file_tree() -> Callable[[Path], dict[str, tuple[int, int]]]:
 # module fixture's cost lands on the test that first asked for it) and whether it is marked slow
 # are written to the file GPT2_TUI_DURATIONS names; .ci/slow_check.py reads it after the suite
 # and names each unmarked test over its limit.
+# A unit test never trains and never starts a process: what each test did is recorded beside its
+# seconds (`trains`: a training step ran, on any thread; `spawns`: a child process was started), and
+# .ci/slow_check.py fails a test that did either without the slow mark.
 DURATIONS_ENV = "GPT2_TUI_DURATIONS"
 _durations: dict[str, dict[str, object]] = {}
+_running: list[str] = []  # the test being set up, run or torn down
+
+
+def _row(nodeid: str, slow: bool) -> dict[str, object]:
+    return _durations.setdefault(nodeid, {"seconds": 0.0, "slow": slow, "trains": False, "spawns": False})
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    _row(item.nodeid, item.get_closest_marker("slow") is not None)
+    _running[:] = [item.nodeid]
+    try:
+        return (yield)
+    finally:
+        _running.clear()
+
+
+def _did(what: str) -> None:
+    if _running and _running[0] in _durations:
+        _durations[_running[0]][what] = True
+
+
+def _recording(cls: type, method: str, what: str) -> None:
+    """cls.method, wrapped to record `what` for the running test (once a session)."""
+    import functools
+
+    inner = getattr(cls, method)
+
+    @functools.wraps(inner)
+    def wrapper(*args: object, **kwargs: object) -> object:
+        _did(what)
+        return inner(*args, **kwargs)
+
+    setattr(cls, method, wrapper)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _record_what_tests_do() -> None:
+    import platform
+    import subprocess
+
+    import harness
+    from engine.train.trainer import Trainer
+
+    platform.processor()  # `uname -p`, once a process, cached: whichever test asked first would "spawn"
+
+    _recording(Trainer, "train_step", "trains")
+    _recording(subprocess.Popen, "__init__", "spawns")
+    _recording(harness._Server, "run", "spawns")  # the warm runner forks a child per command
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    row = _durations.setdefault(report.nodeid, {"seconds": 0.0, "slow": "slow" in report.keywords})
+    row = _row(report.nodeid, "slow" in report.keywords)
     row["seconds"] = float(row["seconds"]) + report.duration  # type: ignore[arg-type]
     if report.outcome == "skipped":
         row["skipped"] = True

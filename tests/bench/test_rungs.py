@@ -4,12 +4,11 @@ setting takes, and the engine's settings carry no ladder knowledge of their own 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from bench import rungs
 from bench.names import LOSS_RUNG_NAMES, RUNG_NAMES
+from engine.config import RunConfig
 from engine.settings import all_settings, switches
 from harness import accepts
 

@@ -24,19 +24,25 @@ from harness import MICRO, cli_fails, open_run
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "numpy")  # a device tensor reaching the host
 
 
-@pytest.fixture
-def host_reads(monkeypatch) -> Counter:
-    """Counts every Python-level read of a tensor's value to the host."""
+def count_reads(monkeypatch, of: Callable[[torch.Tensor], bool] = lambda t: True) -> Counter:
+    """Counts every Python-level read to the host of a tensor's value (of the tensors `of` picks)."""
     count: Counter = Counter()
     for name in READS:
         original = getattr(torch.Tensor, name)
 
         def counted(self, *a, _original=original, _name=name, **kw):
-            count[_name] += 1
+            if of(self):
+                count[_name] += 1
             return _original(self, *a, **kw)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     return count
+
+
+@pytest.fixture
+def host_reads(monkeypatch) -> Counter:
+    """Counts every Python-level read of a tensor's value to the host."""
+    return count_reads(monkeypatch)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])  # Muon's skip is the device's too (build.step_unless)
@@ -115,16 +121,7 @@ def test_without_found_inf_a_nan_step_is_skipped_and_its_verdict_never_read(tmp_
     judge = guard.StepGuard.judge
     monkeypatch.setattr(guard.StepGuard, "judge", lambda self, *a, **kw: verdicts.append(judge(self, *a, **kw))
                         or verdicts[-1])  # fmt: skip
-    read: list[str] = []
-    for name in READS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *a, _original=original, _name=name, **kw):
-            if any(self is v for v in verdicts):
-                read.append(_name)
-            return _original(self, *a, **kw)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    read = count_reads(monkeypatch, lambda t: any(t is v for v in verdicts))
     t = open_run(tmp_path / "run", tiny_dataset, **{"train.max_steps": 6, "train.log_interval": 3,
                                                     "train.max_bad_steps": 3, "train.eval_interval": 100,
                                                     "train.ckpt_interval": 100}, **flags)  # fmt: skip
@@ -144,7 +141,7 @@ def test_without_found_inf_a_nan_step_is_skipped_and_its_verdict_never_read(tmp_
     assert t.run() == "completed"
     assert not t.segment.parts.optimizer.defaults["fused"]
     host = flags.get("optim.fused") is False  # unfused AdamW on the CPU: one read a step, nothing to wait for
-    assert read == (["item"] * 6 if host else [])  # Muon never reads the verdict (the old loop: .item() a step)
+    assert read == Counter(item=6 if host else 0)  # Muon never reads the verdict (the old loop: .item() a step)
     assert (states[1] or host) and all(not v.any() for v in states[1])  # a skipped first step: the state as new
     assert all(torch.equal(a, b) for a, b in zip(weights[2], weights[4]))  # steps 3-4 never reached the weights
     assert not all(torch.equal(a, b) for a, b in zip(weights[4], weights[5]))  # step 5 trained
@@ -162,16 +159,7 @@ def test_unfused_adamw_skips_on_the_device_without_reading_the_verdict(monkeypat
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=False)
     x = torch.randn(4, 8)
     verdicts: list[torch.Tensor] = []
-    read: list[str] = []
-    for name in READS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *a, _original=original, _name=name, **kw):
-            if any(self is v for v in verdicts):
-                read.append(_name)
-            return _original(self, *a, **kw)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    read = count_reads(monkeypatch, lambda t: any(t is v for v in verdicts))
 
     def step(bad: bool) -> None:
         opt.zero_grad(set_to_none=True)
@@ -191,7 +179,7 @@ def test_unfused_adamw_skips_on_the_device_without_reading_the_verdict(monkeypat
     assert all(torch.equal(a, b) for a, b in zip(trained, model.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(moments, [v for s in opt.state.values() for k, v in s.items()
                                                            if k != "step"]))  # fmt: skip
-    assert read == []
+    assert read == Counter()
 
 
 @pytest.fixture(scope="module")
