@@ -26,7 +26,6 @@ Each row's contention (engine/train/contention.py) is recorded over all its step
 
 from __future__ import annotations
 
-import datetime
 import json
 import statistics
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from bench import ladder, to_loss
 from bench.common import BenchOptions, default_out, load_average
@@ -104,23 +103,10 @@ class RecipeRow(BaseModel):
     contention: ev.Contention | None = None  # over every step of its runs
 
 
-class RecipeLadderResult(BaseModel):
-    preset: str
+class RecipeLadderResult(to_loss.TableHeader):
     target: float | None = None
     target_from: Literal["--to-loss", "the baseline's worst final val loss"] = "the baseline's worst final val loss"
-    device: str = ""
-    device_name: str = ""
-    torch_version: str = torch.__version__
-    date: str = Field(default_factory=lambda: datetime.date.today().isoformat())
-    load: str = ""
-    batch_size: int = 0
-    block_size: int = 0
-    tokens_per_step: int = 0
-    max_steps: int = 0
-    eval_every: int = to_loss.EVAL_EVERY
     seeds: list[int] = []
-    budget_s: float | None = None
-    command: str = ""
     notes: list[str] = []  # the budget's re-plans and stops, as said while running
     rows: list[RecipeRow] = []
 
@@ -524,8 +510,7 @@ def to_markdown(result: RecipeLadderResult) -> str:
 
 
 def _save(result: RecipeLadderResult, out: Path) -> None:
-    files.atomic_write_bytes(out / "recipe_ladder.json", json.dumps(result.model_dump(mode="json"), indent=1).encode())
-    files.atomic_write_bytes(out / "recipe_ladder.md", to_markdown(result).encode())
+    to_loss.save(out, "recipe_ladder", result, to_markdown(result))
 
 
 def run(args: BenchOptions, command: str) -> int:

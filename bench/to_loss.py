@@ -70,9 +70,10 @@ class LossRung(BaseModel):
     contention: ev.Contention | None = None  # over all its steps (its train time sums them all)
 
 
-class ToLossResult(BaseModel):
+class TableHeader(BaseModel):
+    """What a time-to-loss table (this one, the recipe ladder's) was measured on and with."""
+
     preset: str
-    target: float
     device: str = ""
     device_name: str = ""
     torch_version: str = torch.__version__
@@ -85,6 +86,10 @@ class ToLossResult(BaseModel):
     eval_every: int = EVAL_EVERY
     budget_s: float | None = None
     command: str = ""
+
+
+class ToLossResult(TableHeader):
+    target: float
     rungs: list[LossRung] = []
 
 
@@ -283,9 +288,14 @@ def to_markdown(result: ToLossResult) -> str:
     return ladder.markdown(header_lines(result), result.command, table_rows(result), first="---:")
 
 
+def save(out: Path, stem: str, result: BaseModel, markdown: str) -> None:
+    """`stem`.json (the result) and `stem`.md (its table) in `out`, each written whole."""
+    files.atomic_write_bytes(out / f"{stem}.json", json.dumps(result.model_dump(mode="json"), indent=1).encode())
+    files.atomic_write_bytes(out / f"{stem}.md", markdown.encode())
+
+
 def _save(result: ToLossResult, out: Path) -> None:
-    files.atomic_write_bytes(out / "to_loss.json", json.dumps(result.model_dump(mode="json"), indent=1).encode())
-    files.atomic_write_bytes(out / "to_loss.md", to_markdown(result).encode())
+    save(out, "to_loss", result, to_markdown(result))
 
 
 def run(args: BenchOptions, command: str) -> int:

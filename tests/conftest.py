@@ -20,7 +20,7 @@ import pytest
 
 pytest.register_assert_rewrite("harness")  # its asserts explain themselves as a test's do
 from harness import (  # noqa: E402
-    bigram_tokens, random_tokens, tree_snapshot, write_gpt2tui, write_llmc, write_llmc_shard, write_nanogpt,
+    TrainedRuns, bigram_tokens, random_tokens, tree_snapshot, write_gpt2tui, write_llmc, write_llmc_shard, write_nanogpt,
 )  # fmt: skip
 
 # datasets reads this once, at its import, wherever a test first imports it: never the network here
@@ -61,6 +61,9 @@ def area(path: Path) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(area(item.path))
+        if "trained_runs" in getattr(item, "fixturenames", ()):  # the trained layer: never a unit test
+            item.add_marker("trained")
+            item.add_marker("slow")
         if any(m.kwargs.get("reason") == NEEDS_CUDA for m in item.iter_markers("skipif")):
             item.add_marker("gpu")
 
@@ -122,6 +125,13 @@ def structured_dataset(make_dataset: Callable[..., Path]) -> Path:
     follow a noisy bigram chain: a model that learns lowers its loss well below ln 64."""
     return make_dataset("gpt2-tui", train=bigram_tokens(20_000, 64, 1), val=bigram_tokens(4_000, 64, 2),
                         name="structured")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> TrainedRuns:
+    """The table of trained runs (tests/harness.py TRAINED_RUNS): each trained once a session,
+    a copy for each test that asks. A test that uses it is in the trained layer: marked slow."""
+    return TrainedRuns(tmp_path_factory.mktemp("trained-runs"))
 
 
 @pytest.fixture(autouse=True, scope="session")

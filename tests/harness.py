@@ -10,6 +10,7 @@ pytest's rewritten ones). Sections:
   - Pilot waits: until, launch_in_app;
   - recorded run directories for the screens: write_run, write_gpu_run, gpu_rounds, runs_app;
   - hostile input: the warm fork runner of the console script (run_cli), Work dirs, refusal_problems;
+  - the table of trained runs: named micro runs trained once a session, handed out as copies;
   - tables read from the config: the model's recipe switches (model_switches), a setting's
     strict type check (accepts), the estimator's test shapes (MEMORY_SHAPES), a recorded chart
     state (recorded_state).
@@ -781,3 +782,46 @@ def recorded_state():
                        step_time_s=1.0 if i < 3 else 0.1, tokens_per_s=1000.0, mfu=None, mem_bytes=None,
                        tokens=100 * i))  # fmt: skip
     return s
+
+
+# ----------------------------------------------------------------------------- the table of trained runs
+
+# Named runs trained once per pytest session (on first use) by the real command line, in process,
+# on the table's own dataset (tiny_dataset's tokens: vocab 64, random ids, seeds 1 and 2): the
+# `gpt2-tui train` flags after MICRO. A test that only needs a finished run takes a copy
+# (`trained_runs.copy(name, dest)`, the fixture in conftest) instead of training its own.
+TRAINED_RUNS: dict[str, list[str]] = {
+    "micro-2": ["--max-steps", "2"],  # two steps, a final checkpoint, one eval
+    "micro-3": ["--max-steps", "3"],
+    "micro-30": ["--max-steps", "30", "--ckpt-interval", "10", "--keep-last", "5"],  # checkpoints 10, 20, 30
+    "muon-wsd": ["--max-steps", "6", "--optimizer", "muon", "--schedule", "wsd", "--ckpt-interval", "3"],
+}
+
+
+class TrainedRuns:
+    """The table of trained runs (TRAINED_RUNS), trained lazily into `root`; every test gets its own
+    copy, so what one test plants or resumes never reaches another."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "data"
+        self._lock = threading.Lock()
+
+    def original(self, name: str) -> Path:
+        """The table's own run `name`, trained the first time it is asked for."""
+        run = self.root / name
+        with self._lock:
+            if not run.exists():
+                from gpt2_tui import main
+
+                if not self.data.exists():
+                    write_gpt2tui(self.data, random_tokens(20_000, 64, 1), random_tokens(4_000, 64, 2), 64)
+                code = main(["train", *MICRO, "--data", str(self.data), "--out", str(run), *TRAINED_RUNS[name]])
+                assert code == 0, f"the table's run {name} did not train (exit {code})"
+        return run
+
+    def copy(self, name: str, dest: Path) -> Path:
+        """A copy of run `name` at `dest` (links kept as links), the test's own to change."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(self.original(name), dest, symlinks=True)
+        return dest

@@ -299,8 +299,8 @@ def test_03_a_hostile_toggle_request_is_refused_in_one_warning(tmp_path, tiny_da
 
 
 @pytest.mark.timeout(180)
-def test_04a_one_invalid_utf8_byte_does_not_make_compare_refuse_the_run(tmp_path, tiny_dataset):
-    run = trained(tmp_path, tiny_dataset, steps=3)
+def test_04a_one_invalid_utf8_byte_does_not_make_compare_refuse_the_run(tmp_path, trained_runs):
+    run = trained_runs.copy("micro-3", tmp_path / "run")
     with open(run / "events.jsonl", "ab") as f:
         f.write(b'{"event": "warning", "message": "caf\xe9"}\n')
     res = cli("compare", str(run))
@@ -409,8 +409,8 @@ def _numbers_after(text: str, word: str) -> list[int]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("link", [".writer.pid.tmp", "checkpoints/.step_000004.pt.tmp", "events.jsonl"])
-def test_07_resume_never_writes_through_a_planted_link(tmp_path, tiny_dataset, link):
-    run = trained(tmp_path, tiny_dataset, steps=2)
+def test_07_resume_never_writes_through_a_planted_link(tmp_path, trained_runs, link):
+    run = trained_runs.copy("micro-2", tmp_path / "run")
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     planted = run / link
@@ -450,11 +450,11 @@ def test_08_a_reused_pid_in_writer_pid_is_not_a_live_run(tmp_path, tiny_dataset,
 
 
 @pytest.mark.timeout(180)
-def test_09a_runs_and_compare_show_names_and_fields_printable(tmp_path, tiny_dataset):
+def test_09a_runs_and_compare_show_names_and_fields_printable(tmp_path, trained_runs):
     root = tmp_path / "root"
     root.mkdir()
     evil = "run\x1b]0;pwned\x07\x1b[2J"
-    run = trained(root, tiny_dataset, evil, 2)
+    run = trained_runs.copy("micro-2", root / evil)
     lines = (run / "events.jsonl").read_text().splitlines()
     out = []
     for line in lines:
@@ -559,11 +559,11 @@ def test_10_toggle_no_pad_vocab_on_an_odd_vocab_is_refused_or_carried(tmp_path, 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("where", ["events", "config"])
-def test_11_deep_nesting_in_one_run_does_not_break_runs_for_all(tmp_path, tiny_dataset, where):
+def test_11_deep_nesting_in_one_run_does_not_break_runs_for_all(tmp_path, trained_runs, where):
     root = tmp_path / "root"
     root.mkdir()
-    good = trained(root, tiny_dataset, "good", 2)
-    bad = trained(root, tiny_dataset, "bad", 2)
+    good = trained_runs.copy("micro-2", root / "good")
+    bad = trained_runs.copy("micro-2", root / "bad")
     if where == "events":
         with open(bad / "events.jsonl", "a") as f:
             f.write(deep_json() + "\n")
@@ -577,11 +577,11 @@ def test_11_deep_nesting_in_one_run_does_not_break_runs_for_all(tmp_path, tiny_d
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("plant", ["events-fifo", "events-devzero", "config-devzero"])
-def test_12_runs_is_bounded_on_fifos_and_endless_files(tmp_path, tiny_dataset, plant):
+def test_12_runs_is_bounded_on_fifos_and_endless_files(tmp_path, trained_runs, plant):
     root = tmp_path / "root"
     root.mkdir()
-    good = trained(root, tiny_dataset, "good", 2)
-    bad = trained(root, tiny_dataset, "bad", 2)
+    good = trained_runs.copy("micro-2", root / "good")
+    bad = trained_runs.copy("micro-2", root / "bad")
     what, how = plant.split("-")
     target = bad / ("events.jsonl" if what == "events" else "config.toml")
     target.unlink()
@@ -678,8 +678,8 @@ def test_16_prepare_on_one_long_word_stops_on_ctrl_c(tmp_path):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("plant", ["fifo", "devzero"])
-def test_17_resume_skips_what_is_not_a_regular_checkpoint(tmp_path, tiny_dataset, plant):
-    run = trained(tmp_path, tiny_dataset, "run", 30, "--ckpt-interval", "10", "--keep-last", "5")
+def test_17_resume_skips_what_is_not_a_regular_checkpoint(tmp_path, trained_runs, plant):
+    run = trained_runs.copy("micro-30", tmp_path / "run")
     ck = run / "checkpoints"
     (ck / "latest").unlink()
     bogus = ck / "step_000040.pt"
