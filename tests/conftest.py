@@ -157,9 +157,13 @@ def file_tree() -> Callable[[Path], dict[str, tuple[int, int]]]:
 # A unit test never trains and never starts a process: what each test did is recorded beside its
 # seconds (`trains`: a training step ran, on any thread; `spawns`: a child process was started), and
 # .ci/slow_check.py fails a test that did either without the slow mark.
+# A fixture shared by a module or the session is set up by whichever test asks first: what it does is
+# recorded against the fixture too (`fixtures_that`), so every test that uses it is judged by it.
 DURATIONS_ENV = "GPT2_TUI_DURATIONS"
 _durations: dict[str, dict[str, object]] = {}
+_fixtures_that: dict[str, set[str]] = {"trains": set(), "spawns": set()}
 _running: list[str] = []  # the test being set up, run or torn down
+_setting_up: list[str] = []  # the fixtures being set up, innermost last
 
 
 def _row(nodeid: str, slow: bool) -> dict[str, object]:
@@ -168,7 +172,7 @@ def _row(nodeid: str, slow: bool) -> dict[str, object]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
-    _row(item.nodeid, item.get_closest_marker("slow") is not None)
+    _row(item.nodeid, item.get_closest_marker("slow") is not None)["fixtures"] = list(getattr(item, "fixturenames", ()))
     _running[:] = [item.nodeid]
     try:
         return (yield)
@@ -176,9 +180,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _running.clear()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> object:
+    _setting_up.append(fixturedef.argname)
+    try:
+        return (yield)
+    finally:
+        _setting_up.pop()
+
+
 def _did(what: str) -> None:
     if _running and _running[0] in _durations:
         _durations[_running[0]][what] = True
+    _fixtures_that[what].update(_setting_up)
 
 
 def _recording(cls: type, method: str, what: str) -> None:
@@ -222,4 +236,5 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
     out = os.environ.get(DURATIONS_ENV)
     if out and _durations and not hasattr(session.config, "workerinput"):
-        Path(out).write_text(json.dumps(_durations, indent=0, sort_keys=True))
+        fixtures = {what: sorted(names) for what, names in _fixtures_that.items()}
+        Path(out).write_text(json.dumps({"tests": _durations, "fixtures_that": fixtures}, indent=0, sort_keys=True))
