@@ -2,7 +2,7 @@
 file GPT2_TUI_DURATIONS names) and name every test not marked slow that took over LIMIT_S, ran a
 training step or started a process (a unit test does neither).
 
-    python .ci/slow_check.py DURATIONS.json
+    python .ci/slow_check.py [DURATIONS.json]   (default: .pytest_cache/gpt2-tui-durations.json)
 
 Each such test is named with its seconds. The exit status is 1 when one trained, started a
 process or took over FAIL_S (a margin of 2x over the limit, so that a loaded CI box does not fail
@@ -20,11 +20,18 @@ LIMIT_S = 5.0  # a unit test takes at most this on the 2-core CI box (README, "T
 FAIL_S = 2 * LIMIT_S
 
 
+DEFAULT = Path(__file__).resolve().parent.parent / ".pytest_cache" / "gpt2-tui-durations.json"  # tests/conftest.py's
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python .ci/slow_check.py DURATIONS.json", file=sys.stderr)
+    if len(argv) > 1:
+        print("usage: python .ci/slow_check.py [DURATIONS.json]", file=sys.stderr)
         return 2
-    recorded = json.loads(Path(argv[0]).read_text())
+    path = Path(argv[0]) if argv else DEFAULT
+    if not path.is_file():
+        print(f"{path}: no durations recorded; run the tests first (tests/conftest.py writes them)", file=sys.stderr)
+        return 2
+    recorded = json.loads(path.read_text())
     rows: dict[str, dict] = recorded["tests"]
     by_fixture: dict[str, list[str]] = recorded["fixtures_that"]  # a shared fixture's work is its users' too
     unit = {k: v["seconds"] for k, v in rows.items() if not v["slow"]}

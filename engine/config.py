@@ -258,12 +258,12 @@ class ModelConfig(_Strict):
     # against the real model, for every recipe switch this class declares).
     @property
     def value_embed_layers(self) -> frozenset[int]:
-        """The layers whose v gets the value embedding, with a learned gate each: the first and last."""
+        """The layers whose v gets the value embedding (a learned gate each): the first and last."""
         return frozenset({0, self.n_layer - 1}) if self.value_embeds else frozenset()
 
     @property
     def value_residual_layers(self) -> frozenset[int]:
-        """The layers that mix their v with the first layer's, a learned lambda each: all after it."""
+        """The layers mixing their v with the first one's (a learned lambda each): all after it."""
         return frozenset(range(1, self.n_layer)) if self.value_residual else frozenset()
 
     @property
@@ -278,7 +278,7 @@ class ModelConfig(_Strict):
 
     @property
     def vocab_tables(self) -> int:
-        """(Vp x C) matrices: wte (the lm_head when tied), an untied lm_head, the value embeddings."""
+        """(Vp x C) matrices: wte (the lm_head when tied), an untied lm_head, value embeddings."""
         return 1 + (not self.tie_head) + self.value_embeds
 
     def n_params(self, vocab_size: int | None = None) -> int:
@@ -293,7 +293,8 @@ class ModelConfig(_Strict):
         C, L = self.n_embd, self.n_layer
         per_block = 12 * C * C + (13 if self.bias else 2) * C
         wpe = self.block_size * C if self.positions == "learned" else 0
-        return self.vocab_tables * v * C + wpe + L * per_block + (2 if self.bias else 1) * C + self.learned_scalars
+        final_norm = (2 if self.bias else 1) * C
+        return self.vocab_tables * v * C + wpe + L * per_block + final_norm + self.learned_scalars
 
 
 class DataConfig(_Strict):

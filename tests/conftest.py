@@ -159,7 +159,9 @@ def file_tree() -> Callable[[Path], dict[str, tuple[int, int]]]:
 # .ci/slow_check.py fails a test that did either without the slow mark.
 # A fixture shared by a module or the session is set up by whichever test asks first: what it does is
 # recorded against the fixture too (`fixtures_that`), so every test that uses it is judged by it.
+# The record goes to .pytest_cache/gpt2-tui-durations.json (GPT2_TUI_DURATIONS names another file).
 DURATIONS_ENV = "GPT2_TUI_DURATIONS"
+DURATIONS = TESTS.parent / ".pytest_cache" / "gpt2-tui-durations.json"
 _durations: dict[str, dict[str, object]] = {}
 _fixtures_that: dict[str, set[str]] = {"trains": set(), "spawns": set()}
 _running: list[str] = []  # the test being set up, run or torn down
@@ -234,7 +236,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     import json
 
-    out = os.environ.get(DURATIONS_ENV)
-    if out and _durations and not hasattr(session.config, "workerinput"):
+    out = Path(os.environ.get(DURATIONS_ENV) or DURATIONS)
+    if _durations and not hasattr(session.config, "workerinput"):
+        out.parent.mkdir(parents=True, exist_ok=True)
         fixtures = {what: sorted(names) for what, names in _fixtures_that.items()}
         Path(out).write_text(json.dumps({"tests": _durations, "fixtures_that": fixtures}, indent=0, sort_keys=True))

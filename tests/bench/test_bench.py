@@ -34,6 +34,7 @@ def ladder(tmp_path_factory):
     return result, out, seen
 
 
+@pytest.mark.slow
 def test_ladder_runs_every_rung_this_device_can_and_says_why_not_for_the_rest(ladder):
     result, out, seen = ladder
     assert [r.name for r in result.rungs] == bench.RUNG_NAMES
@@ -54,6 +55,7 @@ def test_ladder_runs_every_rung_this_device_can_and_says_why_not_for_the_rest(la
     assert result.device == "cpu" and result.n_params and result.tokens_per_step == 4 * 32
 
 
+@pytest.mark.slow
 def test_each_rung_trained_with_the_switches_below_it_plus_its_own(ladder):
     result, out, _ = ladder
     configs = {p.name.split("-", 1)[1]: read_toml(p / rundir.CONFIG) for p in out.iterdir() if p.is_dir()}
@@ -77,6 +79,7 @@ def test_each_rung_trained_with_the_switches_below_it_plus_its_own(ladder):
     assert chunked["model"]["loss"] == "chunked" and chunked["optim"]["fused"] and chunked["model"]["pad_vocab"]
 
 
+@pytest.mark.slow
 def test_figures_follow_from_the_recorded_step_times(ladder):
     result, out, _ = ladder
     ran = [r for r in result.rungs if r.status == "ran"]
@@ -95,6 +98,7 @@ def test_figures_follow_from_the_recorded_step_times(ladder):
         assert not list(out.glob(f"*-{r.name}/checkpoints/*.pt"))  # bench runs save nothing
 
 
+@pytest.mark.slow
 def test_tables_are_written_as_markdown_and_json(ladder, capsys):
     result, out, _ = ladder
     assert bench.LadderResult.model_validate_json((out / "ladder.json").read_text()) == result
@@ -106,6 +110,7 @@ def test_tables_are_written_as_markdown_and_json(ladder, capsys):
     assert all(r.label in text for r in result.rungs)
 
 
+@pytest.mark.slow
 def test_bench_command_prints_the_ladder(tmp_path, tiny_dataset, capsys):
     out = tmp_path / "b"
     code = main(["bench", "--preset", "micro", "--data", str(tiny_dataset), "--device", "cpu", "--vocab-size", "64",
@@ -150,6 +155,7 @@ def test_bench_never_overwrites_an_earlier_result(tmp_path, tiny_dataset, capsys
     assert file_tree(out) == before
 
 
+@pytest.mark.slow
 def test_reference_loop_trains_our_shape_on_our_data(tmp_path, tiny_dataset):
     """The independent reference gets our model's shape (same parameter count, padded vocab
     included) and our token file: its first loss matches ours to within init noise
@@ -177,6 +183,7 @@ def test_reference_loop_trains_our_shape_on_our_data(tmp_path, tiny_dataset):
     assert abs(losses[0] - math.log(shape.vocab_size)) < 0.1 and abs(losses[0] - ours[0]) < 0.1
 
 
+@pytest.mark.slow
 def test_plain_comparison_writes_its_table(tmp_path, tiny_dataset, capsys):
     out = tmp_path / "plain"
     code = main(["bench", "--plain", "--preset", "micro", "--data", str(tiny_dataset), "--device", "cpu",
@@ -197,6 +204,7 @@ def test_settle_point_finds_where_the_warm_up_ends():
     assert settle_point([1.0, 1.0, 1.0]) == (1.0, 0)
 
 
+@pytest.mark.slow
 def test_config_mode_times_one_config_over_time(tmp_path, tiny_dataset, capsys):
     toml = tmp_path / "run.toml"
     toml.write_text(resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu"}).to_toml())
@@ -209,6 +217,7 @@ def test_config_mode_times_one_config_over_time(tmp_path, tiny_dataset, capsys):
     assert "| 4 |" in (out / "timeline.md").read_text()
 
 
+@pytest.mark.slow
 def test_benchmark_screen_opens_from_the_app_and_draws_the_ladder(tmp_path, tiny_dataset):
     import asyncio
 
@@ -248,6 +257,7 @@ def test_benchmark_screen_opens_from_the_app_and_draws_the_ladder(tmp_path, tiny
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_best_sweeps_batch_and_compile_mode_and_marks_the_fastest(tmp_path, tiny_dataset, capsys):
     out = tmp_path / "best"
     code = main(["bench", "--best", "--preset", "micro", "--data", str(tiny_dataset), "--device", "cpu",
@@ -273,6 +283,7 @@ def test_best_rejects_an_unknown_compile_mode(tmp_path, tiny_dataset, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_a_stop_request_ends_the_ladder_at_a_step_boundary(tmp_path, tiny_dataset):
     import threading
 

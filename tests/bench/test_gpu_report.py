@@ -66,6 +66,7 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsy
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_parts_merge_into_one_report_per_device_and_day(tmp_path, monkeypatch, capsys):
     tests_fail = ("print('FAILED tests/gpu/test_gpu.py::test_x - boom'); print('1 failed, 2 passed, 1 skipped in 3.00s');"
                   "import sys; sys.exit(1)")  # fmt: skip
@@ -103,6 +104,7 @@ def test_parts_merge_into_one_report_per_device_and_day(tmp_path, monkeypatch, c
     assert "| overhead | ok |" in md and "Command: `python -c" in md and "torch 2." in md
 
 
+@pytest.mark.slow
 def test_a_part_past_its_budget_is_interrupted_and_keeps_what_it_printed(tmp_path, monkeypatch):
     slow = "print('| partial | 1 |', flush=True); import time; time.sleep(120)"
     monkeypatch.setattr(gpu_report, "commands", _fake({"memory": slow}))
@@ -113,6 +115,7 @@ def test_a_part_past_its_budget_is_interrupted_and_keeps_what_it_printed(tmp_pat
     assert m.figures == {"tables": [[["partial", "1"]]]} and "| partial | 1 |" in m.markdown
 
 
+@pytest.mark.slow
 def test_dry_run_runs_the_real_ladder_and_sweep_commands_on_cpu(tmp_path, tiny_dataset):
     opts = BenchOptions(gpu_report=True, dry_run=True, part=["ladder", "best", "memory"], data=str(tiny_dataset),
                         vocab_size=64, out=tmp_path / "r")  # fmt: skip

@@ -78,6 +78,7 @@ def bare_python(tmp_path_factory) -> Path:
     return python
 
 
+@pytest.mark.slow
 def test_the_bare_box_really_is_bare(bare_python):
     code = "import importlib.util as u; print([m for m in ('rich','textual','plotext','pytest') if u.find_spec(m)])"
     out = subprocess.run([bare_python, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -86,6 +87,7 @@ def test_the_bare_box_really_is_bare(bare_python):
                    cwd=ROOT, check=True)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_gpu_report_dry_run_gets_through_every_part_on_a_bare_box(bare_python, tmp_path):
     """The short-window profile (the report with no part flags): every item finishes or is skipped
     with a one-line reason; the report files are written. No --data: the headline, ladder and best

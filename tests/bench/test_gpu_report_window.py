@@ -110,6 +110,7 @@ def test_a_report_killed_mid_part_leaves_no_child_and_every_finished_row_on_disk
     assert "best" not in report["parts"]
 
 
+@pytest.mark.slow
 def test_a_report_killed_outright_takes_its_child_with_it(tmp_path):
     """SIGKILL cannot be caught: the child was told to die with its parent (PR_SET_PDEATHSIG)."""
     if not sys.platform.startswith("linux"):

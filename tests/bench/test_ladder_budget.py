@@ -16,6 +16,7 @@ from engine import device
 from gpt2_tui import main
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.getloadavg()[0] > 2 * (os.cpu_count() or 1), reason="a timed budget means nothing on a machine "
                     "this loaded: the rungs' own step times swing 5x")  # fmt: skip
 def test_a_small_budget_measures_every_applicable_rung(tmp_path, tiny_dataset, capsys) -> None:

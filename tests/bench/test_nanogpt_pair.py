@@ -18,6 +18,7 @@ from harness import refusal_problems, run_cli
 CHECKOUT = Path(__file__).parent / "nanogpt"
 
 
+@pytest.mark.slow
 def test_nanogpts_train_py_trains_at_the_shape_given_and_its_own_times_come_back() -> None:
     tokens = np.random.default_rng(0).integers(0, 60, size=4000).astype(np.uint16)
     shape = ReferenceShape(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, batch_size=4)
@@ -40,6 +41,7 @@ def test_the_pair_prints_ours_over_nanogpts_per_round(tmp_path: Path, tiny_datas
     assert "ours / nanoGPT per round: " + ", ".join(f"{p:.3f}x" for p in ratios) in printed
 
 
+@pytest.mark.slow
 def test_a_directory_without_nanogpt_is_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('not nanoGPT')\n")
     with pytest.raises(UserError, match="no model.py, configurator.py there"):

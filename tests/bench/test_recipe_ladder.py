@@ -60,6 +60,7 @@ def data(tmp_path_factory: pytest.TempPathFactory):
     return write_gpt2tui(root / "data", bigram_tokens(20_000, 64, 1), bigram_tokens(4_000, 64, 2), 64)
 
 
+@pytest.mark.slow
 def test_the_recipe_ladder_adds_each_trick_then_leaves_each_out_over_paired_seeds(data, tmp_path, capsys) -> None:
     out = tmp_path / "ladder"
     began = time.monotonic()
@@ -113,6 +114,7 @@ def test_the_recipe_ladder_adds_each_trick_then_leaves_each_out_over_paired_seed
     assert (out / "00-baseline" / "seed-1337" / "events.jsonl").is_file()  # each run a run dir: `compare` reads it
 
 
+@pytest.mark.slow
 def test_a_trick_whose_row_never_reaches_the_target_leaves_the_recipe(data, tmp_path, capsys) -> None:
     """A trick that reached the target from no seed is left out of the rows after it and of the
     full recipe (else every leave-one-out row carries it, and none reaches either: the table
@@ -132,6 +134,7 @@ def test_a_trick_whose_row_never_reaches_the_target_leaves_the_recipe(data, tmp_
     assert "+ Muon: never reached the target: left out of the rows after it" in printed
 
 
+@pytest.mark.slow
 def test_a_budget_the_baseline_cannot_fit_stops_and_says_so(data, tmp_path, capsys) -> None:
     out = tmp_path / "tight"
     assert main(["bench", "--recipe-ladder", "--preset", "micro", "--data", str(data), "--device", "cpu", "--steps",

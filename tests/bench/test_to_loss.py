@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from bench import to_loss
 from gpt2_tui import main
 
 SKIP = ["preload", "vectorized", "amp", "compile", "flash", "fused", "chunked_loss"]  # short: baseline, + Muon, + WSD
 
 
+@pytest.mark.slow
 def test_bench_to_loss_ranks_the_rungs_within_its_budget(tmp_path, capsys) -> None:
     from harness import bigram_tokens, write_gpt2tui
 

@@ -26,6 +26,7 @@ def trained(tmp_path, tiny_dataset, capsys):
     return run
 
 
+@pytest.mark.slow
 def test_train_resume_and_sample_end_to_end(tmp_path, make_dataset, capsys):
     from engine.prep.prepare import prepare_report
 
@@ -101,18 +102,21 @@ def test_usage_errors_are_one_line(tmp_path, capsys, flags):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_out_dir_holding_a_run_is_never_overwritten(trained, tiny_dataset, capsys, file_tree):
     before = file_tree(trained)
     _fails(capsys, ["train", *MICRO, "--data", str(tiny_dataset), "--out", str(trained)], "--resume")
     assert file_tree(trained) == before
 
 
+@pytest.mark.slow
 def test_resume_with_another_model_shape(trained, capsys, file_tree):
     before = file_tree(trained)
     _fails(capsys, ["train", "--resume", str(trained), "--n-layer", "3"], "another model shape")
     assert file_tree(trained) == before
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint(trained, capsys, file_tree):
     latest = trained / "checkpoints" / "step_000004.pt"
     data = latest.read_bytes()
@@ -141,6 +145,7 @@ def test_pickle_that_is_not_a_checkpoint_is_refused_unexecuted(tmp_path, capsys)
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_installed_console_script_reports_one_line_and_exit_2(tmp_path):
     exe = Path(sys.executable).with_name("gpt2-tui")
     assert exe.exists(), "pip install -e . installs the gpt2-tui console script"

@@ -42,6 +42,7 @@ def test_estimate_shows_the_presets_own_size_and_the_datasets_vocab(capsys) -> N
     assert capsys.readouterr().out.startswith("124.5M params (vocab 50257), ")
 
 
+@pytest.mark.slow
 def test_losses_are_printed_in_four_significant_digits(tmp_path: Path, tiny_dataset: Path, capsys) -> None:
     assert main(["train", "--preset", "micro", "--device", "cpu", "--data", str(tiny_dataset), "--max-steps", "2",
                  "--eval-interval", "2", "--sample-tokens", "0", "--out", str(tmp_path / "run")]) == 0  # fmt: skip

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = str(Path(sys.executable).parent / "lint-imports")
 
@@ -16,6 +18,7 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(cwd)})  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_import_contracts_hold():
     out = _lint_imports(ROOT)
     assert out.returncode == 0 and "7 kept, 0 broken" in out.stdout, out.stdout + out.stderr
@@ -27,6 +30,7 @@ def test_engine_keeps_few_flat_modules():
     assert len(flat) <= 14, flat
 
 
+@pytest.mark.slow
 def test_the_contracts_see_function_level_imports_and_cycles(tmp_path):
     """The same contracts on a copy of the tree with the breaches planted inside functions."""
     for name in ("engine", "tui", "bench"):

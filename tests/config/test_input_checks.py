@@ -191,6 +191,7 @@ def test_every_command_refuses_a_bad_out_the_same_way(command, case, tmp_path, t
     assert tree_snapshot(work) == before and sorted(os.listdir("/")) == top
 
 
+@pytest.mark.slow
 def test_a_read_only_file_system_is_refused(tmp_path, tiny_dataset, capsys) -> None:
     """A read-only bind mount: EROFS even for root (chmod does not stop root)."""
     ro = tmp_path / "ro"
@@ -227,6 +228,7 @@ def test_bench_on_a_missing_gpu_refuses_before_its_out_dir(tmp_path, tiny_datase
 # ----------------------------------------------------------------------------- the machine
 
 
+@pytest.mark.slow
 def test_compile_without_a_working_compiler_is_one_line(tmp_path, tiny_dataset) -> None:
     """Inductor compiles with $CXX (else g++): pointed at nothing, --compile used to fail at the
     first step with ~100 lines. A real subprocess: the environment is read as Inductor reads it."""
@@ -239,6 +241,7 @@ def test_compile_without_a_working_compiler_is_one_line(tmp_path, tiny_dataset) 
     assert not run.exists()
 
 
+@pytest.mark.slow
 def test_compile_reason_names_a_compiler_that_does_not_run(tmp_path, monkeypatch) -> None:
     from engine import device
 
@@ -267,6 +270,7 @@ sys.meta_path.insert(0, _Watch())
 GPT2TUI = str(Path(sys.executable).parent / "gpt2-tui")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry,user", [(["-m", "engine.cli"], None), ([GPT2TUI], None), (["-m", "engine.cli"], "TRUE")])
 def test_mkl_dynamic_is_off_before_torch_loads_in_a_training_process(entry, user, tmp_path, tiny_dataset) -> None:
     """Issue 12 item 10: MKL's dynamic threading made identical CPU runs drift on a busy
@@ -286,6 +290,7 @@ def test_mkl_dynamic_is_off_before_torch_loads_in_a_training_process(entry, user
 # ----------------------------------------------------------------------------- the dataset builder
 
 
+@pytest.mark.slow
 def test_prepare_sweeps_its_own_dead_temp_folders(tmp_path, capsys) -> None:
     text = tmp_path / "text"
     text.mkdir()
@@ -308,6 +313,7 @@ def test_prepare_sweeps_its_own_dead_temp_folders(tmp_path, capsys) -> None:
 # ----------------------------------------------------------------------------- checkpoints
 
 
+@pytest.mark.slow
 def test_resume_refuses_optimizer_state_that_would_not_load(tmp_path, tiny_dataset, capsys) -> None:
     """The optimizer's groups and shapes are checked against the run's optimizer (a state that
     torch would refuse with ValueError, or accept and crash with at the first step)."""

@@ -79,6 +79,7 @@ PEAK_GRID = [("fp32", "flash", False, 1, "plain"), ("bf16", "flash", True, 2, "p
              ("fp32", "flash", False, 1, "chunked"), ("bf16", "flash", False, 2, "chunked")]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision,attention,ckpt,accum,loss", PEAK_GRID, ids=lambda v: str(v))
 def test_peak_matches_the_live_tensor_peak_of_a_real_training_step(tmp_path, make_dataset, precision,
                                                                     attention, ckpt, accum, loss):  # fmt: skip
@@ -243,6 +244,7 @@ def test_estimate_cli_bad_input_is_one_line(capsys, flags, words):
     assert code == 2 and len(err.splitlines()) == 1 and words in err, err
 
 
+@pytest.mark.slow
 def test_train_refuses_a_config_that_cannot_fit_before_writing_anything(tmp_path, tiny_dataset):
     """Real subprocess, real dataset: 65536 sequences a micro-batch (the largest allowed) of a
     512-wide, 8-layer model is hundreds of GB; refused with the fix."""

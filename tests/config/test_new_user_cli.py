@@ -86,6 +86,7 @@ def test_prepare_warns_when_the_vocab_comes_out_far_below_what_was_asked(tmp_pat
     assert warned, said  # one line naming what was asked and what came out
 
 
+@pytest.mark.slow
 def test_train_warns_when_train_holds_fewer_tokens_than_one_step(tmp_path, make_dataset, capsys):
     """micro trains 4 x 32 = 128 tokens a step; a train split of 100 tokens repeats within one step."""
     data = make_dataset("gpt2-tui", train=np.arange(100) % 64, val=np.arange(100) % 64)
@@ -160,6 +161,7 @@ def _runnable(word: str, path_env: str) -> bool:
     return (os.path.isabs(word) and os.access(word, os.X_OK)) or shutil.which(word, path=path_env) is not None
 
 
+@pytest.mark.slow
 def test_printed_commands_name_a_program_the_user_can_run(tmp_path, tiny_dataset):
     """Invoked as .venv/bin/gpt2-tui with the venv not on PATH (the README's set-up), the advice
     `... train --resume RUN ...` must start with something that runs."""
@@ -185,6 +187,7 @@ def test_readme_setup_puts_gpt2_tui_on_path_or_uses_the_venv_path():
 # ---------------------------------------------------------------- 9. headless train names its run directory first
 
 
+@pytest.mark.slow
 def test_headless_train_prints_its_run_dir_and_how_to_follow_it_before_the_first_step(tmp_path, tiny_dataset, capsys):
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "3",
@@ -226,6 +229,7 @@ LADDER_FAST = ["--preset", "micro", "--device", "cpu", "--vocab-size", "64", "--
                "--skip", "compile"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_ladder_skips_the_amp_rung_with_its_reason_on_a_cpu_without_native_bf16(tmp_path, tiny_dataset, capsys, monkeypatch):
     _no_native_bf16(monkeypatch)
     out = tmp_path / "b"
@@ -244,6 +248,7 @@ def test_estimate_says_when_a_cpu_has_no_native_bf16(capsys, monkeypatch):
     assert any("bf16" in line and "native" in line.lower() for line in said.splitlines()), said
 
 
+@pytest.mark.slow
 def test_the_ladder_keeps_to_a_time_budget(tmp_path, tiny_dataset, capsys):
     """Past its budget the ladder re-plans instead of skipping rungs (issue 39): each is measured
     or skipped for its device with the reason, none for time, and it says it outlasted the budget."""
@@ -260,6 +265,7 @@ def test_the_ladder_keeps_to_a_time_budget(tmp_path, tiny_dataset, capsys):
 # ---------------------------------------------------------------- 12. small ones (CLI and README)
 
 
+@pytest.mark.slow
 def test_help_does_not_import_torch():
     code = (
         "import sys\n"

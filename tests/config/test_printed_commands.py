@@ -74,6 +74,7 @@ def test_an_unknown_flag_points_at_the_subcommands_help(capsys: pytest.CaptureFi
     assert line.endswith("see `gpt2-tui train --help`"), line
 
 
+@pytest.mark.slow
 def test_toggle_names_a_setting_that_is_no_live_switch_and_the_new_run_that_trains_with_it(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_dataset: Path
 ) -> None:
@@ -89,6 +90,7 @@ def test_toggle_names_a_setting_that_is_no_live_switch_and_the_new_run_that_trai
     assert (new / rundir.CHECKPOINTS / "step_000002.pt").is_file()
 
 
+@pytest.mark.slow
 def test_toggle_on_a_finished_run_suggests_a_resume_that_trains(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_dataset: Path
 ) -> None:
@@ -102,6 +104,7 @@ def test_toggle_on_a_finished_run_suggests_a_resume_that_trains(
     assert config.data.vectorized is False and (run_dir / rundir.CHECKPOINTS / "step_000004.pt").is_file()
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_is_one_line_whose_advice_keeps_the_flags_given(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_dataset: Path
 ) -> None:
@@ -115,6 +118,7 @@ def test_resuming_a_finished_run_is_one_line_whose_advice_keeps_the_flags_given(
     assert rundir.load_config(run_dir).data.vectorized is False
 
 
+@pytest.mark.slow
 def test_the_closing_summary_never_calls_a_segment_too_short_to_settle_settled(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_dataset: Path
 ) -> None:
@@ -127,6 +131,7 @@ def test_the_closing_summary_never_calls_a_segment_too_short_to_settle_settled(
     assert lines[at + 2].startswith("settled speed: "), lines[at:]
 
 
+@pytest.mark.slow
 def test_sample_ends_its_text_with_a_newline(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                              tiny_dataset: Path) -> None:  # fmt: skip
     from harness import write_tokenizer

@@ -82,6 +82,7 @@ PEAK_GRID = [("fp32", "flash", False, 1, "plain"), ("bf16", "flash", True, 2, "p
              ("fp32", "flash", False, 1, "chunked"), ("bf16", "flash", False, 2, "chunked")]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision,attention,ckpt,accum,loss", PEAK_GRID, ids=str)
 def test_peak_with_every_switch_matches_the_live_tensor_peak_of_a_real_step(tmp_path, make_dataset, precision,
                                                                            attention, ckpt, accum, loss):  # fmt: skip

@@ -37,6 +37,7 @@ def test_4_triton_without_gcc_or_clang_is_one_line_naming_them(triton_here, monk
     assert "gcc" in why and "clang" in why and "$CC" in why and "\n" not in why, why
 
 
+@pytest.mark.slow
 def test_4_triton_needs_python_headers_on_cuda_too(triton_here, monkeypatch, tmp_path):
     real = sysconfig.get_paths
     monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: real(*a, **k) | {"include": str(tmp_path)})

@@ -82,6 +82,7 @@ def test_1_the_rule_leaves_the_safe_combinations_alone(tiny_dataset):
 # ---------------------------------------------------------------- 3: fp16 honours the guard
 
 
+@pytest.mark.slow
 def test_3_fp16_skips_a_finite_spike_and_a_nan_step_like_bf16(tmp_path, tiny_dataset, monkeypatch):
     """fp16 + GradScaler("cpu") + fused AdamW + the guard, on CPU. Step 3's loss is a finite
     spike (+100, gradients untouched: the scaler sees nothing wrong), step 4's is NaN (NaN
@@ -147,6 +148,7 @@ def _fake_gpus(monkeypatch, visible: int) -> list[tuple[str, int]]:
     return calls
 
 
+@pytest.mark.slow
 def test_5_a_checkpoint_from_a_two_gpu_box_resumes_where_fewer_are_visible(tmp_path, tiny_dataset, monkeypatch):
     """An old checkpoint holds get_rng_state_all() of 2 GPUs; the resume sees one. The run's
     own device's state is restored (none here: it trains on CPU), never a GPU it lacks."""
@@ -202,6 +204,7 @@ def _test_gpu_module():
     return module
 
 
+@pytest.mark.slow
 def test_12_test_gpu_trains_on_data_whose_loss_can_fall(request, tmp_path):
     """tests/gpu/test_gpu.py asserts the loss falls. On uniform random tokens the best loss is
     ln(vocab), about where training starts: a coin flip. Its data must have structure: a
@@ -243,6 +246,7 @@ def _says_out_of_memory_with_the_estimate(text: str) -> None:
     assert "estimat" in text and re.search(r"\d(\.\d+)? (GiB|MiB|KiB)", text), text
 
 
+@pytest.mark.slow
 def test_13_best_records_out_of_memory_with_the_estimate(tmp_path, tiny_dataset, monkeypatch, capsys):
     from gpt2_tui import main as gpt2_tui_main  # bench is gpt2_tui's command (bench/cli.py), not engine.cli's
 
@@ -257,6 +261,7 @@ def test_13_best_records_out_of_memory_with_the_estimate(tmp_path, tiny_dataset,
     _says_out_of_memory_with_the_estimate(candidate.status)
 
 
+@pytest.mark.slow
 def test_13_ladder_records_out_of_memory_with_the_estimate(tmp_path, tiny_dataset, monkeypatch):
     from bench import ladder
 

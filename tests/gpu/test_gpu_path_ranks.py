@@ -43,6 +43,7 @@ def _worker(argv: list[str]) -> int:
     return main(argv)
 
 
+@pytest.mark.slow
 def test_a_spike_on_one_rank_stops_every_rank_together(tmp_path, tiny_dataset):
     from engine import rundir
     from engine.events import read_events

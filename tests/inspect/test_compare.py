@@ -36,6 +36,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return a, b
 
 
+@pytest.mark.slow
 def test_compare_json_two_runs_and_the_resumed_ones_segments(runs, capsys) -> None:
     from gpt2_tui import main
 
@@ -72,6 +73,7 @@ def test_compare_json_two_runs_and_the_resumed_ones_segments(runs, capsys) -> No
     assert all(s["mfu"] is None and s["peak_mem_bytes"] is None for r in out["runs"] for s in r["segments"])
 
 
+@pytest.mark.slow
 def test_compare_table_marks_what_differs(runs, capsys, monkeypatch) -> None:
     from gpt2_tui import main
 
@@ -101,6 +103,7 @@ def test_compare_table_marks_what_differs(runs, capsys, monkeypatch) -> None:
     assert target.startswith("to target: training time (sum of step times) and tokens to first reach val loss")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "empty", "no-start"])
 def test_a_bad_run_dir_is_one_line_and_exit_2(runs, tmp_path: Path, capsys, case: str) -> None:
     from harness import cli_fails
@@ -131,6 +134,7 @@ def on_compare_screen(runs, size: tuple[int, int], check) -> None:
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_the_compare_screen_overlays_runs_and_shows_their_segments(runs) -> None:
     from tui.screens.compare import OverlayChart
     from tui.widgets.segments import SegmentTable
@@ -158,6 +162,7 @@ def test_the_compare_screen_overlays_runs_and_shows_their_segments(runs) -> None
     on_compare_screen(runs, (160, 50), check)
 
 
+@pytest.mark.slow
 def test_the_segment_table_widget_follows_a_runs_events(runs) -> None:
     """The dashboard's widget: fed one event at a time, it draws on its own timer."""
     from textual.app import App, ComposeResult
@@ -230,6 +235,7 @@ def _reach(run_dir: Path, target: float) -> tuple[int, float, int]:
     return hit.step, sum(s.step_time_s for n, s in steps.items() if n <= hit.step), hit.step * 4 * 32
 
 
+@pytest.mark.slow
 def test_compare_json_holds_each_runs_time_and_tokens_to_the_target(runs, capsys) -> None:
     from gpt2_tui import main
 
@@ -263,6 +269,7 @@ def test_compare_json_holds_each_runs_time_and_tokens_to_the_target(runs, capsys
     assert exit_.value.code == 2 and "not a val loss" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_runs_lists_the_time_to_the_target(runs, capsys) -> None:
     from gpt2_tui import main
 
@@ -275,6 +282,7 @@ def test_runs_lists_the_time_to_the_target(runs, capsys) -> None:
     assert " tok" in row and " s " in row
 
 
+@pytest.mark.slow
 def test_the_compare_screen_shows_the_time_to_the_target(runs) -> None:
     from tui.widgets.segments import SegmentTable
 
@@ -294,6 +302,7 @@ def test_the_compare_screen_shows_the_time_to_the_target(runs) -> None:
     on_compare_screen(runs, (200, 50), check)
 
 
+@pytest.mark.slow
 def test_compare_tui_times_the_runs_to_the_target_given(runs, monkeypatch) -> None:
     """`compare --tui --target X` opens the screen timed to X, as the table is (issue 39: it was ignored)."""
     from gpt2_tui import main
@@ -341,6 +350,7 @@ def recipes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]
 DIFFERS = {"optim": ["optim.schedule", "optim.decay_fraction", "optim.optimizer"], "train": ["train.seed"]}
 
 
+@pytest.mark.slow
 def test_compare_json_names_every_setting_that_differs_and_the_time_to_target_ratio(recipes, capsys) -> None:
     """Issue 39: AdamW vs Muon vs WSD had no optimizer or schedule in the JSON."""
     from gpt2_tui import main
@@ -362,6 +372,7 @@ def test_compare_json_names_every_setting_that_differs_and_the_time_to_target_ra
     assert out["runs"][0]["to_target_vs_first"] == 1.0
 
 
+@pytest.mark.slow
 def test_compare_table_names_what_differs_with_a_time_to_target_ratio(recipes, capsys, monkeypatch) -> None:
     from gpt2_tui import main
 
@@ -381,6 +392,7 @@ def test_compare_table_names_what_differs_with_a_time_to_target_ratio(recipes, c
     assert any("target vs first = the first run's time to target over this one's" in x for x in lines)
 
 
+@pytest.mark.slow
 def test_compare_at_80_columns_keeps_each_row_on_one_line_payoff_first(recipes, runs, capsys, monkeypatch) -> None:
     """Issue 39: at 80 columns each row wrapped into 3 lines; now the table comes in blocks of
     whole columns that fit, the payoff (speed, speed-ups, best val) in the first."""
@@ -401,6 +413,7 @@ def test_compare_at_80_columns_keeps_each_row_on_one_line_payoff_first(recipes, 
             assert sum(x.split()[0] == name for x in lines if x.strip()) == n * len(headers), (name, lines)
 
 
+@pytest.mark.slow
 def test_runs_says_what_its_target_is(recipes, capsys) -> None:
     from gpt2_tui import main
 
@@ -421,6 +434,7 @@ def test_runs_says_what_its_target_is(recipes, capsys) -> None:
     assert [x[:end].split()[-1] for x in out[1:-1]] == ["-", "-", "-"]  # nobody reached it
 
 
+@pytest.mark.slow
 def test_the_compare_screen_names_what_differs(recipes) -> None:
     from tui.widgets.segments import SegmentTable
 
@@ -467,6 +481,7 @@ def on_segments_tab(run_dir: Path, size: tuple[int, int], check) -> None:
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_the_segments_tab_fills_at_once_when_first_opened(runs) -> None:
     """Issue 39: it showed only its header until the dashboard's next redraw (~5 s on a live run,
     where drawing stretches the redraw interval up to MAX_INTERVAL). The redraw timer is held
@@ -484,6 +499,7 @@ def test_the_segments_tab_fills_at_once_when_first_opened(runs) -> None:
     on_segments_tab(runs[1], (120, 40), check)
 
 
+@pytest.mark.slow
 def test_the_segments_tab_shows_the_payoff_at_80x24(runs) -> None:
     """Issue 39: at 80 columns `vs prev`, `vs first` and best val were off screen."""
     from tui.widgets.segments import SegmentTable
@@ -526,6 +542,7 @@ def switched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 RECIPE_CELL = "mlp=relu2 qk_norm tie_head=off optimizer=muon"  # the config's order; a switch on by its name
 
 
+@pytest.mark.slow
 def test_compare_shows_each_rows_recipe_from_its_config(switched, recipes, capsys, monkeypatch) -> None:
     """Issue 40: which of the speedrun's tricks a row trained with, against GPT-2's defaults."""
     from gpt2_tui import main
@@ -547,6 +564,7 @@ def test_compare_shows_each_rows_recipe_from_its_config(switched, recipes, capsy
         assert {name: row[at:end].strip() for name, row in rows.items()} == want
 
 
+@pytest.mark.slow
 def test_the_compare_screen_shows_each_rows_recipe(switched) -> None:
     from tui.widgets.segments import SegmentTable
 

@@ -22,6 +22,7 @@ def _fresh_compiler_checks():
     device._compiler_problem.cache_clear()
 
 
+@pytest.mark.slow
 def test_doctor_on_cpu_exits_0_with_its_table(capsys):
     code = main(["doctor"])
     out = capsys.readouterr().out
@@ -56,6 +57,7 @@ def test_doctor_table_lists_each_problem_with_its_fix(capsys, monkeypatch, tmp_p
     assert len(problems) == 1 and "no-such-g++" in problems[0] and "fix:" in problems[0], lines
 
 
+@pytest.mark.slow
 def test_doctor_says_when_this_cpu_emulates_bf16(monkeypatch):
     """Issue 22 item 10: a CPU whose torch probes say no avx512_bf16 and no AMX (an AVX2 box)
     emulates bf16 at a few hundredths of fp32: doctor says so, with the measured matmul."""

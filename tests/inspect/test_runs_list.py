@@ -70,6 +70,7 @@ def by_name(runs: list[RunSummary]) -> dict[str, RunSummary]:
     return {r.name: r for r in runs}
 
 
+@pytest.mark.slow
 def test_a_real_run_from_the_engine(tmp_path: Path, tiny_dataset: Path) -> None:
     from engine.config import resolve
     from engine.run.owner import start  # the one front door
@@ -99,6 +100,7 @@ def test_a_real_run_from_the_engine(tmp_path: Path, tiny_dataset: Path) -> None:
     assert "micro" in table[1] and "v64" in table[1] and "12/12" in table[1] and "completed" in table[1]
 
 
+@pytest.mark.slow
 def test_states_steps_losses_and_order(tmp_path: Path) -> None:
     write_run(tmp_path, "done", 1000.0, end="completed")
     write_run(tmp_path, "halted", 2000.0, end="stopped", steps=3)

@@ -154,6 +154,7 @@ def test_hub_name_from_the_cache_offline(hf_dir: Path, tmp_path: Path, monkeypat
     assert hf.init_from("gpt2", cache_dir=tmp_path).model.n_layer == 2
 
 
+@pytest.mark.slow
 def test_missing_network_is_one_line(tmp_path: Path) -> None:
     """No HF_HUB_OFFLINE, no network (an endpoint on a closed loopback port): one line with the fix."""
     env = os.environ | {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path), "HF_HUB_ETAG_TIMEOUT": "2"}
@@ -206,10 +207,12 @@ def _train(tmp_path_factory: pytest.TempPathFactory, **optim):
     return run
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_our_logits(trained: Path, tmp_path: Path, transformers) -> None:
     _export_matches_transformers(trained, tmp_path, transformers)
 
 
+@pytest.mark.slow
 def test_export_of_a_muon_trained_run_loads_in_transformers_with_our_logits(trained_muon: Path, tmp_path: Path,
                                                                            transformers) -> None:
     from engine import rundir
@@ -248,6 +251,7 @@ def _export_matches_transformers(trained: Path, tmp_path: Path, transformers) ->
         torch.testing.assert_close(_our_logits(back, idx), _our_logits(ours, idx), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_export_refusals_write_nothing(trained: Path, tmp_path: Path) -> None:
     full = tmp_path / "full"
     full.mkdir()
@@ -264,11 +268,13 @@ def test_export_refusals_write_nothing(trained: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
 
 
+@pytest.mark.slow
 def test_export_from_a_named_checkpoint(trained: Path, tmp_path: Path) -> None:
     out = export_run(trained, tmp_path / "empty-ok", which="3")
     assert (out / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_hf_module_imports_no_optional_package() -> None:
     code = (
         "import sys, engine.prep.hf, engine.train.model, engine.train.trainer\n"

@@ -242,6 +242,7 @@ def test_cached_build_is_built_once_under_concurrency(corpus: Path, tmp_path: Pa
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["demo", "demo.lock"]
 
 
+@pytest.mark.slow
 def test_default_dataset_builds_once_and_is_reused(tmp_path: Path, monkeypatch, file_tree) -> None:
     monkeypatch.setenv("GPT2_TUI_CACHE", str(tmp_path / "cache"))
     path = default_dataset(progress=False)

@@ -230,6 +230,7 @@ def every_reader(run: Path, root: Path, good_run: Path, skipped: int) -> None:
 # ------------------------------------------------------------------------------ the properties
 
 
+@pytest.mark.slow
 def test_every_planted_number_is_skipped_or_readable_and_every_reader_goes_on(good, tmp_path: Path) -> None:
     """All at once: one line per (model, number, extreme), in the middle of a real run."""
     run, lines, tpl = good
@@ -259,6 +260,7 @@ def _at(data: Any, path: tuple) -> Any:
 _EXAMPLE = itertools.count()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(data=st.data())
 def test_one_bad_line_anywhere_in_a_run(good, tmp_path: Path, data: st.DataObject) -> None:
@@ -274,6 +276,7 @@ def test_one_bad_line_anywhere_in_a_run(good, tmp_path: Path, data: st.DataObjec
                  skipped)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_compare_tui_shows_the_good_lines_of_a_run_full_of_planted_numbers(good, tmp_path: Path) -> None:
     """`compare --tui`: the screen loads and draws every chart; the app exits without an error."""
     from tui.screens.compare import CompareApp
@@ -311,6 +314,7 @@ def test_the_mailbox_reads_a_time_and_switches_by_the_same_rule(at: str, switch:
     assert (t.problem is None) == (switch in (EXTREMES["-1"], EXTREMES["1e300"]))  # the config judges these
 
 
+@pytest.mark.slow
 def test_a_mailbox_line_out_of_range_is_dropped_and_the_run_trains_on(resumable, tmp_path: Path) -> None:
     """A run whose mailbox holds a time of 10**400 (and the other extremes, in times and in a
     toggle's switches) when it resumes: each such request is dropped in words, and the run
@@ -350,6 +354,7 @@ def resumable(good) -> tuple[Path, bytes]:
     return d, (d / "checkpoints" / "step_000003.pt").read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("key", "value"), CKPT_EDITS, ids=CKPT_IDS)
 def test_a_checkpoints_numbers_out_of_range_refuse_the_resume_in_one_line(resumable, tmp_path, capsys, key,
                                                                           value) -> None:  # fmt: skip

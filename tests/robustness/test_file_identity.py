@@ -162,6 +162,7 @@ def test_the_rule_has_one_home(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- a moved log swapped for what is not ours
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("plant", ["fifo", "symlink", "hardlink"])
 def test_a_log_swapped_mid_run_saves_before_the_run_stops(tmp_path: Path, tiny_dataset: Path, plant: str) -> None:
@@ -210,6 +211,7 @@ def _work(tmp_path: Path, good: Path) -> tuple[Path, Path]:
     return cwd, cache
 
 
+@pytest.mark.slow
 def test_a_clone_by_hard_links_is_refused_and_a_real_copy_resumes(tmp_path: Path, good_run: Path) -> None:
     """`cp -al RUN CLONE; train --resume CLONE`: one line (exit 2) naming `cp -a`, nothing written
     to either; the original with a snapshot beside it is refused the same way; `cp -a` resumes."""
@@ -300,6 +302,7 @@ def _sparse(path: Path, size: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_sparse_giant_tokenizer_is_refused_before_it_is_read(tmp_path: Path) -> None:
     """tokenizer.json one byte over the cap, all holes: refused in one line at once; the process
     does not grow by the file's size (the library is given bytes, never the path)."""
@@ -381,6 +384,7 @@ def test_a_fifo_at_any_name_never_hangs_a_command(tmp_path: Path, good_run: Path
     assert not bad, f"a FIFO at {name}: " + "; ".join(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_fifo_metrics_csv_at_resume_is_one_line_not_a_hang(tmp_path: Path, good_run: Path) -> None:
     """The fast loop's member of the class above: last round's case (a resume blocked on it past SIGTERM)."""

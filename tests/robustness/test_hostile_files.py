@@ -48,6 +48,7 @@ def _victim(tmp_path: Path) -> tuple[Path, Path]:
 # ---------------------------------------------------------------- links where the loggers write
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("logger", ["csv", "tensorboard", "wandb"])
 def test_a_planted_logger_link_in_the_run_dir_is_refused_before_a_byte_is_written(
     logger: str, trained: Path, tmp_path: Path, capsys, monkeypatch
@@ -285,6 +286,7 @@ def test_a_dataset_json_nested_100k_deep_or_a_device_is_one_line(data: Path, tmp
 # ---------------------------------------------------------------- a CPU allocation that fails in the first eval
 
 
+@pytest.mark.slow
 def test_a_cpu_out_of_memory_in_the_first_eval_is_one_line_and_no_run_dir(
     data: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
@@ -319,6 +321,7 @@ sys.exit(main(["export", sys.argv[1], "--hf", sys.argv[2]]))
 """
 
 
+@pytest.mark.slow
 def test_sigterm_during_export_leaves_no_temp_dir_and_a_dead_ones_is_swept(trained: Path, tmp_path: Path) -> None:
     pytest.importorskip("safetensors")
     out = tmp_path / "hf"
@@ -344,6 +347,7 @@ def test_a_config_file_value_of_the_wrong_type_is_one_line(toml: str, key: str, 
     assert tree_snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_typed_flags_still_work_and_a_runs_config_toml_is_read_strictly(trained: Path, tmp_path: Path, capsys) -> None:
     (tmp_path / "c.toml").write_text("[train]\nbatch_size = 4\n[optim]\nlr = 1\n[data]\npreload = false\n")
     assert main(["estimate", "--preset", "micro", "--config", str(tmp_path / "c.toml"), "--batch-size", "8",

@@ -234,6 +234,7 @@ def warnings(events: list[dict]) -> list[str]:
 # ================================================================ data loss
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_01_events_file_moved_mid_run_loses_no_steps(tmp_path, tiny_dataset, runs):
     """Log rotation moves events.jsonl: the run re-creates it and trains on (or saves and stops)."""
@@ -249,6 +250,7 @@ def test_01_events_file_moved_mid_run_loses_no_steps(tmp_path, tiny_dataset, run
         assert code == 0 and (r.dir / "events.jsonl").is_file(), (code, out[-2000:])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_02_toggle_whose_save_fails_is_refused_and_the_run_trains_on(tmp_path, tiny_dataset, runs, tmpfs):
     """A nearly full disk: the toggle's save fails; the toggle is dropped, the run goes on, words are true."""
@@ -269,6 +271,7 @@ def test_02_toggle_whose_save_fails_is_refused_and_the_run_trains_on(tmp_path, t
     assert len(acks) == 1 and acks[0]["status"] == "dropped" and acks[0].get("reason"), acks
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("plant", ["deep", "fifo", "devzero"])
 def test_03_a_hostile_toggle_request_is_refused_in_one_warning(tmp_path, tiny_dataset, runs, plant):
@@ -308,6 +311,7 @@ def test_04a_one_invalid_utf8_byte_does_not_make_compare_refuse_the_run(tmp_path
     assert run.name in res.stdout and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_04b_events_on_a_full_disk_are_whole_lines_or_none(tmp_path, tiny_dataset, runs, tmpfs):
     """The disk fills mid-run (a write is cut at a page boundary), then space comes back: every
@@ -342,6 +346,7 @@ def test_04b_events_on_a_full_disk_are_whole_lines_or_none(tmp_path, tiny_datase
     assert not bad, bad
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_05_deleting_writer_lock_does_not_let_a_second_writer_in(tmp_path, tiny_dataset, runs):
     r = runs(tmp_path / "run", tiny_dataset, "--ckpt-interval", "5")
@@ -371,6 +376,7 @@ def _spiky(make_dataset: Callable[..., Path]) -> Path:
     return make_dataset("gpt2-tui", train=train, val=val, vocab_size=4096, name="spiky")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_06_resume_is_exact_across_a_loss_spike(tmp_path, make_dataset):
     """The guard's loss level and bad-step streak are saved: a spike right after a resume is
@@ -427,6 +433,7 @@ def test_07_resume_never_writes_through_a_planted_link(tmp_path, trained_runs, l
         one_line_refusal(res)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_08_a_reused_pid_in_writer_pid_is_not_a_live_run(tmp_path, tiny_dataset, runs):
     """A dead run's writer.pid names a pid now used by an unrelated process: runs and toggle
@@ -474,6 +481,7 @@ def test_09a_runs_and_compare_show_names_and_fields_printable(tmp_path, trained_
         assert not any(c in shown for c in CONTROL), (argv[0], shown[-1500:])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_09b_a_hand_written_toggle_request_reaches_the_console_printable(tmp_path, tiny_dataset, runs):
     r = runs(tmp_path / "run", tiny_dataset)
@@ -492,6 +500,7 @@ def test_09b_a_hand_written_toggle_request_reaches_the_console_printable(tmp_pat
     assert not any(c in out for c in CONTROL), [ln for ln in out.splitlines() if "toggle" in ln]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_09c_sample_on_a_terminal_writes_printable_text(tmp_path, tiny_dataset):
     """`sample` with stdout a tty: the model's text passes the printable rule (a pipe gets it raw)."""
@@ -541,6 +550,7 @@ def _control_tokenizer(path: Path) -> Path:
 # ================================================================ crashes and hangs
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_10_toggle_no_pad_vocab_on_an_odd_vocab_is_refused_or_carried(tmp_path, make_dataset, runs):
     data = make_dataset("gpt2-tui", vocab_size=100, name="v100")
@@ -594,6 +604,7 @@ def test_12_runs_is_bounded_on_fifos_and_endless_files(tmp_path, trained_runs, p
     assert good.name in res.stdout, res.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_13_eval_batches_that_do_not_fit_are_refused_before_the_run_dir(tmp_path, tiny_dataset):
     """nano with --eval-batches 1000000 holds ~65 GB of val batches: refused in one line, no run dir."""
@@ -605,6 +616,7 @@ def test_13_eval_batches_that_do_not_fit_are_refused_before_the_run_dir(tmp_path
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_13b_a_new_run_that_fails_in_set_up_leaves_no_run_dir(tmp_path, tiny_dataset):
     """gpt2-xl past the memory check (--force) under the 6 GiB limit: the model's allocation
@@ -618,6 +630,7 @@ def test_13b_a_new_run_that_fails_in_set_up_leaves_no_run_dir(tmp_path, tiny_dat
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_14_toggle_on_a_full_disk_is_one_line(tmp_path, tiny_dataset, runs, tmpfs):
     mnt = tmpfs("1m")
@@ -629,6 +642,7 @@ def test_14_toggle_on_a_full_disk_is_one_line(tmp_path, tiny_dataset, runs, tmpf
     assert "Traceback" not in res.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_15_train_bin_truncated_under_a_no_preload_run(tmp_path, make_dataset, runs):
     data = make_dataset("gpt2-tui", name="cut")
@@ -646,6 +660,7 @@ def test_15_train_bin_truncated_under_a_no_preload_run(tmp_path, make_dataset, r
     assert saved_steps(r.dir), "the steps trained before the truncation were not saved"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_16_prepare_on_one_long_word_stops_on_ctrl_c(tmp_path):
     """1 MB of one letter: prepare either finishes quickly (the word is bounded) or Ctrl-C stops it."""
@@ -692,6 +707,7 @@ def test_17_resume_skips_what_is_not_a_regular_checkpoint(tmp_path, trained_runs
     assert "from step 30" in res.stdout, res.stdout[-1500:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_18_a_garbage_writer_pid_follows_the_one_liveness_rule(tmp_path, tiny_dataset, runs):
     """Dead run + garbage writer.pid: not "running". Live run + garbage writer.pid: toggle reaches it."""
@@ -710,6 +726,7 @@ def test_18_a_garbage_writer_pid_follows_the_one_liveness_rule(tmp_path, tiny_da
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_dataset, runs):
     r = runs(tmp_path / "run", tiny_dataset)
@@ -737,6 +754,7 @@ def test_19a_two_toggles_before_one_step_are_each_acknowledged(tmp_path, tiny_da
     assert len({q["id"] for q in acks}) == len(acks)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_19b_a_toggle_left_by_a_dead_run_is_not_applied_by_a_later_resume(tmp_path, tiny_dataset, runs):
     r = runs(tmp_path / "run", tiny_dataset, "--ckpt-interval", "2")
@@ -758,6 +776,7 @@ def test_19b_a_toggle_left_by_a_dead_run_is_not_applied_by_a_later_resume(tmp_pa
     assert stale or any("toggle" in w for w in warnings(after)), "the stale request was discarded without a line"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_20_sigterm_during_prepare_leaves_no_hidden_temp_directory(tmp_path):
     src = tmp_path / "src"
@@ -785,6 +804,7 @@ def test_20_sigterm_during_prepare_leaves_no_hidden_temp_directory(tmp_path):
     assert not left, left
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_19c_a_toggle_saved_for_but_never_opened_is_reported_on_resume(tmp_path, tiny_dataset):
     """A kill -9 between a toggle's save and its new segment (simulated: the toggle's checkpoint

@@ -110,6 +110,7 @@ def _cases(optimizer: str, state: dict[str, Any]) -> list[tuple[str, dict[str, A
     return cases
 
 
+@pytest.mark.slow
 def test_every_saved_group_key_is_placed(runs) -> None:
     for optimizer, run in runs.items():
         keys = {k for g in _saved(run)["optimizer"]["param_groups"] for k in g} - {"params"}
@@ -117,6 +118,7 @@ def test_every_saved_group_key_is_placed(runs) -> None:
         assert all(HOSTILE_GROUP[k] for k in keys - HARMLESS_GROUP)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_hostile_optimizer_state_is_one_line(runs, optimizer, tmp_path, capsys) -> None:
@@ -141,6 +143,7 @@ def test_hostile_optimizer_state_is_one_line(runs, optimizer, tmp_path, capsys) 
     assert not problems, f"{len(problems)} hostile optimizer states not refused in one line:\n" + "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_the_run_own_state_still_resumes(runs, tmp_path, capsys) -> None:
     """The checks refuse nothing gpt2-tui itself saves (both optimizers, fused and not)."""
     for optimizer, run in runs.items():

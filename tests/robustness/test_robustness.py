@@ -53,6 +53,7 @@ def poison_loss(monkeypatch):
 # ------------------------------------------------------------------------------ NaN / Inf
 
 
+@pytest.mark.slow
 def test_a_few_nan_steps_are_skipped_and_the_run_goes_on(tmp_path, tiny_dataset, poison_loss):
     poison_loss.update({3, 4})
     seen = {}
@@ -70,6 +71,7 @@ def test_a_few_nan_steps_are_skipped_and_the_run_goes_on(tmp_path, tiny_dataset,
     assert distributed.weights_finite(t.segment.parts.model)
 
 
+@pytest.mark.slow
 def test_nan_for_max_bad_steps_stops_with_the_last_good_weights(tmp_path, tiny_dataset, poison_loss):
     common = {"train.ckpt_interval": 100, "train.eval_interval": 100, "optim.decay_steps": 50}  # one LR schedule for both
     good = open_run(tmp_path / "good", tiny_dataset, **common, **{"train.max_steps": 3})
@@ -89,6 +91,7 @@ def test_nan_for_max_bad_steps_stops_with_the_last_good_weights(tmp_path, tiny_d
     assert any("likely causes" in w for w in _warnings(events)) and events[-1].event == "run_failed"
 
 
+@pytest.mark.slow
 def test_nan_weights_are_never_saved_as_latest_or_best(tmp_path, tiny_dataset):
     def poison(e):
         if e.event == "step" and e.step == 3:
@@ -106,6 +109,7 @@ def test_nan_weights_are_never_saved_as_latest_or_best(tmp_path, tiny_dataset):
     assert t.segment.ckpts.latest().name == "step_000002.pt"
 
 
+@pytest.mark.slow
 def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_dataset, monkeypatch):
     """Inf gradients (a finite loss) under fp16: the GradScaler skips those steps and lowers its
     scale, as designed; the guard neither warns nor stops, though max_bad_steps is 1."""
@@ -139,6 +143,7 @@ def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_data
     assert t.segment.parts.scaler.get_scale() == 65536.0 / 4  # halved once per skipped step
 
 
+@pytest.mark.slow
 def test_cli_reports_divergence_in_one_line(tmp_path, tiny_dataset, capsys, poison_loss):
     poison_loss.update(range(1, 100))
     run = tmp_path / "run"
@@ -150,6 +155,7 @@ def test_cli_reports_divergence_in_one_line(tmp_path, tiny_dataset, capsys, pois
 # ------------------------------------------------------------------- failed checkpoint writes
 
 
+@pytest.mark.slow
 def test_full_disk_warns_keeps_the_old_checkpoints_and_retries(tmp_path, tiny_dataset, monkeypatch):
     """ENOSPC while writing step 4's checkpoint (injected at torch.save: a planted link to
     /dev/full is now refused by the run, issue 21; the real full disk is test_a_really_full_filesystem)."""
@@ -194,6 +200,7 @@ def _read_only(path: Path):
         subprocess.run(["umount", str(path)], check=True)
 
 
+@pytest.mark.slow
 def test_read_only_checkpoint_dir_stops_when_asked_and_keeps_the_old_ones(trained_run, capsys, file_tree):
     ckdir = trained_run / "checkpoints"
     before = file_tree(ckdir)
@@ -238,6 +245,7 @@ def test_failed_write_leaves_no_temp_file(tmp_path):
 # ------------------------------------------------------------------------------ events.jsonl
 
 
+@pytest.mark.slow
 def test_torn_last_line_is_skipped_and_resume_writes_whole_lines(tmp_path, tiny_dataset, capsys):
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "2"]) == 0
@@ -253,6 +261,7 @@ def test_torn_last_line_is_skipped_and_resume_writes_whole_lines(tmp_path, tiny_
     assert [s.start_step for s in starts] == [0, 2] and events[-1].event == "run_finished"
 
 
+@pytest.mark.slow
 def test_resume_before_the_first_checkpoint_starts_over(tmp_path, tiny_dataset, capsys):
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "2"]) == 0
@@ -281,6 +290,7 @@ class _Payload:
         return (Path.touch, (self.marker,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["pickle", "torch.save"])
 def test_malicious_checkpoint_is_refused_and_never_executed(tmp_path, tiny_dataset, capsys, file_tree, how):
     run = tmp_path / "run"
@@ -300,6 +310,7 @@ def test_malicious_checkpoint_is_refused_and_never_executed(tmp_path, tiny_datas
     assert file_tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_broken_tokenizer_json_in_a_run(tmp_path, make_dataset, capsys):
     data = make_dataset("gpt2-tui", tokenizer="tok.json")  # inside the dataset, as prepare writes it
     (data / "tok.json").write_text("{}")  # replaced below; the dataset must name an existing tokenizer
@@ -309,6 +320,7 @@ def test_broken_tokenizer_json_in_a_run(tmp_path, make_dataset, capsys):
     _one_line_exit_2(capsys, ["sample", str(run)], "tokenizer", "cannot be read")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text, words",
     [
@@ -345,6 +357,7 @@ def test_token_file_with_a_bad_header_through_the_cli(tmp_path, make_dataset, wr
 # ------------------------------------------------------------------------------ out of memory
 
 
+@pytest.mark.slow
 def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fits(tmp_path, tiny_dataset, monkeypatch):
     """The OOM itself is raised by a patched train_step (no GPU here); the rest is the real run:
     the estimator's table, the estimator's own fit for a device that holds batch 2, no new checkpoint."""
@@ -378,6 +391,7 @@ def test_cuda_oom_in_a_step_stops_cleanly_with_the_breakdown_and_a_batch_that_fi
     assert all(p.grad is None for p in t.segment.parts.model.parameters())  # the failed step's memory is let go
 
 
+@pytest.mark.slow
 def test_full_disk_under_events_jsonl_drops_lines_not_the_run(tmp_path, tiny_dataset, monkeypatch):
     """ENOSPC on every write to events.jsonl (injected at os.write for that file's descriptor:
     a link to /dev/full is refused by the run, issue 21): the run trains and checkpoints."""
@@ -402,6 +416,7 @@ def test_full_disk_under_events_jsonl_drops_lines_not_the_run(tmp_path, tiny_dat
     assert (t.run_dir / rundir.EVENTS).stat().st_size == 0  # every line dropped whole, none half-written
 
 
+@pytest.mark.slow
 def test_a_really_full_filesystem(tmp_path, tiny_dataset, capsys):
     """A 1 MiB tmpfs: saves succeed, then ENOSPC (which torch.save reports as a RuntimeError,
     unwrapped by atomic_save); the run warns, keeps what it had, and as its final checkpoint

@@ -140,6 +140,7 @@ def test_a_lock_row_of_another_device_with_the_same_inode_is_not_the_runs(tmp_pa
 # ---------------------------------------------------------------- the mailbox
 
 
+@pytest.mark.slow
 def test_a_paused_run_with_a_full_mailbox_still_resumes(tmp_path, tiny_dataset):
     run_dir, paused, result = tmp_path / "run", threading.Event(), {}
     control = Control()
@@ -201,6 +202,7 @@ def test_a_fifo_mailbox_never_blocks_the_writer_or_a_sender(tmp_path):
         signal.signal(signal.SIGALRM, old)
 
 
+@pytest.mark.slow
 def test_a_mailbox_others_may_write_is_not_obeyed(tmp_path, tiny_dataset):
     run_dir = tmp_path / "run"
 
@@ -218,6 +220,7 @@ def test_a_mailbox_others_may_write_is_not_obeyed(tmp_path, tiny_dataset):
     assert not (run_dir / requests.MAILBOX).exists()
 
 
+@pytest.mark.slow
 def test_a_future_dated_stop_left_by_a_dead_run_is_stale_at_resume(tmp_path, tiny_dataset):
     run_dir = tmp_path / "run"
     assert _run(run_dir, tiny_dataset, 3) == "completed"
@@ -234,6 +237,7 @@ def test_a_future_dated_stop_left_by_a_dead_run_is_stale_at_resume(tmp_path, tin
 # ---------------------------------------------------------------- a toggle applied, then a kill
 
 
+@pytest.mark.slow
 def test_a_toggle_applied_just_before_a_kill_is_acknowledged_at_resume(tmp_path, tiny_dataset):
     """The kill came after config.toml took the toggle's switches and before the new segment's
     events (simulated: the toggle's checkpoint names it, config.toml has its switches, the log

@@ -193,6 +193,7 @@ def _clean(capfd: pytest.CaptureFixture[str]) -> str:
     return both
 
 
+@pytest.mark.slow
 def test_train_and_resume_print_a_hostile_run_directory_escaped(tmp_path: Path, tiny_dataset: Path, capfd) -> None:
     run = tmp_path / HOSTILE
     assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "2",

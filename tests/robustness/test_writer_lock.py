@@ -66,6 +66,7 @@ def run(tmp_path: Path, tiny_dataset: Path, capsys: pytest.CaptureFixture[str]) 
     return run
 
 
+@pytest.mark.slow
 def test_a_second_resume_is_refused_naming_the_holder(run: Path, capsys) -> None:
     holder = _holder(run)
     try:
@@ -79,6 +80,7 @@ def test_a_second_resume_is_refused_naming_the_holder(run: Path, capsys) -> None
     assert "run completed at step 4" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_holder_without_a_record_yet_is_still_named(run: Path, capsys) -> None:
     """Between taking the lock and writing writer.pid (a resume in set-up): the kernel's lock table names it."""
     holder = _holder(run, take="rundir.lock(path)")
@@ -89,6 +91,7 @@ def test_a_holder_without_a_record_yet_is_still_named(run: Path, capsys) -> None
         _stop(holder)
 
 
+@pytest.mark.slow
 def test_a_new_run_on_a_directory_being_written_is_refused(tmp_path: Path, tiny_dataset: Path, capsys) -> None:
     out = tmp_path / "racing"
     out.mkdir()
@@ -132,6 +135,7 @@ def test_of_runs_racing_on_one_new_out_exactly_one_gets_it(tmp_path: Path) -> No
         assert all(o == "won" or o.startswith("refused:") for o in outs), outs
 
 
+@pytest.mark.slow
 def test_claim_is_idempotent_and_release_removes_the_record(tmp_path: Path) -> None:
     from engine import rundir
 
@@ -149,6 +153,7 @@ def test_claim_is_idempotent_and_release_removes_the_record(tmp_path: Path) -> N
     _stop(holder)
 
 
+@pytest.mark.slow
 def test_the_launchers_ranks_do_not_refuse_each_other(tmp_path: Path) -> None:
     """Under --nproc the launcher holds the lock and its descendants (the ranks) are let in;
     who holds it comes from the lock, so no other process gets in by its environment (the old

@@ -45,6 +45,7 @@ def _events(run_dir: Path) -> list[ev._Event]:
     return events
 
 
+@pytest.mark.slow
 def test_console_prints_each_sample_indented_under_a_header(run: tuple[Path, str]) -> None:
     run_dir, out = run
     samples = [e for e in _events(run_dir) if isinstance(e, ev.Sample)]
@@ -57,6 +58,7 @@ def test_console_prints_each_sample_indented_under_a_header(run: tuple[Path, str
     assert "\x1b" not in out
 
 
+@pytest.mark.slow
 def test_step_lines_carry_the_eta_of_the_settled_step_time(run: tuple[Path, str]) -> None:
     run_dir, out = run
     steps = [e for e in _events(run_dir) if isinstance(e, ev.Step)]
@@ -71,6 +73,7 @@ def test_step_lines_carry_the_eta_of_the_settled_step_time(run: tuple[Path, str]
             assert line.endswith(f" | eta {duration_text(left)}"), line
 
 
+@pytest.mark.slow
 def test_a_toggle_starts_the_eta_afresh_and_no_max_steps_means_none(run: tuple[Path, str]) -> None:
     """A new segment runs at another speed: the old step times are no basis for the ETA."""
     run_dir, _ = run
@@ -111,6 +114,7 @@ def test_console_sample_is_made_safe_and_trimmed() -> None:
     assert empty.getvalue() == "sample at step 2:\n    (empty)\n"
 
 
+@pytest.mark.slow
 def test_sample_names_the_checkpoint_and_step_on_stderr(run: tuple[Path, str], capsys) -> None:
     run_dir, _ = run
     val = {e.step: e.val_loss for e in _events(run_dir) if isinstance(e, ev.Eval)}

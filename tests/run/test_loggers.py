@@ -57,6 +57,7 @@ def _events(run_dir: Path) -> list:
     return got
 
 
+@pytest.mark.slow
 def test_tensorboard_reads_back_the_scalars(run: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -76,6 +77,7 @@ def test_tensorboard_reads_back_the_scalars(run: Path) -> None:
     assert any(t.startswith("config") for t in texts) and any(t.startswith("segments") for t in texts)
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_its_run_files(run: Path) -> None:
     wandb_dir = run.parent / "wandb" / "wandb"
     runs = list(wandb_dir.glob("offline-run-*"))
@@ -84,6 +86,7 @@ def test_wandb_offline_writes_its_run_files(run: Path) -> None:
     assert files and files[0].stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_csv_rows_match_the_events(run: Path) -> None:
     rows = list(csv.DictReader(open(run / loggers.CSV_FILE, encoding="utf-8")))
     steps = [e for e in _events(run) if isinstance(e, ev.Step)]
@@ -109,6 +112,7 @@ def test_unknown_logger_is_one_line() -> None:
         loggers.check(["mlflow"])
 
 
+@pytest.mark.slow
 def test_unasked_extras_are_never_imported(tmp_path: Path) -> None:
     """A run logging to CSV only (and importing every new module) pulls in none of the extras."""
     code = (
@@ -126,6 +130,7 @@ def test_unasked_extras_are_never_imported(tmp_path: Path) -> None:
 
 
 
+@pytest.mark.slow
 def test_wandb_online_without_a_key_is_refused_before_a_byte_is_written(tmp_path, tiny_dataset, monkeypatch) -> None:
     """`--log wandb` with no API key crashed in wandb.init, mid-set-up: a traceback, exit 1 and a
     half-made run directory (found by the random-argv property test). Now one line, exit 2."""

@@ -36,6 +36,7 @@ def test_the_cli_new_run_reaches_preflight(plant, tiny_dataset: Path, tmp_path: 
     assert PLANTED in capsys.readouterr().err and not run.exists()  # refused before a byte is written
 
 
+@pytest.mark.slow
 def test_the_cli_resume_reaches_preflight(tiny_dataset: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run)]) == 0
@@ -101,6 +102,7 @@ def test_the_measuring_tools_reach_preflight(plant, tiny_dataset: Path, tmp_path
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_cli_reads_the_pretrained_shape_once(tiny_dataset: Path, tmp_path: Path, monkeypatch) -> None:
     """new_config and Run.open each re-applied the `--init-from` shape; preflight decides it once
     and Run.open takes the judged config as it is."""
@@ -123,6 +125,7 @@ def test_the_cli_reads_the_pretrained_shape_once(tiny_dataset: Path, tmp_path: P
     assert rundir.load_config(run).model.n_embd == 32  # the weights' shape, not micro's
 
 
+@pytest.mark.slow
 def test_inputs_of_no_effect_warn_once_each_when_the_user_gave_them(tiny_dataset: Path, tmp_path: Path,
                                                                     capsys) -> None:  # fmt: skip
     """Issue 39: --decay-fraction with cosine, --muon-lr / --muon-momentum with AdamW, a wsd

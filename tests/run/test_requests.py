@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.run import requests as control, toggle
 from engine.run.requests import Request
 from harness import QUIET, run_events, train
@@ -20,6 +22,7 @@ def _train(run_dir: Path, data: Path, steps: int, at_step=None, resume: bool = F
     return run_events(run_dir)
 
 
+@pytest.mark.slow
 def test_two_toggles_in_one_step_both_apply_and_are_acknowledged(tmp_path, tiny_dataset):
     run_dir, asked = tmp_path / "run", []
 
@@ -37,6 +40,7 @@ def test_two_toggles_in_one_step_both_apply_and_are_acknowledged(tmp_path, tiny_
     assert not (run_dir / control.MAILBOX).exists()
 
 
+@pytest.mark.slow
 def test_a_request_left_by_a_dead_run_is_discarded_at_resume(tmp_path, tiny_dataset):
     run_dir = tmp_path / "run"
     _train(run_dir, tiny_dataset, 3)
@@ -49,6 +53,7 @@ def test_a_request_left_by_a_dead_run_is_discarded_at_resume(tmp_path, tiny_data
     assert any(e.event == "warning" and f"discarded a pause request ({left.id})" in e.message for e in events)
 
 
+@pytest.mark.slow
 def test_a_fifo_mailbox_is_refused_once_and_the_run_goes_on(tmp_path, tiny_dataset):
     run_dir = tmp_path / "run"
 
@@ -62,6 +67,7 @@ def test_a_fifo_mailbox_is_refused_once_and_the_run_goes_on(tmp_path, tiny_datas
     assert [e.step for e in events if e.event == "step"][-1] == 6 and events[-1].event == "run_finished"
 
 
+@pytest.mark.slow
 def test_save_and_bad_lines_are_acknowledged_and_deep_nesting_is_not_parsed(tmp_path, tiny_dataset):
     run_dir, asked = tmp_path / "run", []
 

@@ -51,6 +51,7 @@ def _promise_problems(old: RunConfig, new: RunConfig, step: int) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [8, 14, 17])  # stable phase (decay from 16), late in it, in the decay
 def test_every_max_steps_at_resume_keeps_the_schedule_the_note_promises(tmp_path, tiny_dataset, stop) -> None:
     run_dir = tmp_path / "run"
@@ -65,6 +66,7 @@ def test_every_max_steps_at_resume_keeps_the_schedule_the_note_promises(tmp_path
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_a_shortened_wsd_run_trains_the_lr_its_note_says(tmp_path, tiny_dataset, capsys) -> None:
     run_dir = tmp_path / "run"
     stopped_at(run_dir, tiny_dataset, 14, **(WSD | {"data.path": str(tiny_dataset)}))  # its decay: from step 16
@@ -78,6 +80,7 @@ def test_a_shortened_wsd_run_trains_the_lr_its_note_says(tmp_path, tiny_dataset,
     assert [lrs[s] for s in (14, 15, 16)] == pytest.approx([peak, peak, (peak + floor) / 2])  # event k: step k-1's lr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_max_steps_refused_at_resume_advises_one_that_trains(tmp_path, tiny_dataset, capsys) -> None:
     run_dir = tmp_path / "run"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engine import rundir
 from engine.config import resolve
 from engine.events import CallbackSink
@@ -23,6 +25,7 @@ def _lrs(run_dir: Path) -> dict[int, float]:
     return {e.step: e.lr for e in run_events(run_dir) if e.event == "step"}
 
 
+@pytest.mark.slow
 def test_a_resume_with_more_steps_keeps_the_planned_lr(tmp_path: Path, tiny_dataset: Path, capsys) -> None:
     flags = FLAGS | {"data.path": str(tiny_dataset)}
     plain = tmp_path / "plain"
@@ -48,6 +51,7 @@ def test_a_resume_with_more_steps_keeps_the_planned_lr(tmp_path: Path, tiny_data
     assert rundir.load_config(run_dir).optim.decay_steps == 10  # a later resume keeps it too
 
 
+@pytest.mark.slow
 def test_decay_steps_at_resume_re_plans(tmp_path: Path, tiny_dataset: Path) -> None:
     run_dir = tmp_path / "run"
     start(resolve("micro", None, FLAGS | {"data.path": str(tiny_dataset), "train.max_steps": 4}), run_dir).run()
@@ -55,6 +59,7 @@ def test_decay_steps_at_resume_re_plans(tmp_path: Path, tiny_dataset: Path) -> N
     assert _lrs(run_dir)[8] > 3e-4  # the cosine now ends at 8: step 8 trains just above min_lr
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_says_how_to_train_further(tmp_path: Path, tiny_dataset: Path, capsys, file_tree) -> None:
     from harness import cli_fails
 

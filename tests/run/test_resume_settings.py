@@ -107,6 +107,7 @@ def test_every_optimizer_setting_is_placed() -> None:
     assert not set(GROUPS) & set(ELSEWHERE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_each_optimizer_setting_changed_at_resume_is_the_one_that_trains(tmp_path, tiny_dataset, optimizer) -> None:
     names = [n for n in GROUPS if optimizer == "muon" or not n.startswith("muon")]
@@ -128,6 +129,7 @@ def test_each_optimizer_setting_changed_at_resume_is_the_one_that_trains(tmp_pat
 LIVE = [n for n, f in OptimConfig.model_fields.items() if (f.json_schema_extra or {}).get("live")]  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LIVE)
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_each_live_optimizer_setting_toggled_is_the_one_that_trains(tmp_path, tiny_dataset, name, optimizer) -> None:

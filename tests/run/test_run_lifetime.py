@@ -8,6 +8,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
+
 from engine.config import resolve
 from engine.events import CallbackSink
 from engine.run import toggle
@@ -17,6 +19,7 @@ from engine.dataset import Dataset
 from engine.train.model import GPT
 
 
+@pytest.mark.slow
 def test_a_new_compiled_run_forgets_the_graphs_of_the_runs_before(tmp_path, tiny_dataset, monkeypatch):
     resets = []
     monkeypatch.setattr(compiling, "reset", lambda: resets.append(1))
@@ -42,6 +45,7 @@ def _track(monkeypatch, kind: type) -> weakref.WeakSet:
     return made
 
 
+@pytest.mark.slow
 def test_toggles_hand_over_one_model_and_one_dataset(tmp_path, tiny_dataset, monkeypatch):
     """Ten toggles of a preloaded run: at each segment's start one GPT and one dataset are
     alive (the first segment's stayed alive in the caller's frame, with its dataset, and each

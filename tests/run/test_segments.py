@@ -105,6 +105,7 @@ def resumed_run(tmp_path: Path, tiny_dataset: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_the_trainer_opens_a_segment_at_each_start_and_resume(resumed_run: Path) -> None:
     events, problems = ev.read_events(resumed_run / rundir.EVENTS)
     assert problems == []

@@ -37,6 +37,7 @@ def _losses(events) -> dict[int, float]:
     return {e.step: e.loss for e in events if e.event == "step"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switch", [{"data.preload": False, "data.vectorized": False}, {"optim.fused": False}])
 def test_a_toggle_that_keeps_the_math_keeps_the_curve(tmp_path, tiny_dataset, switch):
     plain = _losses(_run(tmp_path, tiny_dataset, "plain"))
@@ -51,6 +52,7 @@ def test_a_toggle_that_keeps_the_math_keeps_the_curve(tmp_path, tiny_dataset, sw
     assert not (tmp_path / "toggled" / rundir.MAILBOX).exists()
 
 
+@pytest.mark.slow
 def test_a_toggle_refused_for_memory_changes_nothing(tmp_path, tiny_dataset, monkeypatch):
     small = {"train.batch_size": 2, "train.grad_accum": 2}
     bound, _ = open_data(resolve("micro", None, {"data.path": str(tiny_dataset)} | small))

@@ -47,6 +47,7 @@ CASES = {  # how the switches at resume differ from what an applied toggle asked
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_acknowledged_toggle_is_not_dropped_by_a_resume(tmp_path, tiny_dataset, case) -> None:
     asks, flags = CASES[case]
@@ -60,6 +61,7 @@ def test_an_acknowledged_toggle_is_not_dropped_by_a_resume(tmp_path, tiny_datase
     assert lost == [], lost
 
 
+@pytest.mark.slow
 def test_a_toggle_taken_then_killed_before_its_save_is_dropped_with_a_word(tmp_path, tiny_dataset, monkeypatch) -> None:
     """The window before the hand-over checkpoint: the toggle was taken from the mailbox and
     was being checked when the kill came. It stayed in the mailbox (held until settled), so

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engine import events as ev
 from engine import rundir
 from engine.config import resolve
@@ -20,6 +22,7 @@ FLAGS = {"speed.device": "cpu", "speed.precision": "fp32", "train.max_steps": 10
 OFF = {"data.prefetch": False}
 
 
+@pytest.mark.slow
 def test_a_repeated_toggle_is_dropped_as_already_on_and_opens_no_segment(tmp_path: Path, tiny_dataset: Path) -> None:
     run_dir = tmp_path / "run"
 
@@ -41,6 +44,7 @@ def test_a_repeated_toggle_is_dropped_as_already_on_and_opens_no_segment(tmp_pat
     assert [s.reason for s in segments_of(events)] == ["start", "toggle"]
 
 
+@pytest.mark.slow
 def test_toggle_refuses_to_ask_again_what_is_pending(tmp_path: Path, tiny_dataset: Path, capsys, monkeypatch) -> None:
     from harness import cli_fails
     from gpt2_tui import main
@@ -59,6 +63,7 @@ def test_toggle_refuses_to_ask_again_what_is_pending(tmp_path: Path, tiny_datase
     assert requests.pending(run_dir) == [OFF, {"data.pin_memory": False}]
 
 
+@pytest.mark.slow
 def test_a_segment_shorter_than_the_settle_window_says_too_short(tmp_path: Path, tiny_dataset: Path) -> None:
     run_dir = tmp_path / "run"
 

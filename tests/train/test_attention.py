@@ -74,6 +74,7 @@ def test_the_pick_leads_sdpa_priority_for_the_segment_and_only_then() -> None:
         assert torch._C._get_sdp_priority_order() == before
 
 
+@pytest.mark.slow
 def test_a_run_trains_under_its_pick_and_its_events_name_the_kernel(tmp_path, tiny_dataset, monkeypatch) -> None:
     """A stand-in measurement (CUDA's, which this CPU cannot make) picks cuDNN: every step runs
     with cuDNN first in SDPA's priority, and run_started names the kernel and the timings."""

@@ -201,6 +201,7 @@ print(ok, failed)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_token_file_cut_while_batches_are_read_is_an_error_not_a_crash(make_dataset) -> None:
     """Another process truncates and restores train.bin as fast as it can while a not-preloaded

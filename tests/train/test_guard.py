@@ -45,6 +45,7 @@ def host_reads(monkeypatch) -> Counter:
     return count_reads(monkeypatch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])  # Muon's skip is the device's too (build.step_unless)
 def test_a_non_logging_step_reads_nothing_from_the_device(tmp_path, tiny_dataset, host_reads, optimizer):
     flags = {"train.max_steps": 12, "train.log_interval": 4, "train.eval_interval": 100, "train.ckpt_interval": 100,
@@ -84,6 +85,7 @@ def _scale_loss(monkeypatch, factor: Callable[[int], float]) -> None:
     monkeypatch.setattr(GPT, "forward", forward)
 
 
+@pytest.mark.slow
 def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_dataset, monkeypatch):
     _scale_loss(monkeypatch, lambda n: float("nan") if n in (2, 3) else 1.0)
     seen = []
@@ -107,6 +109,7 @@ def test_a_nan_step_between_reports_is_skipped_on_the_device(tmp_path, tiny_data
     assert len(warnings) == 1 and warnings[0].startswith("step 4:") and "2 updates since the last report" in warnings[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [{"optim.fused": False}, {"optim.optimizer": "muon"},
                                    {"optim.optimizer": "muon", "optim.fused": False}])  # fmt: skip
 def test_without_found_inf_a_nan_step_is_skipped_and_its_verdict_never_read(tmp_path, tiny_dataset, monkeypatch,
@@ -201,6 +204,7 @@ def _copy(run: Path, tmp_path: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_a_finite_blow_up_stops_before_the_bad_state_is_saved(trained, tmp_path, capsys):
     run = _copy(trained, tmp_path)
     before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").glob("*.pt")}
@@ -214,6 +218,7 @@ def test_a_finite_blow_up_stops_before_the_bad_state_is_saved(trained, tmp_path,
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside(trained, tmp_path, capsys):
     run = _copy(trained, tmp_path)
     assert main(["train", "--resume", str(run), "--from", "10", "--max-steps", "20"]) == 0
@@ -229,6 +234,7 @@ def test_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside(trained, tm
     cli_fails(capsys, ["train", *MICRO, "--from", "best"], "add --resume")
 
 
+@pytest.mark.slow
 def test_a_run_whose_directory_vanishes_stops_in_one_line(tmp_path, tiny_dataset):
     def vanish(e):
         if e.event == "step" and e.step == 3:
@@ -246,6 +252,7 @@ def test_healthy_is_the_spike_rule() -> None:
     assert not guard.healthy(9.0, 2.0) and guard.healthy(5.9, 2.0)  # 2.0 + 4 nats
 
 
+@pytest.mark.slow
 def test_a_finite_loss_spike_is_skipped_and_stops_the_run_in_a_row(tmp_path, tiny_dataset, monkeypatch):
     """Loss x1000 (finite) from the 6th step on: no NaN anywhere, still caught as divergence;
     the skipped updates left the weights healthy, so they are saved before the stop."""

@@ -136,6 +136,7 @@ def test_momentum_warmup_ramps_from_0_85_by_the_step():
     assert momentum_at(0, o.model_copy(update={"muon_momentum_warmup": 0})) == 0.95  # off: the setting
 
 
+@pytest.mark.slow
 def test_momentum_warmup_changes_the_run_and_resumes_bit_exact(tmp_path, tiny_dataset):
     """With the warm-up on (12 steps), 8 steps, stop, resume to 16 == 16 straight (every loss and
     val loss equal), and the curve differs from the same run without the warm-up."""

@@ -16,6 +16,7 @@ from harness import CPU, cli_fails, losses, run_events, stopped_at, train, train
 
 
 
+@pytest.mark.slow
 def test_muon_stop_resume_equals_straight_run(tmp_path, tiny_dataset):
     """As tests/train/test_trainer.py's AdamW case: N steps, stop, resume, N steps == 2N straight."""
     common = {"optim.optimizer": "muon", "train.max_steps": 16, "model.dropout": 0.1, "train.eval_interval": 4,
@@ -52,6 +53,7 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     assert opt.muon.param_groups[0]["lr"] == pytest.approx(cfg.optim.muon_lr / 2)
 
 
+@pytest.mark.slow
 def test_a_muon_step_the_guard_skips_is_never_taken(tmp_path, tiny_dataset, monkeypatch):
     """The guard's verdict (a device flag; torch's Muon reads no found_inf) skips the whole
     Muon + AdamW step on the device (build.step_unless): the weights stay the initial ones and
@@ -96,6 +98,7 @@ def _lrs(run_dir):
     return {e.step: e.lr for e in events if e.event == "step"}
 
 
+@pytest.mark.slow
 def test_a_wsd_run_extended_before_its_decay_keeps_every_earlier_lr(tmp_path, tiny_dataset, capsys):
     planned = {s + 1: lr_at(s, resolve("micro", None, FLAGS).optim, 10) for s in range(10)}
     run_dir = tmp_path / "run"
@@ -113,6 +116,7 @@ def test_a_wsd_run_extended_before_its_decay_keeps_every_earlier_lr(tmp_path, ti
     assert len(notes) == 1 and "had not begun at step 6" in notes[0] and "to min_lr" in notes[0]
 
 
+@pytest.mark.slow
 def test_a_wsd_run_extended_in_its_decay_keeps_the_decay_end(tmp_path, tiny_dataset, capsys):
     planned = {s + 1: lr_at(s, resolve("micro", None, FLAGS).optim, 10) for s in range(10)}
     run_dir = tmp_path / "run"
@@ -126,6 +130,7 @@ def test_a_wsd_run_extended_in_its_decay_keeps_the_decay_end(tmp_path, tiny_data
     assert any("the wsd decay had begun: the schedule keeps its decay to step 10" in x for x in (said.out + said.err).splitlines())
 
 
+@pytest.mark.slow
 def test_resume_with_another_optimizer_is_one_line(tmp_path, tiny_dataset, capsys):
     run_dir = tmp_path / "run"
     stopped_at(run_dir, tiny_dataset, 3, **FLAGS)

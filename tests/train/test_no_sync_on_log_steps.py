@@ -29,6 +29,7 @@ class LateEvent(readings.HostEvent):
         return LateEvent.recorded[-1] is not self
 
 
+@pytest.mark.slow
 def test_log_steps_read_their_numbers_a_step_later_without_a_sync(tmp_path, tiny_dataset, monkeypatch):
     syncs: list[int] = []
     reads: list[int] = []
@@ -63,6 +64,7 @@ def _micro(tiny_dataset, **flags):
                                    "train.log_interval": 1, **flags})  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["stop", "toggle"])
 def test_a_stop_or_toggle_reports_every_step_and_counts_its_time(tmp_path, tiny_dataset, monkeypatch, how):
     """The steps still in flight at a stop or a toggle (their copies not yet arrived: the
@@ -107,6 +109,7 @@ class SteadyEvent(LateEvent):
         self.t = len(LateEvent.recorded) * self.STEP
 
 
+@pytest.mark.slow
 def test_an_eval_or_checkpoint_step_is_timed_between_end_events(tmp_path, tiny_dataset, monkeypatch):
     """A step the host syncs at (eval, checkpoint, the last) is timed on the device's clock from
     the previous step's end, as every other step: not from when the host enqueued that step, which

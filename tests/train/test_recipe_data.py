@@ -98,6 +98,7 @@ def test_document_starts_are_the_tokens_after_each_end_of_text(make_dataset):
     assert document_starts(ds.train, 9, 2).tolist() == [0]  # no end-of-text before it: the shard's first token
 
 
+@pytest.mark.slow
 def test_align_docs_resumes_bit_exact(tmp_path, docs_dataset):
     common = {"train.max_steps": 10, "data.align_docs": True, "data.prefetch": True, "train.eval_interval": 5,
               "train.ckpt_interval": 100, "model.dropout": 0.1}  # fmt: skip
@@ -141,6 +142,7 @@ def test_ramp_schedule():
     assert [resolve("micro", None, {"train.grad_accum": 4}).train.accum_at(s) for s in range(3)] == [4, 4, 4]
 
 
+@pytest.mark.slow
 def test_the_tokens_each_step_trains_on_follow_the_ramp(tmp_path, tiny_dataset):
     events = trained(tmp_path / "run", tiny_dataset, **{"train.grad_accum": 4, "train.batch_ramp": 6,
                                                           "train.max_steps": 9, "train.eval_interval": 9})  # fmt: skip
@@ -154,6 +156,7 @@ def test_the_tokens_each_step_trains_on_follow_the_ramp(tmp_path, tiny_dataset):
     assert summary["tokens_per_s"] == pytest.approx(4 * B * T / summary["median_step_time_s"])
 
 
+@pytest.mark.slow
 def test_a_logged_interval_in_the_ramp_reports_its_own_tokens_per_second(tmp_path, tiny_dataset):
     flags = {"train.grad_accum": 4, "train.batch_ramp": 8, "train.max_steps": 12, "train.log_interval": 4,
              "train.eval_interval": 12, "train.ckpt_interval": 12}  # fmt: skip
@@ -165,6 +168,7 @@ def test_a_logged_interval_in_the_ramp_reports_its_own_tokens_per_second(tmp_pat
         assert s.tokens_per_s * s.step_time_s == pytest.approx(n * B * T)
 
 
+@pytest.mark.slow
 def test_the_loss_is_the_mean_over_the_micro_batches_taken(tmp_path, tiny_dataset):
     """Step 1 of a ramp takes one micro-batch: the same loss as a run of one micro-batch a step."""
     ramp = trained(tmp_path / "ramp", tiny_dataset, **{"train.grad_accum": 4, "train.batch_ramp": 4,
@@ -173,6 +177,7 @@ def test_the_loss_is_the_mean_over_the_micro_batches_taken(tmp_path, tiny_datase
     assert losses(ramp)[0] == losses(one)[0]
 
 
+@pytest.mark.slow
 def test_resume_in_the_middle_of_the_ramp_is_bit_exact(tmp_path, tiny_dataset):
     common = {"train.grad_accum": 3, "train.batch_ramp": 8, "train.max_steps": 10, "train.eval_interval": 5,
               "train.ckpt_interval": 100, "data.prefetch": True, "model.dropout": 0.1}  # fmt: skip

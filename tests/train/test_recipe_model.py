@@ -188,6 +188,7 @@ def test_attn_window_hides_every_token_farther_back_than_the_window(attention: s
         torch.testing.assert_close(_logits(other, x), _logits(model, x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_run_with_every_switch_resumes_bit_exact_and_samples(tmp_path, tiny_dataset, capsys):
     """Stop at step 4, resume to 8 == 8 straight; then the run samples and refuses GPT-2's export."""
     from engine.inspect.sample import load_model

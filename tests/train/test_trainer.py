@@ -27,6 +27,7 @@ def test_lr_schedule_warms_up_then_decays_to_min():
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
 
 
+@pytest.mark.slow
 def test_events_schema_and_run_directory(tmp_path, tiny_dataset):
     run_dir = tmp_path / "run"
     events = trained(run_dir, tiny_dataset, **{"train.max_steps": 12, "train.grad_accum": 2})
@@ -56,6 +57,7 @@ def test_events_schema_and_run_directory(tmp_path, tiny_dataset):
         assert "event" in json.loads(line)
 
 
+@pytest.mark.slow
 def test_same_seed_same_loss_curve(tmp_path, tiny_dataset):
     a = trained(tmp_path / "a", tiny_dataset, **{"train.max_steps": 8, "model.dropout": 0.1})
     b = trained(tmp_path / "b", tiny_dataset, **{"train.max_steps": 8, "model.dropout": 0.1})
@@ -64,6 +66,7 @@ def test_same_seed_same_loss_curve(tmp_path, tiny_dataset):
     assert losses(a) != losses(c)
 
 
+@pytest.mark.slow
 def test_stop_resume_equals_straight_run(tmp_path, tiny_dataset):
     """N steps, stop, resume, N steps == 2N straight: exact, with dropout and prefetch on."""
     common = {"train.max_steps": 16, "model.dropout": 0.1, "train.eval_interval": 4,
@@ -79,6 +82,7 @@ def test_stop_resume_equals_straight_run(tmp_path, tiny_dataset):
     assert val(both) == val(straight)
 
 
+@pytest.mark.slow
 def test_control_pause_save_and_stop_from_another_thread(tmp_path, tiny_dataset):
     control = Control()
     seen, paused_at_save = [], []
@@ -104,6 +108,7 @@ def test_control_pause_save_and_stop_from_another_thread(tmp_path, tiny_dataset)
     assert latest is not None and latest.name == f"step_{events[-1].step:06d}.pt"
 
 
+@pytest.mark.slow
 def test_keep_last_k_plus_best(tmp_path, make_dataset):
     data = make_dataset("gpt2-tui")
     run_dir = tmp_path / "run"
@@ -117,6 +122,7 @@ def test_keep_last_k_plus_best(tmp_path, make_dataset):
     assert state["step"] == best.step and state["val_loss"] == pytest.approx(best.val_loss)
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_everything_a_resume_needs(tmp_path, tiny_dataset):
     run_dir = tmp_path / "run"
     train(run_dir, tiny_dataset, **{"train.max_steps": 4, "train.ckpt_interval": 4})
@@ -147,6 +153,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, tiny_dataset):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_paths_train_on_cpu(tmp_path, tiny_dataset, precision):
     """bf16 autocast (no scaler) and fp16 with its GradScaler, through the real loop;
@@ -164,6 +171,7 @@ def test_mixed_precision_paths_train_on_cpu(tmp_path, tiny_dataset, precision):
         assert state["scaler"]["scale"] > 0
 
 
+@pytest.mark.slow
 def test_queue_sink_gets_what_the_jsonl_gets(tmp_path, tiny_dataset):
     from engine.events import QueueSink
 

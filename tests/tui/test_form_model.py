@@ -17,6 +17,7 @@ from tui.models import form as F
 from harness import force_cpu_native, python_c
 
 
+@pytest.mark.slow
 def test_the_form_model_imports_no_textual() -> None:
     code = "import sys, tui.models.form\nassert not [m for m in sys.modules if m.startswith('textual')]\n"
     out = python_c(code)

@@ -43,6 +43,7 @@ def err_text(screen, dotted: str) -> str:
     return str(found.only_one().render()) if found and found.only_one().display else ""
 
 
+@pytest.mark.slow
 def test_setup_validates_budget_fix_then_launch_in_app_and_watch(tiny_dataset: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
 
@@ -218,6 +219,7 @@ def test_detached_launch_is_tailed_live_and_stopped(tiny_dataset: Path, tmp_path
     assert _events(run_dir)[-1]["event"] == "run_finished"
 
 
+@pytest.mark.slow
 def test_bad_attach_and_config_are_one_line(tmp_path: Path) -> None:
     gpt2 = Path(sys.executable).with_name("gpt2-tui")
     for args, needle in (
@@ -231,6 +233,7 @@ def test_bad_attach_and_config_are_one_line(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_several_gpus_launch_torchrun_and_the_dashboard_names_the_slowest_rank(
     tiny_dataset: Path, tmp_path: Path, monkeypatch
 ) -> None:
@@ -277,6 +280,7 @@ def test_several_gpus_launch_torchrun_and_the_dashboard_names_the_slowest_rank(
             proc.wait()
 
 
+@pytest.mark.slow
 def test_attach_tells_a_dead_writer_from_a_live_one(tmp_path: Path) -> None:
     """A run whose writer was kill -9'd (events end without run_finished, its writer.pid
     names a dead process) is shown as such, not as running forever."""

@@ -117,6 +117,7 @@ def test_reattached_dashboard_steers_an_own_detached_run(tiny_dataset: Path, tmp
     assert json.loads((run_dir / rundir.EVENTS).read_text().splitlines()[-1])["reason"] == "stopped"
 
 
+@pytest.mark.slow
 def test_others_runs_are_watch_only_and_the_footer_says_why(tmp_path: Path) -> None:
     """Another host's writer, or a live process that does not hold the run's lock (so reads
     no mailbox), leave the run watch-only: no p/s/q in the footer, the reason and pid shown."""

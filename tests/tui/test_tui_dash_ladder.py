@@ -34,6 +34,7 @@ def text(screen: BenchmarkScreen, wid: str) -> str:
     return str(screen.query_one(wid, Static).render())
 
 
+@pytest.mark.slow
 def test_ladder_eta_stop_and_notes(tiny_dataset: Path, tmp_path: Path) -> None:
     config = bench.BenchConfig(preset="micro", data=str(tiny_dataset), vocab_size=None, steps=200000, warmup=1,
                                skip=["compile"])  # fmt: skip
@@ -58,6 +59,7 @@ def test_ladder_eta_stop_and_notes(tiny_dataset: Path, tmp_path: Path) -> None:
     assert "device ()" not in md and "device CPU" in md and "? params" not in md
 
 
+@pytest.mark.slow
 def test_ladder_notes_are_whole_at_120_columns(tiny_dataset: Path, tmp_path: Path) -> None:
     config = bench.BenchConfig(preset="micro", data=str(tiny_dataset), vocab_size=None, steps=2, warmup=1,
                                skip=["compile"])  # fmt: skip

@@ -79,6 +79,7 @@ async def open_form(pilot, app: GPT2App) -> SetupScreen:
 # ------------------------------------------------------------------ item 8: first paint
 
 
+@pytest.mark.slow
 def test_the_bare_command_paints_before_torch_is_imported() -> None:
     """The app's modules and the bare command's path to the form import no torch (it takes
     seconds: the form would wait for it)."""
@@ -326,6 +327,7 @@ def test_switch_states_read_without_colour(tiny_dataset: Path) -> None:
     run(go)
 
 
+@pytest.mark.slow
 def test_f2_writes_the_vocab_once_and_asks_before_overwriting(tmp_path: Path) -> None:
     target = tmp_path / "run.toml"
 
@@ -424,6 +426,7 @@ def test_the_footer_keeps_f7_f8_and_quit_at_80_columns(attach: bool) -> None:
     run(go)
 
 
+@pytest.mark.slow
 def test_a_live_runs_footer_keeps_its_keys_at_80_columns(tiny_dataset: Path, tmp_path: Path) -> None:
     """A live in-app run's dashboard shows more keys than a finished one (pause, save, stop,
     switches): at 80 columns every one stays on screen, with F7/F8 and Quit, and the status

@@ -45,6 +45,7 @@ def status(panel: GpuPanel) -> str:
     return str(panel.query_one("#gpu-status", Static).render())
 
 
+@pytest.mark.slow
 def test_gpu_panel_draws_recorded_samples_fed_from_the_sampler_thread() -> None:
     async def go() -> None:
         panel = GpuPanel()

@@ -92,6 +92,7 @@ LONG = {"train.max_steps": 100000, "train.ckpt_interval": 100000, "train.eval_in
 GONE_WITHIN_S = 5.0
 
 
+@pytest.mark.slow
 def test_the_dashboard_that_launched_a_run_says_writer_gone_after_kill_9(tiny_dataset: Path, tmp_path: Path) -> None:
     """F5's kind of run (its own process, launched by this app): kill -9 of that process turns
     the dashboard's state from RUNNING to WRITER GONE within a few seconds, with the elapsed
@@ -129,6 +130,7 @@ def test_the_dashboard_that_launched_a_run_says_writer_gone_after_kill_9(tiny_da
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_an_attached_dashboard_says_writer_gone_after_kill_9(tiny_dataset: Path, tmp_path: Path) -> None:
     """The same rule for a run attached to (started from a shell): its lock's holder."""
     run_dir = tmp_path / "theirs"
@@ -164,6 +166,7 @@ def test_an_attached_dashboard_says_writer_gone_after_kill_9(tiny_dataset: Path,
 # ------------------------------------------------------------------ item 1: a pending toggle, seen
 
 
+@pytest.mark.slow
 def test_a_toggle_posted_but_not_yet_applied_shows_as_pending_and_is_not_asked_twice(tmp_path: Path) -> None:
     """A run of ours (this process holds its lock, so `o` posts to its mailbox) that has not
     reached its next step boundary yet: after Apply, `o` again shows the change as pending, and

@@ -101,6 +101,7 @@ def test_segments_tab_at_80_columns_shows_the_speed_once_a_second_segment_lands(
 # ---------------------------------------------------------------- 6. a key pressed while torch loads
 
 
+@pytest.mark.slow
 def test_launch_pressed_while_torch_loads_is_kept_and_launches_once_loaded(tiny_dataset, tmp_path, monkeypatch):
     from engine import device
     from tui.screens import setup
@@ -145,6 +146,7 @@ def test_launch_pressed_while_torch_loads_is_kept_and_launches_once_loaded(tiny_
 # ---------------------------------------------------------------- 7. keyboard in dialogs
 
 
+@pytest.mark.slow
 def test_what_next_arrow_keys_move_between_its_buttons(tmp_path, tiny_dataset, capsys):
     run = tmp_path / "run"
     assert main(["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "4"]) == 0
@@ -165,6 +167,7 @@ def test_what_next_arrow_keys_move_between_its_buttons(tmp_path, tiny_dataset, c
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_switches_screen_has_an_apply_key(tiny_dataset, tmp_path):
     """On the Switches screen Apply is a key away (its footer names it), not ~12 Tabs."""
     app = GPT2App(micro(tiny_dataset, **LONG))
@@ -189,6 +192,7 @@ def test_switches_screen_has_an_apply_key(tiny_dataset, tmp_path):
 # ---------------------------------------------------------------- 11. one settled speed
 
 
+@pytest.mark.slow
 def test_status_line_settled_speed_is_the_current_segments(tmp_path, tiny_dataset, capsys):
     run = two_segment_run(tmp_path, tiny_dataset, capsys)
     assert main(["compare", str(run), "--json"]) == 0
@@ -211,6 +215,7 @@ def test_status_line_settled_speed_is_the_current_segments(tmp_path, tiny_datase
 # ---------------------------------------------------------------- 12. small ones in the app
 
 
+@pytest.mark.slow
 def test_elapsed_does_not_count_while_paused(tiny_dataset, tmp_path):
     app = GPT2App(micro(tiny_dataset, **LONG))
 
@@ -234,6 +239,7 @@ def test_elapsed_does_not_count_while_paused(tiny_dataset, tmp_path):
         stop_in_app(app)
 
 
+@pytest.mark.slow
 def test_f2_does_not_write_into_the_current_directory_unasked(tiny_dataset, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     app = GPT2App(micro(tiny_dataset))

@@ -48,6 +48,7 @@ def _slow_saves(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return began
 
 
+@pytest.mark.slow
 def test_quit_waits_for_the_stop_checkpoint_however_long(
     tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -88,6 +89,7 @@ def test_quit_waits_for_the_stop_checkpoint_however_long(
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_second_ctrl_q_quits_without_waiting(tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = tmp_path / "quit-now"
     began = _slow_saves(monkeypatch)

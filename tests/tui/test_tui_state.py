@@ -162,6 +162,7 @@ def test_elapsed_leaves_out_the_time_a_run_was_stopped_and_paused() -> None:
     assert s.elapsed(now=9999.0) == pytest.approx(10.0 + 5.0 + 5.0)
 
 
+@pytest.mark.slow
 def test_a_launched_process_building_the_dataset_shows_each_phase(tmp_path: Path) -> None:
     """F5's run is a child process: its console says each phase of the default dataset's build
     as it starts, and the dashboard's status says it too (not only that something is built)."""
