@@ -174,7 +174,11 @@ def _row(nodeid: str, slow: bool) -> dict[str, object]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
-    _row(item.nodeid, item.get_closest_marker("slow") is not None)["fixtures"] = list(getattr(item, "fixturenames", ()))
+    info = getattr(item, "_fixtureinfo", None)  # each fixture the test uses, named where it is defined
+    defs = info.name2fixturedefs.items() if info is not None else ()
+    _row(item.nodeid, item.get_closest_marker("slow") is not None)["fixtures"] = [
+        _fixture_key(d[-1]) for _, d in defs if d
+    ]
     _running[:] = [item.nodeid]
     try:
         return (yield)
@@ -182,9 +186,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _running.clear()
 
 
+def _fixture_key(fixturedef: pytest.FixtureDef) -> str:
+    """A fixture as where it is defined and its name: two modules' `run` fixtures are two fixtures."""
+    return f"{fixturedef.baseid}::{fixturedef.argname}"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> object:
-    _setting_up.append(fixturedef.argname)
+    _setting_up.append(_fixture_key(fixturedef))
     try:
         return (yield)
     finally:
