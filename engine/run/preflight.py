@@ -310,6 +310,21 @@ def device_rule(c: Check) -> None:
     device.check(s.device, s.precision, s.compile)
 
 
+def emulated_precision(c: Check) -> None:
+    """A half precision this CPU only emulates (engine.device.cpu_native) trains several times slower
+    than fp32: said at every front door (a run's start, the form, the Switches dialog, toggle), with
+    the fix; `auto` never picks one (engine.device.precision). The matmul is timed where nothing
+    waits on it (not the form's or the dialog's every change)."""
+    from engine import device
+
+    s = c.config.speed
+    if device.kind(s.device) != "cpu":
+        return
+    slow = device.cpu_half_reason(device.precision(s.precision, "cpu"), measure=not c.local_only and c.caps is None)
+    if slow:
+        c.warn(UserError(f"{slow}: training is far slower than in fp32", {"speed.precision": "fp32"}))
+
+
 def loggers_rule(c: Check) -> None:
     """--log: a logger whose package is missing is refused before the data is opened or a byte written."""
     if c.config.train.log:
@@ -408,8 +423,8 @@ def no_effect_warnings(c: Check) -> None:
                          {"optim.decay_fraction": f"{1 / max(o.decay_end(n), 1):.3g} or more"}))  # fmt: skip
 
 
-RULES: list[Rule] = [pretrained_shape, device_rule, loggers_rule, dataset_rule, documents_rule, memory_rule,
-                     no_effect_warnings]  # fmt: skip
+RULES: list[Rule] = [pretrained_shape, device_rule, emulated_precision, loggers_rule, dataset_rule, documents_rule,
+                     memory_rule, no_effect_warnings]  # fmt: skip
 
 
 def preflight(
@@ -418,8 +433,8 @@ def preflight(
     local_only: bool = False, resume: bool = False, memory: bool = True,
 ) -> Verdict:  # fmt: skip
     """The one judgement of a config before it runs, for every front door: each rule of RULES
-    in order (pretrained shape, device, loggers, dataset vocab and length, documents, memory, inputs of no
-    effect).
+    in order (pretrained shape, device, an emulated precision, loggers, dataset vocab and length,
+    documents, memory, inputs of no effect).
     `dataset`: True opens it (the CLI, bench), an opened Dataset is bound, a DatasetInfo judged
     (the form), False leaves the data alone (a live toggle: the run's own). A rule that raises
     UserError refuses; the others still judge (the form shows every field's refusal)."""
