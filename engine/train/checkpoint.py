@@ -286,6 +286,24 @@ def _buffer_problem(name: str, v: Any) -> str | None:
         return f"optimizer {name[:40]} is {str(v.dtype).removeprefix('torch.')}, not a float tensor"
     if v.dim() == 0 or not v.is_contiguous():
         return f"optimizer {name[:40]} is not laid out as its parameter (shape {tuple(v.shape)}, strides {v.stride()})"
+    return _buffer_values(name, v)
+
+
+STATE_MAX = 1e18  # a moment or momentum beyond it is damage: a step's update would overflow what it multiplies
+
+
+def _buffer_values(name: str, v: torch.Tensor) -> str | None:
+    """The values as well as the form: every element finite and within STATE_MAX, a second moment
+    (exp_avg_sq, whose square root divides the step) >= 0. A NaN or negative moment would train the
+    weights into NaN at the first step and leave the checkpoint to blame the learning rate."""
+    if v.numel() == 0:
+        return None
+    low, high = torch.aminmax(v.detach().float())  # NaN propagates into both: one pass, two numbers
+    low, high = low.item(), high.item()
+    if not (math.isfinite(low) and math.isfinite(high)) or max(abs(low), abs(high)) > STATE_MAX:
+        return f"optimizer {name[:40]} holds values that are not finite or out of range"
+    if name == "exp_avg_sq" and low < 0:
+        return "optimizer exp_avg_sq holds negative values (a second moment is >= 0)"
     return None
 
 

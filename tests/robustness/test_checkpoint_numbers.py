@@ -65,3 +65,27 @@ def test_every_number_a_checkpoint_restores_is_refused_in_one_line_or_resumed(tr
                 failures.append(f"{'.'.join(map(str, path))} = {value if not isinstance(value, int) or abs(value) < 1e6 else '10**400'}: "
                                 f"exit {code}: {err.splitlines()[-1] if err else ''}")
     assert not failures, "\n".join(failures)
+
+
+def test_optimizer_state_is_checked_for_its_values_as_well_as_its_form(trained_runs, tmp_path, capsys):
+    """Issue 46, class E: an AdamW moment or a Muon momentum that is NaN, infinite or past any
+    range, or a second moment below 0, is refused at resume in one line naming the optimizer
+    state, before torch sees it (it would train the weights into NaN at the first step)."""
+    for table in ("micro-2", "muon-wsd"):
+        original = trained_runs.original(table)
+        latest = (original / "checkpoints" / "latest").read_text().strip()
+        state = torch.load(original / "checkpoints" / latest, weights_only=True)
+        names = sorted({k for entry in state["optimizer"]["state"].values() for k, v in entry.items()
+                        if isinstance(v, torch.Tensor) and v.dim() > 0})  # fmt: skip
+        assert {"exp_avg", "exp_avg_sq"} <= set(names) and ("momentum_buffer" in names) == (table == "muon-wsd"), names
+        for name in names:
+            for value in [float("nan"), float("inf"), 1e30, *([-1.0] if name == "exp_avg_sq" else [])]:
+                run = trained_runs.copy(table, tmp_path / f"{table}-{name}-{value}")
+                bad = torch.load(original / "checkpoints" / latest, weights_only=True)
+                entry = next(e for e in bad["optimizer"]["state"].values() if name in e and e[name].dim() > 0)
+                entry[name].view(-1)[0] = value
+                torch.save(bad, run / "checkpoints" / latest)
+                code = main(["train", "--resume", str(run), "--max-steps", str(state["step"] + 1)])
+                err = capsys.readouterr().err.strip()
+                assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (table, name, value, err)
+                assert "optimizer" in err and name in err, err
