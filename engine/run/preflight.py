@@ -46,6 +46,7 @@ def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | 
     a new optimizer is a new run). A run already trained to its max steps is refused once its
     checkpoint is loaded and checked (the segment's set-up), so a damaged one says so first."""
     own = rundir.load_config(run_dir)
+    refuse_model_change(own, overrides, run_dir)
     if overrides.get("optim.optimizer", own.optim.optimizer) != own.optim.optimizer:
         raise UserError(f"this run trains with optimizer {own.optim.optimizer}; its checkpoints hold that optimizer's state, "
                         f"so it resumes with it: drop --optimizer, or start a new run with --optimizer "
@@ -60,6 +61,25 @@ def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | 
         raise trained_past(run_dir, step, asked)
     config = keep_schedule(own, overlay(own.model_dump(mode="json", exclude_none=True), overrides), overrides, step)
     return config
+
+
+def refuse_model_change(own: RunConfig, overrides: dict[str, Any], run_dir: Path) -> None:
+    """A resume keeps the model the run trained: a recipe switch (form section Recipe, under
+    model.: what the model computes) given at resume with another value than the run's is
+    refused, naming the fix: a new run that starts from this one's weights is another model."""
+    from engine import settings
+    from engine.config import RECIPE
+
+    for dotted, value in overrides.items():
+        section, name = dotted.split(".", 1)
+        if section != "model" or settings.setting(dotted).form != RECIPE:
+            continue
+        was = getattr(own.model, name)
+        if value != was:
+            flag = settings.setting(dotted).flag or dotted
+            flag = f"--no-{flag[2:]}" if value is False and flag.startswith("--") else flag  # as it was typed
+            raise UserError(f"{flag} changes what the model computes ({name} {was} -> {value}); a resume keeps the "
+                            f"model {run_dir} trained: drop {flag}, or start a new run with it")  # fmt: skip
 
 
 REPLAN = frozenset({"optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.schedule", "optim.decay_fraction",
