@@ -46,9 +46,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, field_validator
 
 from engine import console
+from engine import files
 from engine.files import atomic_write_bytes
 from engine.errors import UserError
 from bench.common import BenchOptions
@@ -91,9 +92,14 @@ class Report(BaseModel):
     date: str
     dry_run: bool
     profile: str = "full"  # full | short (the short-window profile: bench/gpu_window.py)
-    doctor: dict[str, Any] = {}  # `gpt2-tui doctor --json`, run first: what this box can run
+    doctor: dict[str, Any] = {}  # `gpt2-tui doctor --json`, run first: what this box can run (gpu_window.DoctorEntry)
     doctor_runs: bool = False  # whether that entry has the doctor's short runs (the full report's), or only its checks
     parts: dict[str, PartResult] = {}
+
+    @field_validator("doctor")
+    @classmethod
+    def _doctor(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return gpu_window.doctor_entry(value)  # a report read back is untrusted: rows of the shape the readers use
 
 
 # ---------------------------------------------------------------- the parts
@@ -277,16 +283,18 @@ def figures(part: str, out: Path, text: str, command: str) -> tuple[dict[str, An
     inside it, from what it wrote or printed."""
     from bench import best, ladder
 
-    if part == "ladder" and (out / "ladder.json").is_file():
-        r = ladder.LadderResult.model_validate_json((out / "ladder.json").read_text())
+    if part in ("ladder", "best") and (out / f"{part}.json").exists():
+        model = ladder.LadderResult if part == "ladder" else best.BestResult
+        try:  # the part's own report: untrusted input all the same (bounded, validated)
+            r = model.model_validate_json(files.read_text(out / f"{part}.json", gpu_window.CAP))
+        except (OSError, ValueError) as err:
+            return {}, "", f"its {part}.json could not be read ({type(err).__name__})"
         r.command = command
-        failed = sum(x.status == "failed" for x in r.rungs)
-        return r.model_dump(mode="json"), ladder.to_markdown(r), f"{failed} rungs failed" if failed else ""
-    if part == "best" and (out / "best.json").is_file():
-        b = best.BestResult.model_validate_json((out / "best.json").read_text())
-        b.command = command
-        failed = sum(c.status.startswith("failed") for c in b.candidates)
-        return b.model_dump(mode="json"), best.to_markdown(b), f"{failed} candidates failed" if failed else ""
+        if isinstance(r, ladder.LadderResult):
+            failed = sum(x.status == "failed" for x in r.rungs)
+            return r.model_dump(mode="json"), ladder.to_markdown(r), f"{failed} rungs failed" if failed else ""
+        failed = sum(c.status.startswith("failed") for c in r.candidates)
+        return r.model_dump(mode="json"), best.to_markdown(r), f"{failed} candidates failed" if failed else ""
     if part == "tests":
         summary = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|errors?)\b", ln)]
         counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)",
@@ -409,11 +417,18 @@ def short_markdown(r: Report) -> str:
 
 
 def load(path: Path) -> Report | None:
-    if not path.exists():
-        return None
+    """The report at `path` written earlier (this day's, on this device), or None where there is none.
+    Untrusted input: read bounded through the file boundary (a regular file, no link, under
+    gpu_window.CAP) and validated by the Report model, its doctor entry included."""
     try:
-        return Report.model_validate_json(path.read_text())
-    except (OSError, ValidationError, ValueError):
+        text = files.read_text(path, gpu_window.CAP)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # a FIFO, a link, a file past the cap, not UTF-8
+        raise UserError(f"{path} exists but is not a readable GPU report; move it aside to write this one") from None
+    try:
+        return Report.model_validate_json(text)
+    except ValueError:  # ValidationError is one
         raise UserError(f"{path} exists but is not a GPU report; move it aside to write this one") from None
 
 

@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from engine import files
 
 CAP = 64 * 1024 * 1024  # what an item's JSON may reach (the ladder keeps every rung's step times)
@@ -114,11 +116,37 @@ def read(item: str, work: Path, text: str, dry_run: bool) -> Rows:
         return Rows({}, [], [], "")
 
 
+class DoctorRow(BaseModel):
+    """One row of `doctor --json`, as the report's readers use it (anything more is kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    section: str
+    name: str
+    status: str
+    seconds: float | None = Field(None, allow_inf_nan=False)
+    detail: str = ""
+
+
+class DoctorEntry(BaseModel):
+    """`doctor --json`: its rows and problems. A report's doctor entry is read through this model
+    (a child's output, a report file written earlier: untrusted input either way)."""
+
+    model_config = ConfigDict(extra="allow")
+    rows: list[DoctorRow] = []
+    problems: list[str] = []
+
+
+def doctor_entry(value: Any) -> dict[str, Any]:
+    """`value` as a doctor entry of the shape its readers use; ValueError (pydantic's) where it is not."""
+    return DoctorEntry.model_validate(value).model_dump() if value else {}
+
+
 def doctor_json(text: str) -> dict[str, Any]:
-    """`doctor --json` from a command's output (whatever torch warned on stderr comes first)."""
+    """`doctor --json` from a command's output (whatever torch warned on stderr comes first), checked
+    by DoctorEntry; {} where there is none or it is malformed."""
     start = text.find('{\n "rows"')
     try:
-        return json.loads(text[start:]) if start >= 0 else {}
+        return doctor_entry(json.loads(text[start:])) if start >= 0 else {}
     except ValueError:
         return {}
 

@@ -145,6 +145,14 @@ def precision(name: str, device_kind: str) -> str:
     return name
 
 
+def newton_schulz_dtype(device_kind: str) -> torch.dtype:
+    """The dtype Muon's Newton-Schulz iterates in on this device kind: bf16 (torch.optim.Muon's)
+    where the device does it natively (a CUDA GPU with bf16, a CPU with avx512_bf16 or AMX), fp32
+    where it would only emulate it (an AVX2 or AMD EPYC CPU: emulated bf16 took ~30x fp32's time)."""
+    native = cpu_native("bf16") if device_kind == "cpu" else has_bf16(device_kind)
+    return torch.bfloat16 if native else torch.float32
+
+
 def half_precision(device_kind: str) -> str:
     """The 16-bit autocast this device kind runs: bf16 where it is native (CPUs autocast to
     bf16), else fp16 with its GradScaler (a V100 or T4 only emulates bf16)."""

@@ -466,11 +466,25 @@ def cache_root(cache_dir: Path | None = None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt2-tui"
 
 
-def build_dir_name(out: Path) -> Path:
-    """The hidden `.OUT.tmp-PID-HEX` directory a build of `out` (prepare, export) fills before
-    renaming it into place: its pid says whether the build still lives (sweep_dead_builds)."""
+def _pid_space() -> str:
+    """8 hex digits naming this host and pid namespace: a pid means a process only within them (a
+    build dir on a shared volume may come from another machine or container, whose pids are not ours)."""
+    import hashlib
+    import socket
+
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = ""
+    return hashlib.sha256(f"{socket.gethostname()}|{ns}".encode()).hexdigest()[:8]
+
+
+def build_dir_name(out: Path, pid: int | None = None) -> Path:
+    """The hidden `.OUT.tmp-PID-SPACE-HEX` directory a build of `out` (prepare, export) by process
+    `pid` (this one's unless given) fills before renaming it into place: its pid, read in its pid
+    space (host and namespace), says whether the build still lives (sweep_dead_builds)."""
     out = Path(out)
-    return out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    return out.parent / f".{out.name}.tmp-{os.getpid() if pid is None else pid}-{_pid_space()}-{secrets.token_hex(4)}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -484,19 +498,29 @@ def _pid_alive(pid: int) -> bool:
 
 
 def sweep_dead_builds(out: Path) -> None:
-    """A build killed midway (kill -9, power) leaves its `.NAME.tmp-PID-HEX` folder beside `out`
-    forever: remove the ones of `out` whose process is gone (a live build's is left alone)."""
+    """A build killed midway (kill -9, power) leaves its `.NAME.tmp-PID-SPACE-HEX` folder beside
+    `out` forever: remove the ones of `out` that are ours, whose process is gone. Ours: a
+    directory (not a link) this user owns, named in this host's and pid namespace's space, so a
+    pid means our process; anything else (another user's, another machine's on a shared volume,
+    an older name without a space) is never touched."""
     import re
 
     out = Path(out)
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.tmp-(\d+)-[0-9a-f]+")
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.tmp-(\d+)-([0-9a-f]{{8}})-[0-9a-f]+")
     try:
         entries = list(out.parent.iterdir())
     except OSError:
         return
+    space, uid = _pid_space(), os.geteuid()
     for p in entries:
         m = pattern.fullmatch(p.name)
-        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
+        if not m or m.group(2) != space:
+            continue
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not _pid_alive(int(m.group(1))):
             remove_tree(p)
 
 

@@ -528,7 +528,10 @@ def cmd_toggle(args: argparse.Namespace) -> int:
         raise UserError(f"already pending: {path_text(args.run_dir)} has not yet taken the toggle{'s' * (len(waiting) > 1)} "
                         f"asked before ({what}), which already asks for this; it applies at the next step boundary "
                         f"(`{program()} attach {path_text(args.run_dir)}` shows the new segment)")
-    diff = changed(switches(config), switches(toggle.check(config, overrides)))
+    verdict = toggle.judge(config, overrides)
+    diff = changed(switches(config), switches(verdict.raise_first()))
+    for why in verdict.warnings:  # what the new set costs, said before it is asked for (an emulated precision)
+        out.line(f"note: {why}")
     if not diff:
         raise UserError(f"{args.run_dir} already runs with those switches; nothing to change")
     try:

@@ -496,7 +496,12 @@ def export(
     tmp = files.build_dir_name(out)
     try:
         files.make_new_dir(tmp)
-        st.save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        try:  # into our own new directory; safetensors raises its own error (a full disk: SafetensorError)
+            st.save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        except Exception as err:  # noqa: BLE001 - not an OSError: one line, as every write failure here
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise UserError(f"--hf {out}: the weights could not be written ({why}); free space in {out.parent} "
+                            "or pass another --hf") from None  # fmt: skip
         files.write_text(tmp / CONFIG, json.dumps(hf_config(model, eot), indent=2) + "\n")
         gen = {"do_sample": True} | ({"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {})
         files.write_text(tmp / "generation_config.json", json.dumps(gen, indent=2) + "\n")

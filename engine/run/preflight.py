@@ -46,6 +46,7 @@ def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | 
     a new optimizer is a new run). A run already trained to its max steps is refused once its
     checkpoint is loaded and checked (the segment's set-up), so a damaged one says so first."""
     own = rundir.load_config(run_dir)
+    refuse_model_change(own, overrides, run_dir)
     if overrides.get("optim.optimizer", own.optim.optimizer) != own.optim.optimizer:
         raise UserError(f"this run trains with optimizer {own.optim.optimizer}; its checkpoints hold that optimizer's state, "
                         f"so it resumes with it: drop --optimizer, or start a new run with --optimizer "
@@ -60,6 +61,25 @@ def resumed_config(run_dir: Path, overrides: dict[str, Any], resume_from: str | 
         raise trained_past(run_dir, step, asked)
     config = keep_schedule(own, overlay(own.model_dump(mode="json", exclude_none=True), overrides), overrides, step)
     return config
+
+
+def refuse_model_change(own: RunConfig, overrides: dict[str, Any], run_dir: Path) -> None:
+    """A resume keeps the model the run trained: a recipe switch (form section Recipe, under
+    model.: what the model computes) given at resume with another value than the run's is
+    refused, naming the fix: a new run that starts from this one's weights is another model."""
+    from engine import settings
+    from engine.config import RECIPE
+
+    for dotted, value in overrides.items():
+        section, name = dotted.split(".", 1)
+        if section != "model" or settings.setting(dotted).form != RECIPE:
+            continue
+        was = getattr(own.model, name)
+        if value != was:
+            flag = settings.setting(dotted).flag or dotted
+            flag = f"--no-{flag[2:]}" if value is False and flag.startswith("--") else flag  # as it was typed
+            raise UserError(f"{flag} changes what the model computes ({name} {was} -> {value}); a resume keeps the "
+                            f"model {run_dir} trained: drop {flag}, or start a new run with it")  # fmt: skip
 
 
 REPLAN = frozenset({"optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.schedule", "optim.decay_fraction",
@@ -310,6 +330,21 @@ def device_rule(c: Check) -> None:
     device.check(s.device, s.precision, s.compile)
 
 
+def emulated_precision(c: Check) -> None:
+    """A half precision this CPU only emulates (engine.device.cpu_native) trains several times slower
+    than fp32: said at every front door (a run's start, the form, the Switches dialog, toggle), with
+    the fix; `auto` never picks one (engine.device.precision). The matmul is timed where nothing
+    waits on it (not the form's or the dialog's every change)."""
+    from engine import device
+
+    s = c.config.speed
+    if device.kind(s.device) != "cpu":
+        return
+    slow = device.cpu_half_reason(device.precision(s.precision, "cpu"), measure=not c.local_only and c.caps is None)
+    if slow:
+        c.warn(UserError(f"{slow}: training is far slower than in fp32", {"speed.precision": "fp32"}))
+
+
 def loggers_rule(c: Check) -> None:
     """--log: a logger whose package is missing is refused before the data is opened or a byte written."""
     if c.config.train.log:
@@ -408,8 +443,8 @@ def no_effect_warnings(c: Check) -> None:
                          {"optim.decay_fraction": f"{1 / max(o.decay_end(n), 1):.3g} or more"}))  # fmt: skip
 
 
-RULES: list[Rule] = [pretrained_shape, device_rule, loggers_rule, dataset_rule, documents_rule, memory_rule,
-                     no_effect_warnings]  # fmt: skip
+RULES: list[Rule] = [pretrained_shape, device_rule, emulated_precision, loggers_rule, dataset_rule, documents_rule,
+                     memory_rule, no_effect_warnings]  # fmt: skip
 
 
 def preflight(
@@ -418,8 +453,8 @@ def preflight(
     local_only: bool = False, resume: bool = False, memory: bool = True,
 ) -> Verdict:  # fmt: skip
     """The one judgement of a config before it runs, for every front door: each rule of RULES
-    in order (pretrained shape, device, loggers, dataset vocab and length, documents, memory, inputs of no
-    effect).
+    in order (pretrained shape, device, an emulated precision, loggers, dataset vocab and length,
+    documents, memory, inputs of no effect).
     `dataset`: True opens it (the CLI, bench), an opened Dataset is bound, a DatasetInfo judged
     (the form), False leaves the data alone (a live toggle: the run's own). A rule that raises
     UserError refuses; the others still judge (the form shows every field's refusal)."""

@@ -164,6 +164,7 @@ def optimizer(module: torch.nn.Module, o: OptimConfig, device: torch.device) -> 
     # Keller Jordan's original scaling, sqrt(max(1, rows/cols)), which the 0.02 default is tuned for
     muon = Muon([p for _, p in params if id(p) in matrices], lr=o.muon_lr, weight_decay=0.0,
                 momentum=momentum_at(0, o), nesterov=True, adjust_lr_fn=None)  # fmt: skip
+    muon.ns_dtype = devices.newton_schulz_dtype(device.type)  # bf16 only where the device does it natively
     return MuonAdamW(adamw, muon, o.muon_lr / o.lr)
 
 

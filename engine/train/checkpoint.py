@@ -20,6 +20,7 @@ import torch
 
 from engine import files
 from engine.errors import UserError
+from engine.events import FIGURE_MAX, INT_MAX
 
 REQUIRED = ("model", "optimizer", "step", "config")
 RESUME = ("rng", "data")  # what --resume needs beyond the weights
@@ -236,7 +237,12 @@ def _kind(group: dict[str, Any]) -> str:
 
 def _number(v: Any, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = True) -> bool:
     """A finite int or float (not a bool) within [low, high), the ends open or closed as asked."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        if not math.isfinite(v):
+            return False
+    except OverflowError:  # an int past any float (10**400)
         return False
     return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
 
@@ -280,6 +286,24 @@ def _buffer_problem(name: str, v: Any) -> str | None:
         return f"optimizer {name[:40]} is {str(v.dtype).removeprefix('torch.')}, not a float tensor"
     if v.dim() == 0 or not v.is_contiguous():
         return f"optimizer {name[:40]} is not laid out as its parameter (shape {tuple(v.shape)}, strides {v.stride()})"
+    return _buffer_values(name, v)
+
+
+STATE_MAX = 1e18  # a moment or momentum beyond it is damage: a step's update would overflow what it multiplies
+
+
+def _buffer_values(name: str, v: torch.Tensor) -> str | None:
+    """The values as well as the form: every element finite and within STATE_MAX, a second moment
+    (exp_avg_sq, whose square root divides the step) >= 0. A NaN or negative moment would train the
+    weights into NaN at the first step and leave the checkpoint to blame the learning rate."""
+    if v.numel() == 0:
+        return None
+    low, high = torch.aminmax(v.detach().float())  # NaN propagates into both: one pass, two numbers
+    low, high = low.item(), high.item()
+    if not (math.isfinite(low) and math.isfinite(high)) or max(abs(low), abs(high)) > STATE_MAX:
+        return f"optimizer {name[:40]} holds values that are not finite or out of range"
+    if name == "exp_avg_sq" and low < 0:
+        return "optimizer exp_avg_sq holds negative values (a second moment is >= 0)"
     return None
 
 
@@ -316,7 +340,22 @@ def _resume_problem(state: dict[str, Any], optimizer: torch.optim.Optimizer | No
         position = None
     if not isinstance(position, dict):
         return "data is not a sampler position"
-    return _optimizer_problem(state["optimizer"], optimizer)
+    return _guard_problem(state.get("guard")) or _optimizer_problem(state["optimizer"], optimizer)
+
+
+def _guard_problem(saved: Any) -> str | None:
+    """The step guard's loss level and bad-step streak (engine.train.guard.StepGuard.state_dict), or
+    None where absent (older runs): a level >= 0, +inf before any (nothing finite beyond the events'
+    range), a streak a count; anything else (10**400, NaN, text) is damage."""
+    if saved is None:
+        return None
+    if not isinstance(saved, dict) or set(saved) - {"ema", "streak"}:
+        return "guard is not the step guard's state"
+    ema, streak = saved.get("ema", math.inf), saved.get("streak", 0.0)
+    level = ema == math.inf or _number(ema, 0, FIGURE_MAX, high_open=False)
+    if not (level and _number(streak, 0, INT_MAX, high_open=False) and float(streak).is_integer()):
+        return "guard holds a loss level or bad-step streak out of range"
+    return None
 
 
 def check_resumable(state: dict[str, Any], path: Path, optimizer: torch.optim.Optimizer | None = None) -> None:

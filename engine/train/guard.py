@@ -128,7 +128,7 @@ class StepGuard:
             return
         try:
             ema, streak = float(state.get("ema", math.inf)), float(state.get("streak", 0.0))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # a checkpoint's is checked before (engine.train.checkpoint)
             return  # a damaged entry: start with no level, as an old checkpoint does
         if math.isnan(streak):
             streak = 0.0

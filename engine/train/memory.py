@@ -475,10 +475,14 @@ def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -
     fp32 copy of the decayed params (sqrt of exp_avg_sq); single-tensor (CPU) two of the largest.
     Muon (engine/train/muon.py) steps a stack of same-shape matrices at once; the largest is the
     MLP's, 2L matrices of 4C x C (E elements): at its peak the guard's fp32 where-copy of the
-    gradients, the fp32 Nesterov updates and the bf16 stack are alive together, 10 bytes an
-    element (the Newton-Schulz iterates after them: 7; the fp32 result: 6)."""
-    muon = config.optim.optimizer == "muon"
-    extra = 10 * (2 * s.L * 4 * s.C * s.C) if muon else 0
+    gradients, the fp32 Nesterov updates and the stack in the Newton-Schulz dtype are alive
+    together: 10 bytes an element with a bf16 stack, 12 where the device only emulates bf16 and
+    the iteration runs in fp32 (engine.device.newton_schulz_dtype); the iterates come after them."""
+    muon, extra = config.optim.optimizer == "muon", 0
+    if muon:
+        from engine import device  # torch: here, not at the top (the form's estimate loads this module first)
+
+        extra = (8 + device.newton_schulz_dtype(target).itemsize) * (2 * s.L * 4 * s.C * s.C)
     fused = config.optim.fused if config.optim.fused is not None else target == "cuda"
     if fused:
         return extra

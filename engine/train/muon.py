@@ -4,8 +4,8 @@ and orthogonalized by ONE batched Newton-Schulz (a 12-layer model's 48 matrices 
 iterations, not 48), the guard's skip verdict is honoured on the device with no copies, and under
 DDP each rank orthogonalizes its share of each stack and all-gathers the rest; where the run
 compiles (speed.compile) the Newton-Schulz is compiled too (build.finish sets `compiled`). Per
-matrix the numbers are torch's (the same coefficients, bf16 iteration, eps, lr scaling and weight
-decay: tests/train/test_muon_fast.py checks a step against torch.optim.Muon), and the state is torch's
+matrix the numbers are torch's (the same coefficients, bf16 iteration where the device does bf16
+natively, fp32 where it would only emulate it, eps, lr scaling and weight decay: tests/train/test_muon_fast.py checks a step against torch.optim.Muon), and the state is torch's
 (one `momentum_buffer` per parameter, the same group keys), so a checkpoint is read and checked
 as a torch Muon's (engine.train.checkpoint).
 """
@@ -39,12 +39,14 @@ def momentum_at(step: int, o: OptimConfig) -> float:
     return (1 - frac) * WARMUP_MOMENTUM + frac * o.muon_momentum
 
 
-def orthogonalize(G: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> torch.Tensor:
-    """Newton-Schulz on a stack of same-shape matrices (n, rows, cols) at once, in bf16: per
-    matrix exactly torch.optim.Muon's _zeropower_via_newtonschulz (wide orientation, Frobenius
+def orthogonalize(G: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:  # fmt: skip
+    """Newton-Schulz on a stack of same-shape matrices (n, rows, cols) at once, in `dtype` (bf16,
+    torch's, where the device does it natively: engine.device.newton_schulz_dtype): per matrix
+    exactly torch.optim.Muon's _zeropower_via_newtonschulz (wide orientation, Frobenius
     normalisation, the quintic a X + (b A + c A^2) X with A = X X^T)."""
     a, b, c = coefficients
-    X = G.bfloat16()
+    X = G.to(dtype)
     tall = G.size(-2) > G.size(-1)
     if tall:
         X = X.mT
@@ -91,6 +93,7 @@ class Muon(torch.optim.Optimizer):
                     "adjust_lr_fn": adjust_lr_fn}  # fmt: skip
         super().__init__(params, defaults)
         self.compiled = False  # Newton-Schulz through torch.compile: the run's compile switch, not state
+        self.ns_dtype = torch.bfloat16  # its dtype: the device's (engine.device.newton_schulz_dtype), not state
         for group in self.param_groups:
             if any(p.ndim != 2 for p in group["params"]):
                 raise ValueError("Muon trains 2-D matrices only")
@@ -129,7 +132,7 @@ class Muon(torch.optim.Optimizer):
         torch._foreach_lerp_(bufs, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
         tall = [p.size(0) > p.size(1) for p in params]
-        stack = torch.stack([(u.mT if t else u).bfloat16() for u, t in zip(updates, tall)])  # NS's dtype: 2 bytes
+        stack = torch.stack([(u.mT if t else u).to(self.ns_dtype) for u, t in zip(updates, tall)])  # NS's dtype
         del grads, updates  # freed before the iteration's temporaries are made
         ortho = self._orthogonalize(stack, group)
         del stack
@@ -149,7 +152,7 @@ class Muon(torch.optim.Optimizer):
         """Newton-Schulz over the stack; under DDP (world > 1) each rank takes every world-th
         slice of it (padded to a multiple of the world) and the results are all-gathered:
         every rank ends with the whole stack, each matrix computed once."""
-        args = (group["ns_coefficients"], group["ns_steps"], group["eps"])
+        args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
         orthogonalize_ = compiled_orthogonalize() if self.compiled else orthogonalize
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if world == 1:

@@ -128,3 +128,39 @@ def test_dry_run_runs_the_real_ladder_and_sweep_commands_on_cpu(tmp_path, tiny_d
     assert ladder.figures["command"] == ladder.command and "| baseline |" in ladder.markdown
     assert [c["status"] for c in best.figures["candidates"]] == ["ran"] and "**best**" in best.markdown
     assert report.parts["memory"].status.startswith("skipped: ") and "CUDA" in report.parts["memory"].status
+
+
+def _planted(path, kind: str) -> None:
+    import json
+    import os
+
+    good = gpu_report.Report(device="CPU (dry run)", torch_version="2", cuda_version=None, device_memory_bytes=None,
+                             cpus=2, commit=None, date="2026-01-01", dry_run=True).model_dump(mode="json")  # fmt: skip
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "sparse":
+        with open(path, "wb") as f:
+            f.truncate(1_500_000_000)
+    elif kind == "link":
+        target = path.with_name("elsewhere.json")
+        target.write_text(json.dumps(good))
+        path.symlink_to(target)
+    else:
+        doctor = {"rows-int": {"rows": 5}, "row-no-name": {"rows": [{"section": "s", "status": "ok", "detail": ""}]},
+                  "nan-seconds": {"rows": [{"section": "s", "name": "n", "status": "ok", "seconds": "NaN"}]}}[kind]
+        path.write_text(json.dumps(good | {"doctor": doctor}))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "sparse", "link", "rows-int", "row-no-name", "nan-seconds"])
+def test_a_report_file_read_back_is_untrusted_input(tmp_path, kind):
+    """Issue 46, class B: the day's report in --out is read through the file boundary (a FIFO never
+    blocks, a 1.5 GB sparse file is not read whole, a link is not followed) and validated by the
+    Report model, its doctor entry included: each is one line, never a hang or a traceback."""
+    from engine.errors import UserError
+
+    path = tmp_path / "cpu-dry-run-2026-01-01.json"
+    _planted(path, kind)
+    with pytest.raises(UserError) as refused:
+        gpu_report.load(path)
+    assert "\n" not in str(refused.value) and "GPU report" in str(refused.value)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import files
 from gpt2_tui import main
 from harness import ROOT, cli_process
 
@@ -298,9 +299,9 @@ def test_prepare_sweeps_its_own_dead_temp_folders(tmp_path, capsys) -> None:
         (text / f"{i}.txt").write_text(f"document {i}: some words here\n" * 40)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    left = tmp_path / f".ds.tmp-{dead.pid}-0123abcd"  # what a kill -9 mid-build leaves
-    live = tmp_path / f".ds.tmp-{os.getpid()}-89abcdef"  # a build still running (this process)
-    other = tmp_path / f".other.tmp-{dead.pid}-0123abcd"  # another dataset's: not ours to judge
+    left = files.build_dir_name(tmp_path / "ds", dead.pid)  # what a kill -9 mid-build leaves
+    live = files.build_dir_name(tmp_path / "ds")  # a build still running (this process)
+    other = files.build_dir_name(tmp_path / "other", dead.pid)  # another dataset's: not ours to judge
     for d in (left, live, other):
         d.mkdir()
         (d / "train.bin").write_bytes(b"\0" * 10)

@@ -69,8 +69,6 @@ ALLOWED: dict[str, str] = {
     # the measuring tools: write reports into the --out directory the user picks, read their own reports
     "bench/best.py:sweep": "mkdir of the measuring tool's own --out directory",
     "bench/compile_warmup.py:main": "mkdir of the measuring tool's own --out directory",
-    "bench/gpu_report.py:figures": "reads the JSON reports the tools it just ran wrote in its --out directory",
-    "bench/gpu_report.py:load": "reads a report file this tool wrote earlier",
     "bench/gpu_report.py:run": "mkdir of the measuring tool's own --out directory",
     "bench/ladder.py:run_ladder": "mkdir of its --out directory; removes that --out again when stopped before any rung wrote to it",
     "bench/memory_check.py:_synthetic_dataset": "writes a synthetic dataset into a directory under its own workdir",

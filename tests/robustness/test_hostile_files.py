@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from harness import MICRO, cli_fails, python_c, random_tokens, tree_snapshot, write_gpt2tui
+from engine import files
 from engine.errors import UserError
 from gpt2_tui import main
 
@@ -330,7 +331,7 @@ def test_sigterm_during_export_leaves_no_temp_dir_and_a_dead_ones_is_swept(train
     assert "Traceback" not in res.stderr
     assert list(tmp_path.iterdir()) == []  # the temp directory went with the interrupt
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".hf.tmp-{int(dead.stdout)}-0123abcd"  # what a kill -9 mid-export leaves
+    stale = files.build_dir_name(tmp_path / "hf", int(dead.stdout))  # what a kill -9 mid-export leaves
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half")
     assert main(["export", str(trained), "--hf", str(out)]) == 0

@@ -156,3 +156,50 @@ def test_inputs_of_no_effect_warn_once_each_when_the_user_gave_them(tiny_dataset
     if "optim.decay_fraction" in F.ALL_FIELDS:
         model.check(values | {"optim.decay_fraction": "0.3"})
         assert any(n.startswith("decay fraction 0.3 has no effect") and "set schedule to wsd" in n for n in model.notes)
+
+
+@pytest.mark.parametrize("native", ["none", "bf16"])
+@pytest.mark.parametrize("precision", ["auto", "fp32", "bf16", "fp16"])
+def test_a_precision_this_cpu_only_emulates_is_said_at_preflight_with_the_fix(monkeypatch, native, precision):
+    """Issue 47 item 1: bf16 or fp16 on a CPU that only emulates it warns in the one preflight (so the
+    CLI's start, the form, the Switches dialog and toggle all say it), naming the fix; `auto`
+    resolves to what the CPU runs natively and never warns. Each side of the CPU forced."""
+    from harness import force_cpu_native
+
+    force_cpu_native(monkeypatch, native)
+    config = resolve("micro", None, {"speed.device": "cpu", "speed.precision": precision})
+    verdict = P.preflight(config, dataset=False)
+    said = [str(w) for w in verdict.warnings if "native" in str(w)]
+    emulated = precision in ("bf16", "fp16") and precision not in native.split(",")
+    assert len(said) == (1 if emulated else 0), verdict.warnings
+    if emulated:
+        assert f"no native {precision}" in said[0] and "fp32" in said[0] and "ms" in said[0]  # measured, the fix
+        assert verdict.config is not None and said[0] in verdict.config.notes  # said as the run starts
+        form = P.preflight(config, dataset=False, local_only=True)  # the form's: nothing timed on each change
+        assert [str(w) for w in form.warnings if "native" in str(w)] and "ms" not in str(form.warnings[0])
+
+
+def test_a_resume_refuses_every_recipe_switch_that_changes_the_model(tmp_path, capsys):
+    """Issue 46, class F: a recipe switch given at `--resume` with another value than the run's
+    changes what the trained weights compute; refused in one line naming the flag and the fix,
+    for every switch the config declares (the table is read from it), nothing written. The same
+    value as the run's is no change and passes."""
+    from engine import rundir as rd
+    from engine.cli import as_flags
+    from harness import model_switches, tree_snapshot
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rd.write_config(run, resolve("micro", None, {"speed.device": "cpu"}))
+    before = tree_snapshot(tmp_path)
+    for dotted, value in model_switches().items():
+        with pytest.raises(UserError) as refused:
+            P.resumed_config(run, {dotted: value})
+        said = str(refused.value)
+        assert "\n" not in said and "changes what the model computes" in said and "new run" in said, said
+        assert as_flags({dotted: value})[0] in said, said
+        same = resolve("micro", None, {"speed.device": "cpu", dotted: value})
+        rd.write_config(run, same)
+        assert getattr(P.resumed_config(run, {dotted: value}).model, dotted.split(".")[1]) == value  # no change
+        rd.write_config(run, resolve("micro", None, {"speed.device": "cpu"}))
+    assert tree_snapshot(tmp_path).keys() == before.keys()

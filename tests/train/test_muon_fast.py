@@ -62,6 +62,36 @@ def test_three_steps_equal_torch_muon(settings):
     assert all(set(s) == {"momentum_buffer"} for s in saved["state"].values()) and len(saved["state"]) == len(SHAPES)
 
 
+@pytest.mark.parametrize("native", ["none", "bf16"])
+def test_the_newton_schulz_runs_in_bf16_only_where_the_cpu_does_bf16_natively(monkeypatch, native):
+    """Emulated bf16 costs ~30x fp32 on an AVX2 or AMD EPYC CPU (issue 45 item 0): there the iteration
+    runs in fp32; where bf16 is native, in torch's bf16. The run's optimizer takes the device's
+    choice, the step iterates in it, and the estimator counts its stack at that width."""
+    from engine.train import build, memory
+    from engine.train import muon as muon_mod
+    from engine.train.model import GPT
+    from harness import force_cpu_native
+
+    force_cpu_native(monkeypatch, native)
+    want = torch.bfloat16 if native == "bf16" else torch.float32
+    seen: list[torch.dtype] = []
+    real = muon_mod.orthogonalize
+    monkeypatch.setattr(muon_mod, "orthogonalize", lambda G, *a: seen.append(a[-1]) or real(G, *a))
+    cfg = resolve("micro", None, {"speed.device": "cpu", "optim.optimizer": "muon", "model.vocab_size": 64})
+    model = GPT(cfg.model)
+    opt = build.optimizer(model, cfg.optim, torch.device("cpu"))
+    assert opt.muon.ns_dtype == want
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    assert seen and set(seen) == {want}
+    bf16 = memory._optimizer_transient(cfg, memory._shape(cfg), "cpu", 0)
+    force_cpu_native(monkeypatch, "bf16" if native == "none" else "none")
+    other = memory._optimizer_transient(cfg, memory._shape(cfg), "cpu", 0)
+    stack = 2 * cfg.model.n_layer * 4 * cfg.model.n_embd**2  # the MLP's stack: 2 bytes more an element in fp32
+    assert other - bf16 == (2 * stack if native == "bf16" else -2 * stack)
+
+
 @pytest.mark.slow
 def test_where_the_run_compiles_the_newton_schulz_runs_compiled_and_steps_as_eager(tmp_path, tiny_dataset):
     """speed.compile on: build.finish sets the run's Muon to compile its Newton-Schulz (off: eager),

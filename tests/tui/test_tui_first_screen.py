@@ -198,3 +198,25 @@ def test_ctrl_q_on_an_in_app_run_prints_the_command_that_resumes_it(
     assert argv == ["train", "--resume", str(run_dir)], argv
     assert main(argv) == 0  # the printed command trains the run to its end
     assert (run_dir / rundir.CHECKPOINTS / "step_000150.pt").is_file()
+
+
+@pytest.mark.slow  # trains: a live run's footer
+def test_a_live_runs_footer_shows_every_key_at_80_columns(tmp_path: Path, tiny_dataset: Path) -> None:
+    """p, s, q, l, o, t (the next tab: over SSH the only way to the Segments tab), ?, ^q, F7 and F8,
+    each whole, on one 80-column footer while the run trains."""
+    config = resolve("micro", None, {"data.path": str(tiny_dataset), "speed.device": "cpu", "speed.precision": "fp32",
+                                     "train.max_steps": 100_000})  # fmt: skip
+
+    async def go() -> None:
+        app = GPT2App(config)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await launch_in_app(pilot, app, tmp_path / "run", 2)
+            await pilot.pause(0.5)
+            footer = screen_lines(app)[-1]
+            app.session.control.stop()
+            await until(pilot, lambda: not app.session.state.live, "the run stopped")
+        words = ["p Pause", "s Save", "q Stop", "l Log-y", "o Switches", "t Tab", "? Help", "^q Quit", "f7 Runs",
+                 "f8 Ladder"]  # fmt: skip
+        assert all(f" {w} " in f" {footer} " for w in words), footer
+
+    asyncio.run(go())

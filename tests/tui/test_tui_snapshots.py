@@ -169,3 +169,35 @@ def test_compare_screen(snap_compare, monkeypatch: pytest.MonkeyPatch, utc) -> N
         await pilot.pause()
 
     assert snap_compare(CompareApp([Path("tui-run"), Path("nano-150")]), terminal_size=SIZE, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [SIZE, (80, 24)], ids=["120x40", "80x24"])
+def test_every_dashboard_tab_is_reached_by_keyboard(recorded, size) -> None:
+    """Issue 47 item 3: over SSH there is no mouse. `t` steps through the tabs and 1-5 jump to one,
+    wherever the focus is (here on the log, where the arrows do nothing for the tab bar); the
+    footer shows `t`."""
+    import asyncio
+
+    from textual.widgets import Footer, TabbedContent
+
+    from tui.screens.dashboard import TABS
+
+    async def go() -> None:
+        async with recorded.run_test(size=size) as pilot:
+            await settle(pilot)
+            pilot.app.screen.query_one("#log").focus()
+            tabs = pilot.app.screen.query_one("#tabs", TabbedContent)
+            seen = [tabs.active]
+            for _ in TABS:
+                await pilot.press("t")
+                await pilot.pause()
+                seen.append(tabs.active)
+            assert seen == [*TABS, "tab-charts"]
+            for i, tab in enumerate(TABS, 1):
+                await pilot.press(str(i))
+                await pilot.pause()
+                assert tabs.active == tab
+            shown = [key for key, active in pilot.app.screen.active_bindings.items() if active.binding.show]
+            assert "t" in shown and pilot.app.screen.query(Footer)  # the footer names it
+
+    asyncio.run(go())

@@ -163,13 +163,6 @@ class FormModel:
             general += [form_words(why) for why in self.verdict.general]
             self.notes += [form_words(why) for why in self.verdict.warnings]
             config = self.verdict.judged
-        if config is not None and self.caps is not None and config.speed.precision in ("bf16", "fp16"):
-            from engine.api import device
-
-            if config.speed.device == "cpu" or (config.speed.device == "auto" and self.caps.device == "cpu"):
-                slow = device.cpu_half_reason(config.speed.precision, measure=False)  # the ladder's and estimate's rule
-                if slow:
-                    self.notes.append(f"{slow}, far slower than fp32: choose fp32 on this CPU")
         self.errors, self.general, self.validated = errors, general, config
         self.config = config if not errors and not general else None
         if self.config is not None and self.caps is not None:  # the vocab the run gets, for the estimate

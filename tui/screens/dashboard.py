@@ -117,6 +117,11 @@ def checkpoint_due_text(state: RunState, now: float | None = None) -> str:
     return f"{which} checkpoint due at step {due}{eta} (every {every} steps, at the end and on stop; s saves one now)"
 
 
+# the dashboard's tabs in order: `t` steps through them, 1-5 jump to one (the help lists both)
+TABS = {"tab-charts": "Charts", "tab-ckpt": "Checkpoints", "tab-sample": "Sample", "tab-segments": "Segments",
+        "tab-gpu": "GPU"}  # fmt: skip
+
+
 class DashboardScreen(Screen):
     BINDINGS = [  # short labels: at 80 columns a live run's footer keeps every key shown, and
         # F7/F8/Quit (x is in the help, ?, with every key)
@@ -127,6 +132,8 @@ class DashboardScreen(Screen):
         Binding("l", "logy", "Log-y"),
         Binding("x", "xaxis", "X-axis", show=False),
         Binding("o", "switches", "Switches"),  # the live run's optimizations (tui/screens/toggle.py)
+        Binding("t", "next_tab", "Tab"),  # every tab by keyboard, wherever the focus is (over SSH: no mouse)
+        *(Binding(str(i), f"show_tab('{tab}')", name, show=False) for i, (tab, name) in enumerate(TABS.items(), 1)),
         Binding("question_mark", "help", "Help", key_display="?"),
     ]
 
@@ -156,7 +163,7 @@ class DashboardScreen(Screen):
         yield Header()
         yield Static("", id="status", markup=False)
         with TabbedContent(id="tabs"):
-            with TabPane("Charts", id="tab-charts"):
+            with TabPane(TABS["tab-charts"], id="tab-charts"):
                 with VerticalScroll(id="charts-scroll"):
                     # the two the product exists for, side by side on the first screen at any size
                     # from 80x24: the loss, and the step time where the compile warm-up settles
@@ -173,15 +180,15 @@ class DashboardScreen(Screen):
                         yield MetricChart("memory GiB", [Line("mem", "GiB", "red")], id="chart-mem",
                                           unmeasured="no device memory counter off CUDA")  # fmt: skip
                     yield Static("", id="unmeasured", markup=False)
-            with TabPane("Checkpoints", id="tab-ckpt"):
+            with TabPane(TABS["tab-ckpt"], id="tab-ckpt"):
                 yield Static("", id="ckpt-due", markup=False)
                 yield PlainTable(id="ckpts", cursor_type="row", zebra_stripes=True)
-            with TabPane("Sample", id="tab-sample"):
+            with TabPane(TABS["tab-sample"], id="tab-sample"):
                 with VerticalScroll():
                     yield Static("(a short generation appears at each eval when the dataset has a tokenizer)", id="sample", markup=False)
-            with TabPane("Segments", id="tab-segments"):  # one row per set of switches the run trained with
+            with TabPane(TABS["tab-segments"], id="tab-segments"):  # one row per set of switches the run trained with
                 yield SegmentTable(refresh_s=0, id="segments")
-            with TabPane("GPU", id="tab-gpu"):
+            with TabPane(TABS["tab-gpu"], id="tab-gpu"):
                 with VerticalScroll():
                     yield GpuPanel(unavailable=self._gpu_unavailable(), id="gpu")
         yield RichLog(id="log", max_lines=500, wrap=True, markup=False)
@@ -482,6 +489,14 @@ class DashboardScreen(Screen):
         self.axis = X_AXES[(X_AXES.index(self.axis) + 1) % len(X_AXES)]
         self.notify(f"x-axis: {self.axis}")
         self.redraw()
+
+    def action_next_tab(self) -> None:
+        tabs = self.query_one("#tabs", TabbedContent)
+        order = list(TABS)
+        tabs.active = order[(order.index(tabs.active) + 1) % len(order)] if tabs.active in order else order[0]
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one("#tabs", TabbedContent).active = tab
 
     def action_help(self) -> None:
         from tui.screens.modals import HelpScreen

@@ -24,8 +24,9 @@ Dashboard
   o  switches of the live run: a applies them at the next step,
      Esc cancels; the Segments tab shows what each set bought
   q  (once the run is over) what next: form, resume, another run
-  Left/Right  switch tabs while the tab bar has focus: it has when
-              the dashboard opens; shift+Tab goes back to it
+  t  the next tab                   1-5  a tab: 1 Charts, 2 Checkpoints,
+                                        3 Sample, 4 Segments, 5 GPU
+  Left/Right  switch tabs while the tab bar has focus
   Tab / shift+Tab  move between the panels
 Anywhere
   F7  the runs list: attach, resume, compare (space marks)

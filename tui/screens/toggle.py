@@ -100,6 +100,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         self.problem: str | None = "nothing changed yet"  # why Apply is refused now (None: it may go)
         self.fits: bool | None = None
         self.memory_line = ""  # the estimate's verdict in one line (the table is in the scroll)
+        self.notes: list[str] = []  # the run's own judgement's warnings on the new set (engine.run.toggle.judge)
 
     # ----------------------------------------------------------------- building
 
@@ -182,12 +183,14 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         verdict = self.query_one("#toggle-verdict", Static)
         if self.problem is None:
             line = f"Apply: {change_text(changed(self.current, self.values()))}"
+            line += "".join(f"\nnote: {n}" for n in self.notes)  # the preflight's warnings (an emulated precision)
         else:
             line = f"cannot apply: {self.problem}"
         verdict.update(f"memory: {self.memory_line}\n{line}" if self.memory_line else line)
         verdict.set_class(self.problem is not None and bool(changes), "over").set_class(self.problem is None, "ok")
 
     def _judge(self, changes: dict[str, Any]) -> tuple[str | None, bool | None]:
+        self.notes = []
         mem = self.query_one("#toggle-memory", Static)
         try:
             new = with_switches(self.config, changes)
@@ -216,6 +219,7 @@ class ToggleScreen(ModalScreen[dict[str, Any] | None]):
         for why in sorted(judged.found, key=lambda w: at.get(id(w)) not in changes):  # the changed switches first
             n = at.get(id(why))
             return (f"{setting(n).label}: {form_words(why)}" if n else form_words(why)), fits
+        self.notes = [form_words(why) for why in judged.warnings]
         return None, fits
 
     def _memory_fix(self, new: RunConfig, total: int) -> str:
