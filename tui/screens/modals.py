@@ -24,8 +24,7 @@ Dashboard
   o  switches of the live run: a applies them at the next step,
      Esc cancels; the Segments tab shows what each set bought
   q  (once the run is over) what next: form, resume, another run
-  t  the next tab                   1-5  a tab: 1 Charts, 2 Checkpoints,
-                                        3 Sample, 4 Segments, 5 GPU
+  t  the next tab; 1-5 a tab: Charts, Checkpoints, Sample, Segments, GPU
   Left/Right  switch tabs while the tab bar has focus
   Tab / shift+Tab  move between the panels
 Anywhere
