@@ -429,9 +429,10 @@ def no_effect_warnings(c: Check) -> None:
     if o.schedule == "cosine" and c.given("optim.decay_fraction"):
         c.warn(UserError(f"decay fraction {o.decay_fraction:g} has no effect with the cosine schedule "
                          "(it sizes the wsd decay)", {"optim.schedule": "wsd"}))  # fmt: skip
+    chose_adamw = c.explicit is not None and c.explicit.get("optim.optimizer") == "adamw"  # over a Muon preset
     if o.optimizer == "adamw":
         for dotted in (d for d, (mode, _) in ONLY_UNDER.items() if mode == "optim.optimizer"):
-            if c.given(dotted):
+            if c.given(dotted) or (chose_adamw and getattr(o, dotted.split(".")[1]) != _default(dotted)):
                 name = dotted.split(".")[1].replace("_", " ")
                 c.warn(UserError(f"{name} {getattr(o, dotted.split('.')[1]):g} has no effect with the AdamW optimizer "
                                  "(it is Muon's)", {"optim.optimizer": "muon"}))  # fmt: skip
@@ -440,7 +441,16 @@ def no_effect_warnings(c: Check) -> None:
     if o.schedule == "wsd" and asked and o.decay_end(n) - o.decay_start(n) < 1:
         c.warn(UserError(f"the wsd decay is shorter than one step (decay fraction {o.decay_fraction:g} of "
                          f"{o.decay_end(n)} steps): the lr stays at its peak to the end",
-                         {"optim.decay_fraction": f"{1 / max(o.decay_end(n), 1):.3g} or more"}))  # fmt: skip
+                         {"optim.decay_fraction": _at_least(1 / max(o.decay_end(n), 1))}))  # fmt: skip
+    m, T = c.config.model, c.config.seq_len
+    if c.given("model.attn_window") and m.attn_window is not None and T > 1 and m.attn_window >= T - 1:
+        c.warn(UserError(f"attention window {m.attn_window} has no effect at a block of {T} tokens (a token sees at "
+                         f"most {T - 1} before it already)", {"model.attn_window": f"{max(T - 2, 1)} or less"}))
+
+
+def _at_least(fraction: float) -> str:
+    """A decay fraction to advise: at least `fraction`, within its bound (1: the whole run decays)."""
+    return "1" if fraction >= 1 else f"{fraction:.3g} or more"
 
 
 RULES: list[Rule] = [pretrained_shape, device_rule, emulated_precision, loggers_rule, dataset_rule, documents_rule,

@@ -203,3 +203,26 @@ def test_a_resume_refuses_every_recipe_switch_that_changes_the_model(tmp_path, c
         assert getattr(P.resumed_config(run, {dotted: value}).model, dotted.split(".")[1]) == value  # no change
         rd.write_config(run, resolve("micro", None, {"speed.device": "cpu"}))
     assert tree_snapshot(tmp_path).keys() == before.keys()
+
+
+def test_more_inputs_of_no_effect_are_said_and_the_advice_is_a_value_the_config_takes():
+    """Issue 47's minor items: --optimizer adamw over a preset whose Muon settings are its own (the
+    speedrun's momentum warm-up) warns that they are inert; an attention window the block cannot
+    exceed warns; the wsd advice never names a decay fraction past its bound of 1."""
+    chose = {"optim.optimizer": "adamw"}
+    v = P.preflight(resolve("speedrun", overrides=chose), explicit=chose, dataset=False, memory=False)
+    assert any(w.problem.startswith("muon momentum warmup") and "no effect" in w.problem for w in v.warnings), v.warnings
+    assert not [w for w in P.preflight(resolve("speedrun", overrides=chose), dataset=False, memory=False).warnings
+                if "muon" in w.problem]  # fmt: skip
+    wide = {"model.attn_window": 500}  # micro's block: 32 tokens
+    v = P.preflight(resolve("micro", overrides=wide), explicit=wide, dataset=False, memory=False)
+    said = [w for w in v.warnings if "attention window" in w.problem]
+    assert len(said) == 1 and "no effect" in said[0].problem, v.warnings
+    window = int(said[0].fixes[0]["model.attn_window"].split()[0])
+    narrow = {"model.attn_window": window}
+    assert not [w for w in P.preflight(resolve("micro", overrides=narrow), explicit=narrow, dataset=False,
+                                       memory=False).warnings if "attention window" in w.problem]  # fmt: skip
+    short = {"optim.schedule": "wsd", "optim.decay_fraction": 0.5, "train.max_steps": 1}
+    v = P.preflight(resolve("micro", overrides=short), explicit=short, dataset=False, memory=False)
+    (fix,) = [f["optim.decay_fraction"] for w in v.warnings for f in w.fixes if "optim.decay_fraction" in f]
+    assert fix == "1"  # not "1 or more": more is refused
