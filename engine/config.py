@@ -598,6 +598,15 @@ class TrainConfig(_Strict):
         description="optimizer steps to train to",
         json_schema_extra=_meta(BATCH),
     )
+    max_time: float | None = Field(
+        None,
+        gt=0,
+        le=10**7,
+        allow_inf_nan=False,
+        description="a wall-clock budget in seconds for this command: at the first step boundary "
+        "past it the run saves a checkpoint and stops, as Ctrl-C does (`--resume` goes on)",
+        json_schema_extra=_meta(metavar="SECONDS", blank="no limit"),
+    )
     eval_interval: int = Field(
         100,
         ge=1,

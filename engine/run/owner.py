@@ -73,6 +73,7 @@ class Run:
         self.config: RunConfig | None = None
         self.dataset: Dataset | None = None
         self.segment: Trainer | None = None  # the segment training now (the last one, once the run ended)
+        self._began = time.monotonic()  # run() sets it again: train.max_time counts from there
         self.resume = False
         self._paused = False
         self._logging = False
@@ -188,6 +189,7 @@ class Run:
     def run(self) -> str:
         """Train segment after segment; returns how the run ended ("completed" or "stopped")."""
         why, applied = ("resume" if self.resume else "start"), []
+        self._began = time.monotonic()  # train.max_time counts from here
         try:
             while True:
                 segment = self.segment
@@ -319,6 +321,11 @@ class Run:
                 ending = self._act_on(segment, self.inbox.take(defer=("toggle",)), toggles)
             self.emit(ev.Resumed(step=segment.step))
             segment.clock.restart()
+        if ending is None and self._out_of_time(segment):
+            self.emit(ev.Warning_(message=f"--max-time {segment.config.train.max_time:g} s reached at step "
+                                          f"{segment.step}: saved and stopped; `train --resume` goes on"))  # fmt: skip
+            segment.save_checkpoint(final=True)
+            ending = Ending("stopped")
         if ending is not None:
             self.inbox.drop(toggles, segment.step, "the run stopped")
             self.inbox.settle(toggles)
@@ -326,6 +333,11 @@ class Run:
         ending = self._toggle(segment, toggles)
         self.inbox.settle(toggles)  # saved for (the checkpoint names them) or dropped with a word
         return ending
+
+    def _out_of_time(self, segment: Trainer) -> bool:
+        """train.max_time: this command's wall-clock budget, counted from its run() (a pause counts too)."""
+        budget = segment.config.train.max_time
+        return budget is not None and time.monotonic() - self._began >= budget
 
     def _act_on(self, segment: Trainer, requests: list[Request], toggles: list[Request]) -> Ending | None:
         """Pause, resume and save act at once; toggles are gathered (checked after a pause)."""

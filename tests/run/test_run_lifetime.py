@@ -6,6 +6,7 @@ alive, however many toggles came before."""
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 
 import pytest
@@ -70,3 +71,25 @@ def test_toggles_hand_over_one_model_and_one_dataset(tmp_path, tiny_dataset, mon
     assert run.run() == "completed"
     assert len(counts) == 11  # the start and ten toggles
     assert set(counts) == {(1, 1)}, counts
+
+
+@pytest.mark.slow  # trains
+def test_max_time_saves_and_stops_at_the_first_boundary_past_it_and_resume_goes_on(tmp_path, tiny_dataset, capsys):
+    """Issue 47: `train --max-time SECONDS`, a speedrun's wall-clock budget: the run stops at the first
+    step boundary past it with a checkpoint of that step, says so, and `--resume` trains on from it."""
+    from gpt2_tui import main
+    from harness import MICRO, run_events
+
+    run = tmp_path / "run"
+    argv = ["train", *MICRO, "--data", str(tiny_dataset), "--out", str(run), "--max-steps", "100000", "--max-time", "2"]
+    began = time.monotonic()
+    assert main(argv) == 0
+    assert time.monotonic() - began < 60
+    events = run_events(run)
+    (end,) = [e for e in events if e.event == "run_finished"]
+    assert end.reason == "stopped" and 0 < end.step < 100_000
+    assert any(e.event == "warning" and "--max-time 2 s reached" in e.message for e in events)
+    assert (run / "checkpoints" / f"step_{end.step:06d}.pt").is_file()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--max-steps", str(end.step + 2)]) == 0
+    assert [e.step for e in run_events(run) if e.event == "run_finished"][-1] == end.step + 2
