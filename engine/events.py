@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal, Protocol, TextIO, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine import files, text
 from engine.console import Console, out as console_out
@@ -86,6 +86,28 @@ def bounded(kind: Any, value: Any) -> Any:
         return None
 
 
+def or_unknown(kind: Any, unknown: Any = None) -> BeforeValidator:
+    """A detail an event carries (a peak FLOP/s, the machine's load, a kernel's timing) read by
+    `kind`, or `unknown` where it is out of range or malformed: one bad detail never drops the
+    event it rides in (a run_started lost to a NaN timing would hide the whole run)."""
+    adapter = TypeAdapter(kind)
+
+    def read(value: Any) -> Any:
+        try:
+            return adapter.validate_python(value)
+        except ValidationError:
+            return unknown
+
+    return BeforeValidator(read)
+
+
+def _timings(value: Any) -> dict[str, float | None]:
+    """Kernel timings by name, each read as a Measure or None (cannot run, or out of range)."""
+    if not isinstance(value, dict):
+        return {}
+    return {text.printable(str(k))[:64]: bounded(Measure, v) for k, v in list(value.items())[:32]}
+
+
 class _Event(BaseModel):
     # NaN/Inf losses are written as NaN/Infinity (which json and pydantic read back), not as
     # null, which would make the very step that diverged an unreadable line
@@ -122,14 +144,19 @@ class RunStarted(_Event):
     start_step: Count = 0  # the step it starts from (0, or the resumed checkpoint's)
     flops_per_token: Count  # model FLOPs per trained token (forward and backward), for MFU
     # the device's peak FLOP/s at this precision (> 0: MFU divides by it); None: unknown
-    peak_flops: Annotated[float, Field(gt=0, le=FIGURE_MAX, allow_inf_nan=False)] | None = None
-    dataset: Annotated[dict[str, Any], Plain] = {}  # the dataset's description (dataset.json: dtype, vocab, counts)
+    peak_flops: Annotated[Annotated[float, Field(gt=0, le=FIGURE_MAX, allow_inf_nan=False)] | None,
+                          or_unknown(Annotated[float, Field(gt=0, le=FIGURE_MAX, allow_inf_nan=False)] | None)] = None
+    # the dataset's description (dataset.json: dtype, vocab, counts); {} where unreadable
+    dataset: Annotated[dict[str, Any], Plain, or_unknown(Annotated[dict[str, Any], Plain], {})] = {}
     world_size: Annotated[int, Field(ge=1, le=INT_MAX)] = 1  # processes training together (torchrun); 1 alone
-    parallel: str | None = None  # "ddp" or "fsdp" when world_size > 1
-    init_from: str | None = None  # this start loaded pretrained weights (--init-from: gpt2, or a directory)
-    attention: str | None = None  # the SDPA kernel `flash` runs here (SDPA's own pick: flash, cuDNN, efficient, math); None: manual
-    attention_ms: dict[str, Measure | None] = {}  # CUDA: ms per attention forward+backward of each kernel timed (None: cannot run)
-    contention: Contention | None = None  # the machine's load as it started (engine/train/contention.py)
+    parallel: Annotated[str | None, or_unknown(str | None)] = None  # "ddp" or "fsdp" when world_size > 1
+    # this start loaded pretrained weights (--init-from: gpt2, or a directory)
+    init_from: Annotated[str | None, or_unknown(str | None)] = None
+    # the SDPA kernel `flash` runs here (SDPA's own pick: flash, cuDNN, efficient, math); None: manual
+    attention: Annotated[str | None, or_unknown(str | None)] = None
+    # CUDA: ms per attention forward+backward of each kernel timed (None: cannot run, or unreadable)
+    attention_ms: Annotated[dict[str, Measure | None], BeforeValidator(_timings)] = {}
+    contention: Annotated[Contention | None, or_unknown(Contention | None)] = None  # the load as it started
 
     def setting(self, dotted: str, kind: type | tuple[type, ...] = int) -> Any:
         """One value of the run's config by dotted name ("train.max_steps"), or None when the
@@ -157,7 +184,7 @@ class Step(_AtStep):
     tokens: Count  # tokens seen so far
     data_time_s: Measure = 0.0  # of step_time_s, host time spent waiting for batches
     rank_step_times: list[Measure] | None = None  # under torchrun: each rank's step time, by rank
-    contention: Contention | None = None  # the machine's contention since the last step event
+    contention: Annotated[Contention | None, or_unknown(Contention | None)] = None  # since the last step event
 
 
 class Eval(_AtStep):

@@ -373,3 +373,26 @@ def test_a_checkpoints_numbers_out_of_range_refuse_the_resume_in_one_line(resuma
     cli_fails(capsys, ["train", "--resume", str(d), "--max-steps", "6"], "step_000003.pt", key)
     after = (d / rundir.EVENTS).read_bytes()
     assert not any(b'"event":"step"' in line for line in after[len(before):].splitlines())
+
+
+DETAILS = ("peak_flops", "dataset", "attention", "attention_ms", "contention", "parallel", "init_from")
+HOSTILE_DETAILS = [float("nan"), 1e308, -1, "x\x1b]0;pwned\x07", {"a": {"b": float("inf")}}, [1e400]]
+
+
+@pytest.mark.parametrize("field", DETAILS)
+def test_one_bad_detail_never_hides_the_run_it_started(tmp_path: Path, field: str) -> None:
+    """Issue 46 class D2: a run_started whose detail (a kernel's timing, the peak FLOP/s, the
+    dataset's description, the load...) holds NaN, 1e308, an escape or a wrong type is kept, that
+    detail read as unknown (or kept as text, shown through the printable rule): the run still
+    started. Every detail field with a default is walked (a new one must be listed here)."""
+    defaults = {n for n, f in ev.RunStarted.model_fields.items() if not f.is_required()}
+    assert defaults - {"time", "event", "start_step", "world_size"} == set(DETAILS)  # a new detail: add it above
+    good = ev.RunStarted(config={"model": {"n_layer": 1}}, n_params=1, device="cpu", device_name="CPU",
+                         precision="fp32", flops_per_token=1).model_dump(mode="json")  # fmt: skip
+    path = tmp_path / "events.jsonl"
+    for value in HOSTILE_DETAILS:
+        line = json.dumps(good | {field: value}).replace("1e+400", "1e400")
+        path.write_text(line + "\n")
+        events, problems = ev.read_events(path)
+        assert [e.event for e in events] == ["run_started"], (field, value, problems)
+        assert events[0].n_params == 1
