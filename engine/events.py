@@ -132,6 +132,15 @@ class Contention(BaseModel):
     contended: bool = False  # the rule's verdict (engine/train/contention.py)
 
 
+# An event's details (or_unknown): a value out of range or of the wrong type reads as unknown
+_PeakValue = Annotated[float, Field(gt=0, le=FIGURE_MAX, allow_inf_nan=False)] | None  # > 0: MFU divides by it
+Peak = Annotated[_PeakValue, or_unknown(_PeakValue)]
+Description = Annotated[dict[str, Any], Plain, or_unknown(Annotated[dict[str, Any], Plain], {})]  # {} if unreadable
+Detail = Annotated[str | None, or_unknown(str | None)]  # a name or a note
+Timings = Annotated[dict[str, Measure | None], BeforeValidator(_timings)]  # by name; each None where unreadable
+Load = Annotated[Contention | None, or_unknown(Contention | None)]
+
+
 class RunStarted(_Event):
     """A run (or a resume of it) began: its resolved config, model size, device and data."""
 
@@ -144,19 +153,14 @@ class RunStarted(_Event):
     start_step: Count = 0  # the step it starts from (0, or the resumed checkpoint's)
     flops_per_token: Count  # model FLOPs per trained token (forward and backward), for MFU
     # the device's peak FLOP/s at this precision (> 0: MFU divides by it); None: unknown
-    peak_flops: Annotated[Annotated[float, Field(gt=0, le=FIGURE_MAX, allow_inf_nan=False)] | None,
-                          or_unknown(Annotated[float, Field(gt=0, le=FIGURE_MAX, allow_inf_nan=False)] | None)] = None
-    # the dataset's description (dataset.json: dtype, vocab, counts); {} where unreadable
-    dataset: Annotated[dict[str, Any], Plain, or_unknown(Annotated[dict[str, Any], Plain], {})] = {}
+    peak_flops: Peak = None
+    dataset: Description = {}  # the dataset's description (dataset.json: dtype, vocab, counts)
     world_size: Annotated[int, Field(ge=1, le=INT_MAX)] = 1  # processes training together (torchrun); 1 alone
-    parallel: Annotated[str | None, or_unknown(str | None)] = None  # "ddp" or "fsdp" when world_size > 1
-    # this start loaded pretrained weights (--init-from: gpt2, or a directory)
-    init_from: Annotated[str | None, or_unknown(str | None)] = None
-    # the SDPA kernel `flash` runs here (SDPA's own pick: flash, cuDNN, efficient, math); None: manual
-    attention: Annotated[str | None, or_unknown(str | None)] = None
-    # CUDA: ms per attention forward+backward of each kernel timed (None: cannot run, or unreadable)
-    attention_ms: Annotated[dict[str, Measure | None], BeforeValidator(_timings)] = {}
-    contention: Annotated[Contention | None, or_unknown(Contention | None)] = None  # the load as it started
+    parallel: Detail = None  # "ddp" or "fsdp" when world_size > 1
+    init_from: Detail = None  # this start loaded pretrained weights (--init-from: gpt2, or a directory)
+    attention: Detail = None  # the SDPA kernel `flash` runs here (SDPA's pick: flash, cuDNN, efficient, math); None: manual
+    attention_ms: Timings = {}  # CUDA: ms per attention forward+backward of each kernel timed (None: cannot run)
+    contention: Load = None  # the machine's load as it started (engine/train/contention.py)
 
     def setting(self, dotted: str, kind: type | tuple[type, ...] = int) -> Any:
         """One value of the run's config by dotted name ("train.max_steps"), or None when the
@@ -184,7 +188,7 @@ class Step(_AtStep):
     tokens: Count  # tokens seen so far
     data_time_s: Measure = 0.0  # of step_time_s, host time spent waiting for batches
     rank_step_times: list[Measure] | None = None  # under torchrun: each rank's step time, by rank
-    contention: Annotated[Contention | None, or_unknown(Contention | None)] = None  # since the last step event
+    contention: Load = None  # the machine's contention since the last step event
 
 
 class Eval(_AtStep):
