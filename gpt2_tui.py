@@ -120,20 +120,20 @@ def build_parser() -> tuple[cli.Parser, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:  # the bare command: open the form at once, no parser needed
-        return cli.guarded(lambda: _app(None))
+        return cli.guarded(lambda: _app(None), sigterm=False)
     parser, _ = build_parser()
     args, rest = cli.parse(parser, argv)
     route_warnings()  # Python's warnings reach stderr through the printable rule
     if args.command in bench_cli.COMMANDS:
         return cli.guarded(lambda: bench_cli.run_command(args, argv))
     if args.command == "compare" and args.tui:
-        return cli.guarded(lambda: _compare(args.run_dirs, args.json, args.target))
+        return cli.guarded(lambda: _compare(args.run_dirs, args.json, args.target), sigterm=False)
     if args.command == "runs":
-        return cli.guarded(lambda: _runs(args.root, args.target))
+        return cli.guarded(lambda: _runs(args.root, args.target), sigterm=False)
     if args.command == "attach":
-        return cli.guarded(lambda: _attach(args.run_dir))
+        return cli.guarded(lambda: _attach(args.run_dir), sigterm=False)
     if args.command is None:
-        return cli.guarded(lambda: _app(args.app_config))
+        return cli.guarded(lambda: _app(args.app_config), sigterm=False)
     return cli.guarded(lambda: cli.run_command(args, argv, rest))
 
 

@@ -16,14 +16,13 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from engine import console
+from engine import child, console
 
 GPT2_TUI = Path(sys.executable).with_name("gpt2-tui")
 # on screen = the form has painted: its first fields, and the footer, which the frame writes
@@ -35,7 +34,7 @@ LIMIT_S = 60.0
 
 def _tmux(sock: str, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")} | {"TERM": "xterm-256color"}
-    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, env=env, timeout=30).stdout
+    return child.run(["tmux", "-L", sock, *args], env=env, timeout=30, stderr=False).output
 
 
 def one_round(cols: int, rows: int, command: str = str(GPT2_TUI)) -> float:

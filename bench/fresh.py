@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from engine import child
 from engine import console
 from engine import events as ev
 from engine.config import RunConfig
@@ -39,10 +40,8 @@ def time_fresh(
     """common.time_config(config) in a new process whose compile caches live in cache_dir."""
     job = {"config": config.model_dump(mode="json"), "run_dir": str(run_dir), "cache": str(cache_dir),
            "artifacts_from": str(artifacts_from) if artifacts_from else None}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.fresh", json.dumps(job)], stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    proc = child.popen([sys.executable, "-m", "bench.fresh", json.dumps(job)], stdout=subprocess.PIPE, text=True,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})  # its own group, killed with us (engine.child)
     done = threading.Event()
 
     def forward_stop() -> None:

@@ -48,7 +48,7 @@ from typing import Any
 
 from pydantic import BaseModel, field_validator
 
-from engine import console
+from engine import child, console
 from engine import files
 from engine.files import atomic_write_bytes
 from engine.errors import UserError
@@ -177,47 +177,6 @@ def _stop(signum: int, frame: Any) -> None:
     raise Stopped(f"signal {signum}")
 
 
-_PRCTL: list[Any] = []  # libc's prctl, looked up before any fork (nothing is imported in the child)
-
-
-def _die_with_parent() -> None:
-    """In the child between fork and exec: SIGKILL when the report's process dies, however it dies."""
-    if _PRCTL:
-        _PRCTL[0](1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc; [] elsewhere): listed before a kill, so that one
-    that made a session of its own (out of its parent's process group) is killed too."""
-    from engine import files
-
-    below: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            text = files.read_text(f"/proc/{entry}/stat", 4096)
-            below.setdefault(int(text[text.rindex(")") + 2 :].split()[1]), []).append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-    out, todo = [], [pid]
-    while todo:
-        for child in below.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def kill_tree(proc: subprocess.Popen, sig: int) -> None:
-    """`sig` to a child's process group and to everything below it."""
-    below = descendants(proc.pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-    for pid in below:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
 def run_part(
     argv: list[str], budget_s: float, echo: bool = True, poll: Callable[[str], None] | None = None,
     grace_s: float = KILL_GRACE_S["full"],
@@ -228,24 +187,9 @@ def run_part(
     killed at once, then the stop goes on up. (exit status or None, seconds, output)."""
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
-    if sys.platform.startswith("linux") and not _PRCTL:
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=_die_with_parent if _PRCTL else None)  # fmt: skip
-    assert proc.stdout is not None
-    lines: list[str] = []
-
-    def pump() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if echo:
-                console.out.line("    " + line.rstrip("\n"), flush=True)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    proc = child.popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT)  # its own group, killed with the report (engine.child)
+    tail = child.Tail(proc.stdout, on_line=(lambda line: console.out.line("    " + line, flush=True)) if echo else None)
     rc: int | None = None
     try:
         deadline = t0 + budget_s
@@ -255,27 +199,26 @@ def run_part(
                 break
             except subprocess.TimeoutExpired:
                 if poll is not None:
-                    poll("".join(lines))
+                    poll(tail.text())
                 if time.perf_counter() >= deadline:
                     break
         if rc is None:
             for sig, grace in ((signal.SIGINT, grace_s), (signal.SIGKILL, 10)):
-                kill_tree(proc, sig)
+                child.kill_group(proc, sig)
                 try:
                     proc.wait(timeout=grace)
                     break
                 except subprocess.TimeoutExpired:
                     continue
     except BaseException:  # stopped: nothing of it may outlive the report
-        kill_tree(proc, signal.SIGKILL)
+        child.kill_group(proc, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
         raise
     finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever it started and left behind in its group
-        reader.join(timeout=10)
-    return rc, time.perf_counter() - t0, "".join(lines)
+        child.kill_group(proc, signal.SIGKILL)  # whatever it started and left behind
+        tail.join()
+    return rc, time.perf_counter() - t0, tail.text()
 
 
 def figures(part: str, out: Path, text: str, command: str) -> tuple[dict[str, Any], str, str]:
@@ -337,9 +280,8 @@ def describe(dry_run: bool) -> Report:
 
     cuda = not dry_run and torch.cuda.is_available()
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
+        commit = child.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, timeout=10, stderr=False).output.strip() or None
+    except OSError:
         commit = None
     return Report(
         device=torch.cuda.get_device_name(0) if cuda else "CPU (dry run)", torch_version=torch.__version__,

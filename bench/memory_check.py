@@ -19,7 +19,6 @@ import datetime as dt
 import gc
 import itertools
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine import console
+from engine import child, console
 from engine import device
 
 from engine.train import memory
@@ -50,8 +49,8 @@ CPU_SHAPES = {
 def _header(device: str) -> str:
     load = ""
     try:
-        load = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+        load = child.run(["uptime"], timeout=5).output.strip()
+    except OSError:
         pass
     return (
         f"device: {device}; date: {dt.date.today().isoformat()}; torch {torch.__version__}; "

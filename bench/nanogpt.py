@@ -16,7 +16,6 @@ from __future__ import annotations
 import pickle
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.reference import ReferenceShape
+from engine import child
 from engine.errors import UserError
 
 FILES = ("train.py", "model.py", "configurator.py")
@@ -65,10 +65,11 @@ def step_times(checkout: Path, train: np.ndarray, val: np.ndarray, shape: Refere
                      always_save_checkpoint=False, warmup_iters=0, learning_rate=lr, lr_decay_iters=max(1, steps),
                      min_lr=lr / 10)  # fmt: skip
         argv = [sys.executable, "train.py", *(f"--{k}={v}" for k, v in flags.items())]
-        done = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=seconds, check=False)
-    times = [float(m.group(2)) / 1000 for line in done.stdout.splitlines()[:MAX_LINES] if (m := LINE.match(line))]
+        # its own group, killed with us or at `seconds`; its output read bounded (engine.child)
+        done = child.run(argv, cwd=work, timeout=seconds)
+    times = [float(m.group(2)) / 1000 for line in done.output.splitlines()[:MAX_LINES] if (m := LINE.match(line))]
     if done.returncode != 0 or len(times) != steps:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"nanoGPT's train.py exited {done.returncode} after {len(times)} of {steps} steps: "
-                        f"{tail[0][:300]}")  # fmt: skip
+        status = f"exited {done.returncode}" if done.returncode is not None else f"ran past {seconds:g} s"
+        tail = done.output.strip().splitlines()[-1:] or ["no output"]
+        raise UserError(f"nanoGPT's train.py {status} after {len(times)} of {steps} steps: {tail[0][:300]}")
     return times

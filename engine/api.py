@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 # public name -> (module, name in it); None: the module itself
 _SURFACE: dict[str, tuple[str, str | None]] = {
     "console": ("engine.console", None),
+    "child": ("engine.child", None),
     "BATCH": ("engine.config", "BATCH"),
     "DEFAULT_VOCAB": ("engine.config", "DEFAULT_VOCAB"),
     "RunConfig": ("engine.config", "RunConfig"),
@@ -101,6 +102,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
 __all__ = sorted(_SURFACE)
 
 if TYPE_CHECKING:  # the same names, for type checkers and the import graph
+    from engine import child  # noqa: F401
     from engine import console  # noqa: F401
     from engine import device  # noqa: F401
     from engine import events  # noqa: F401

@@ -18,7 +18,6 @@ import importlib.util
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from engine import files, switch_matrix
+from engine import child, files, switch_matrix
 from engine.errors import UserError
 
 Kind = Literal["cuda", "mps", "cpu"]
@@ -318,8 +317,10 @@ def _compiler_problem(env: str, name: str, what: str) -> str | None:
     if exe is None:
         return f"torch.compile needs {what}: {source} was not found"
     try:
-        subprocess.run([exe, "--version"], capture_output=True, timeout=20, check=True)
-    except (OSError, subprocess.SubprocessError):
+        ran = child.run([exe, "--version"], timeout=20)
+    except OSError:
+        ran = None
+    if ran is None or ran.returncode != 0:
         return f"torch.compile needs {what}: {source} does not run"
     return None
 

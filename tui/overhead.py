@@ -57,13 +57,13 @@ def run_headless(config: RunConfig, run_dir: Path, threads: int) -> dict[str, An
 
 def run_headless_cli(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """The baseline for --detached: exactly the command F6 spawns, with no dashboard."""
-    import subprocess
-
-    from engine.api import headless_command
+    from engine.api import child, headless_command
 
     cfg_file = run_dir.with_suffix(".toml")
     cfg_file.write_text(config.model_copy(update={"out_dir": str(run_dir)}).to_toml())
-    subprocess.run(headless_command(cfg_file, run_dir), check=True, stdout=subprocess.DEVNULL)
+    done = child.run(headless_command(cfg_file, run_dir), timeout=None)
+    if done.returncode != 0:
+        raise RuntimeError(f"the headless run exited {done.returncode}: {done.output.strip()[-300:]}")
     return _summary(run_dir)
 
 

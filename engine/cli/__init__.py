@@ -18,13 +18,14 @@ import os
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
-from engine import settings  # noqa: E402
+from engine import child, settings  # noqa: E402
 from engine.console import err, out, route_warnings  # noqa: E402
 from engine.config import DEFAULT_VOCAB, MAX_CONTEXT, MAX_VOCAB, SEED_LIMIT  # noqa: E402
 from engine.errors import UserError  # noqa: E402
@@ -387,18 +388,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0 if fits else 1
 
 
-def _term_as_interrupt() -> None:
-    """SIGTERM raises KeyboardInterrupt, so a build's cleanup (prepare's and export's hidden
-    `.OUT.tmp-PID-HEX` directory) runs as on Ctrl-C; a kill -9's is swept by the next build."""
-
-    def terminated(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminated)
-
-
 def cmd_prepare(args: argparse.Namespace) -> int:
-    _term_as_interrupt()
     if args.hf_dataset:
         return cmd_prepare_hub(args)
     hub_only = [f for f, v in (("--config", args.hf_config), ("--data-files", args.data_files), ("--max-tokens", args.max_tokens)) if v]
@@ -461,7 +451,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     """`export RUN --hf DIR`: the run's weights and tokenizer as a transformers GPT-2 directory."""
     from engine.inspect import export
 
-    _term_as_interrupt()
     hf_dir = export.export_run(args.run, args.hf, args.which)
     out.line(f"wrote {path_text(hf_dir)}: transformers.GPT2LMHeadModel.from_pretrained({str(hf_dir)!r}) loads it")
     return 0
@@ -578,10 +567,13 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
     raise UserError(f"no command given; see `{program()} --help`")
 
 
-def guarded(body: Callable[[], int]) -> int:
-    """Run a command: bad input is one line and exit 2, Ctrl-C 130, a closed pipe no traceback."""
+def guarded(body: Callable[[], int], sigterm: bool = True) -> int:
+    """Run a command: bad input is one line and exit 2, Ctrl-C 130 (SIGTERM too, unless `sigterm` is
+    False: the app, which keeps its own; a command's clean-up runs: engine.child.term_as_interrupt),
+    a closed pipe no traceback."""
     try:
-        return body()
+        with child.term_as_interrupt() if sigterm else contextlib.nullcontext():
+            return body()
     except UserError as error:
         err.line(f"error: {error}")  # the rule: it may quote a file's contents or name
         return 2

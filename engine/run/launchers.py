@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import events as ev
-from engine import files, rundir
+from engine import child, files, rundir
 from engine.config import RunConfig
 from engine.errors import UserError
 from engine.run.requests import Control
@@ -93,7 +93,7 @@ def _spawn(cmd: list[str], run_dir: Path, config_file: Path | None) -> tuple[sub
     """`cmd` in a session of its own, its output appended to the run's console.log."""
     with files.open_append(run_dir / rundir.LAUNCH_LOG) as log:
         pos = log.tell()
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()
-        )  # fmt: skip
+        # detached: the run outlives the app that started it (engine.child: no death signal)
+        proc = child.popen(cmd, detached=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                           cwd=os.getcwd())  # fmt: skip
     return proc, config_file, pos

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_report, gpu_window
+from bench import gpu_window
 from bench import run as bench
 from bench.common import BenchOptions
+from engine import child
 from engine.cli import guarded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +85,7 @@ def test_a_report_killed_mid_part_leaves_no_child_and_every_finished_row_on_disk
                 break
         else:
             pytest.fail("the report ended before the ladder's first row:\n" + "\n".join(printed[-30:]))
-        below = gpu_report.descendants(proc.pid)
+        below = child.descendants(proc.pid)
         assert below, "the ladder runs as a child of the report"
         proc.send_signal(signal.SIGTERM)  # the report alone, not its group: it must take its children down
         rest, _ = proc.communicate(timeout=60)
