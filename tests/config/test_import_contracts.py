@@ -25,9 +25,10 @@ def test_the_import_contracts_hold():
 
 
 def test_engine_keeps_few_flat_modules():
-    """engine/'s top holds the foundations, api.py and __init__.py; a domain's module goes in its package."""
+    """engine/'s top holds the foundations, api.py and __init__.py; a domain's module goes in its package.
+    (15: the process boundary, child.py, joined the file boundary as a foundation.)"""
     flat = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
-    assert len(flat) <= 14, flat
+    assert len(flat) <= 15, flat
 
 
 @pytest.mark.slow
