@@ -518,10 +518,11 @@ def cmd_toggle(args: argparse.Namespace) -> int:
                         f"asked before ({what}), which already asks for this; it applies at the next step boundary "
                         f"(`{program()} attach {path_text(args.run_dir)}` shows the new segment)")
     verdict = toggle.judge(config, overrides)
-    diff = changed(switches(config), switches(verdict.raise_first()))
+    new = verdict.raise_first()
+    diff = changed(switches(config), switches(new))
     for why in verdict.warnings:  # what the new set costs, said before it is asked for (an emulated precision)
         out.line(f"note: {why}")
-    if not diff:
+    if not changed(toggle.effective(config), toggle.effective(new)):  # as they resolve here, not as words
         raise UserError(f"{args.run_dir} already runs with those switches; nothing to change")
     try:
         asked = toggle.request(args.run_dir, {name: new for name, (_, new) in diff.items()})

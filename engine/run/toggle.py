@@ -40,19 +40,31 @@ def request(run_dir: Path, overrides: dict[str, Any]) -> Request:
     return asked
 
 
+def effective(config: RunConfig) -> dict[str, Any]:
+    """The speed switches as they run on the run's device: `auto` precision read as what it resolves
+    to there (engine.device.precision), so a toggle is judged by what it changes, not by its words."""
+    from engine import device
+
+    out = switches(config)
+    out["speed.precision"] = device.precision(str(out["speed.precision"]), device.kind(config.speed.device))
+    return out
+
+
 def already_on(config: RunConfig, overrides: dict[str, Any]) -> str | None:
-    """Why a toggle asks for nothing new, or None: every switch it names already has the value
-    it asks for in `config` (the run's switches now, after any toggle accepted before it). The
-    run drops such a request with this reason and starts no segment; the CLI refuses to ask."""
+    """Why a toggle asks for nothing new, or None: every switch it names already runs as it asks
+    in `config` (the run's switches now, after any toggle accepted before it), compared as they
+    resolve (`effective`: precision auto is fp32 on a CPU). The run drops such a request with
+    this reason and starts no segment; the CLI refuses to ask."""
     if not overrides or set(overrides) - set(SWITCHES):
         return None  # empty or unknown: check() words that refusal
     try:
-        asked = switches(overlay(config.model_dump(mode="json", exclude_none=True), overrides))
+        asked = overlay(config.model_dump(mode="json", exclude_none=True), overrides)
     except UserError:
         return None  # an invalid value: check() refuses it
-    if asked != switches(config):
+    now = effective(asked)
+    if now != effective(config):
         return None
-    return "already on: the run trains with " + ", ".join(f"{short(n)} {value_text(asked[n])}" for n in overrides)
+    return "already on: the run trains with " + ", ".join(f"{short(n)} {value_text(now[n])}" for n in overrides)
 
 
 def check(config: RunConfig, overrides: dict[str, Any], held: int | None = None) -> RunConfig:

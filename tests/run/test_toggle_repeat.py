@@ -81,3 +81,22 @@ def test_a_segment_shorter_than_the_settle_window_says_too_short(tmp_path: Path,
     (row,) = [line for line in table.splitlines() if " 8-10 " in line]
     ends = [header.index(c) + len(c) for c in ("vs prev", "vs first")]  # right-aligned: no speed-up for it
     assert "too short to settle" in row and [row[:end].split()[-1] for end in ends] == ["-", "-"]
+
+
+@pytest.mark.parametrize("runs, asked, same", [
+    ("auto", "fp32", True),   # auto is fp32 on a CPU: nothing to change
+    ("fp32", "auto", True),
+    ("fp16", "auto", False),  # auto would switch an fp16 run back to fp32: a change
+    ("auto", "bf16", False),
+])  # fmt: skip
+def test_a_toggle_is_judged_by_what_its_switches_resolve_to_not_by_their_words(runs, asked, same):
+    """Issue 47 item 2: `toggle --precision auto` compared as a word went wrong both ways; the run
+    and the CLI compare what each value resolves to on the run's device (toggle.effective)."""
+    from engine.config import resolve
+    from engine.run import toggle
+
+    config = resolve("micro", None, {"speed.device": "cpu", "speed.precision": runs})
+    said = toggle.already_on(config, {"speed.precision": asked})
+    assert (said is not None) == same, said
+    if same:
+        assert "precision fp32" in said
