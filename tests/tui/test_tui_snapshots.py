@@ -201,3 +201,43 @@ def test_every_dashboard_tab_is_reached_by_keyboard(recorded, size) -> None:
             assert "t" in shown and pilot.app.screen.query(Footer)  # the footer names it
 
     asyncio.run(go())
+
+
+def on_the_segments_tab(pilot_key: str = "4") -> Callable:
+    """run_before: settle the dashboard, then reach the Segments tab by keyboard."""
+
+    async def run_before(pilot) -> None:
+        from tui.widgets.segments import SegmentTable
+
+        await settle(pilot)
+        await pilot.press(pilot_key)
+        table = pilot.app.screen.query_one("#segments", SegmentTable)
+        await until(pilot, lambda: bool(table.rows_shown) and table.region.width > 0, "the segment rows")
+        await pilot.pause()
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", [SIZE, (80, 24)], ids=["120x40", "80x24"])
+def test_segments_tab_by_keyboard(snap_compare, recorded, size) -> None:
+    """Issue 47 item 3: the Segments tab, reached with `4`, fits the screen: the columns that do not fit
+    fold under their row (a second line of the same slots), none cut, none off screen."""
+    assert snap_compare(recorded, terminal_size=size, run_before=on_the_segments_tab())
+
+
+@pytest.mark.parametrize("size", [SIZE, (80, 24)], ids=["120x40", "80x24"])
+def test_the_segments_table_fits_its_width_with_every_column(recorded, size) -> None:
+    import asyncio
+
+    from engine.api import COMPARE_COLUMNS
+    from tui.widgets.segments import SegmentTable
+
+    async def go() -> None:
+        async with recorded.run_test(size=size) as pilot:
+            await on_the_segments_tab()(pilot)
+            table = pilot.app.screen.query_one("#segments", SegmentTable)
+            assert table.virtual_size.width <= table.size.width, (table.virtual_size, table.size)
+            headers = " ".join(str(c.label) for c in table.columns.values()).split()
+            assert all(name.split()[0] in headers for name in COMPARE_COLUMNS[1:]), headers  # none dropped
+
+    asyncio.run(go())
