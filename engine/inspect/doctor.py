@@ -72,7 +72,8 @@ def machine_rows() -> list[Row]:
     from engine import device
 
     rows = [Row("machine", "python", OK, f"{platform.python_version()} ({sys.executable})"),
-            Row("machine", "torch", OK, f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})")]  # fmt: skip
+            Row("machine", "torch", OK, f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})"),
+            Row("machine", "cuDNN", INFO, _cudnn_text())]  # fmt: skip
     for dist in ("numpy", "tokenizers", "pydantic", "tomli-w"):
         v = _version(dist)
         rows.append(Row("machine", dist, OK if v else PROBLEM, v or "not installed",
@@ -100,6 +101,20 @@ def machine_rows() -> list[Row]:
         slow = device.cpu_half_reason(half)
         rows.append(Row("machine", f"CPU {half}", INFO, slow or "native: the CPU does it in hardware"))
     return rows
+
+
+def _cudnn_text() -> str:
+    """cuDNN's version, and what it means for its attention (engine.train.attention.cudnn_allowed)."""
+    import torch
+
+    from engine.train.attention import CUDNN_SAFE_FROM, CUDNN_SEQ_MULTIPLE
+
+    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if version is None:
+        return "not available"
+    if version >= CUDNN_SAFE_FROM:
+        return f"{version}: its attention takes any sequence length"
+    return f"{version}: its attention is used only for sequence lengths that are a multiple of {CUDNN_SEQ_MULTIPLE}"
 
 
 def _cache_rows(cache: Path) -> list[Row]:

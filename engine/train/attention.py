@@ -78,6 +78,19 @@ class Choice:
         return f"{each}: {self.picked or 'none runs this shape'}"
 
 
+# cuDNN's SDPA up to 9.15 writes out of bounds for a sequence length that is not a multiple of 128
+# (pytorch#169849, worst under CUDA-graph capture); torch itself deprioritizes it there, so do we
+CUDNN_SAFE_FROM = 91600  # torch.backends.cudnn.version() of cuDNN 9.16
+CUDNN_SEQ_MULTIPLE = 128
+
+
+def cudnn_allowed(seq: int) -> bool:
+    """Whether cuDNN's attention may be timed or preferred for sequences of `seq` tokens: any length
+    from cuDNN 9.16 on, a multiple of 128 before it (torch's own rule: its default order avoids it)."""
+    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return seq % CUDNN_SEQ_MULTIPLE == 0 or (version is not None and version >= CUDNN_SAFE_FROM)
+
+
 def can_run(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `name`'s kernel takes this causal call, asked of SDPA's own checks with their
     reasons off: asked, not tried, so no why-not warning is printed and none needs hiding
@@ -85,6 +98,8 @@ def can_run(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> boo
     thread's warnings would be lost meanwhile). On CPU the one fused kernel is SDPA's flash."""
     if q.device.type != "cuda":
         return name == "flash"
+    if name == "cuDNN" and not cudnn_allowed(q.size(-2)):
+        return False
     check = {"cuDNN": can_use_cudnn_attention, "flash": can_use_flash_attention,
              "efficient": can_use_efficient_attention}[name]  # fmt: skip
     return bool(check(SDPAParams(q, k, v, None, 0.0, True, False), False))

@@ -188,3 +188,23 @@ def test_rank_0_measures_and_every_rank_runs_its_pick(tmp_path) -> None:
     assert [r["picked"] for r in results] == ["cuDNN", "cuDNN"]
     assert results[0]["timings"] == results[1]["timings"] == {"cuDNN": 1.0, "flash": 1.5, "efficient": None}
     assert [r["measured"] for r in results] == [[0], []]
+
+
+@pytest.mark.parametrize("version, seq, allowed", [
+    (91500, 32, False), (91500, 1000, False), (91500, 1024, True),  # cuDNN <= 9.15: multiples of 128 only
+    (91600, 32, True), (None, 32, False), (None, 256, True),
+])  # fmt: skip
+def test_cudnn_attention_is_never_picked_where_torch_itself_avoids_it(monkeypatch, version, seq, allowed):
+    """Issue 45 item 1: cuDNN's SDPA up to 9.15 writes out of bounds for a sequence length not a
+    multiple of 128 (pytorch#169849): our timing no longer offers it there (the doctor's T = 32
+    rows, a --block-size 1000), from cuDNN 9.16 on any length; the doctor prints the version."""
+    import torch
+
+    from engine.inspect import doctor
+    from engine.train import attention
+
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: version is not None)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: version)
+    assert attention.cudnn_allowed(seq) is allowed
+    said = doctor._cudnn_text()  # the doctor's cuDNN row
+    assert (str(version) in said and ("any" in said) == (version >= 91600)) if version else said == "not available"
