@@ -157,11 +157,12 @@ class ModelConfig(_Strict):
         ),
         json_schema_extra=_meta(SWITCH, live=True),
     )
-    loss: Literal["plain", "chunked"] = Field(
+    loss: Literal["plain", "chunked", "auto"] = Field(
         "plain",
         description=(
             "chunked = the lm_head matmul and cross-entropy computed in row chunks, never holding "
-            "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md)"
+            "the whole B x T x V logits (the largest memory item at GPT-2 sizes; docs/memory.md); "
+            "auto = the device's choice: plain on a GPU where it fits, else chunked (as on a CPU)"
         ),
         json_schema_extra=_meta(SWITCH, live=True),
     )

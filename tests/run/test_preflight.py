@@ -226,3 +226,18 @@ def test_more_inputs_of_no_effect_are_said_and_the_advice_is_a_value_the_config_
     v = P.preflight(resolve("micro", overrides=short), explicit=short, dataset=False, memory=False)
     (fix,) = [f["optim.decay_fraction"] for w in v.warnings for f in w.fixes if "optim.decay_fraction" in f]
     assert fix == "1"  # not "1 or more": more is refused
+
+
+def test_loss_auto_is_chosen_for_the_device_the_run_is_on_and_says_why():
+    """Issue 45 item 4: the speedrun preset states intent (loss auto); the device decides. On a CPU the
+    chunked loss (measured faster there); on a GPU the plain one where its logits fit, else chunked.
+    The run's config holds the choice (config.toml, run_started) and a note says why."""
+    assert P.choose_loss("cpu", True)[0] == "chunked"
+    assert P.choose_loss("cuda", True)[0] == "plain" and P.choose_loss("cuda", False)[0] == "chunked"
+    assert resolve("speedrun").model.loss == "auto"
+    v = P.preflight(resolve("speedrun", None, {"speed.device": "cpu"}), dataset=False, memory=False)
+    assert v.config is not None and v.config.model.loss == "chunked"
+    assert any(n.startswith("loss auto: chunked (on a CPU") for n in v.config.notes), v.config.notes
+    plain = P.preflight(resolve("speedrun", None, {"speed.device": "cpu", "model.loss": "plain"}), dataset=False,
+                        memory=False)  # fmt: skip
+    assert plain.config is not None and plain.config.model.loss == "plain"  # a loss given is kept
