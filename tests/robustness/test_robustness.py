@@ -21,7 +21,7 @@ from engine import rundir
 from gpt2_tui import main
 from engine.events import CallbackSink, read_events
 from engine.train.model import GPT
-from harness import MICRO, cli_fails, open_run, run_events
+from harness import MICRO, cli_fails, force_cpu_native, open_run, run_events
 
 
 def _warnings(events) -> list[str]:
@@ -126,6 +126,7 @@ def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(tmp_path, tiny_data
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", counting_forward)
+    force_cpu_native(monkeypatch, "fp16")  # the scaler's behaviour, not the emulated-fp16 warning of most CPUs
     t = open_run(tmp_path / "run", tiny_dataset, **{"train.max_steps": 5, "train.max_bad_steps": 1,
                                                     "speed.precision": "fp16", "optim.grad_clip": 0.0})  # fmt: skip
     original_setup = t.segment.setup
