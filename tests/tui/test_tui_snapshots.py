@@ -94,8 +94,10 @@ def on_the_dashboard(key: str | None, screen: type) -> Callable:
 
 
 async def quiet(pilot) -> None:
-    """No toast on screen: the end's toast is said once, but on a loaded machine its render could
-    land after settle() cleared it, over whatever screen came next (it made the help's snapshot flaky)."""
+    """No toast on screen. notify() only posts its toast: the app adds it when it handles that
+    message, so a clear made before then clears nothing and the toast lands after it, over the
+    frame a snapshot takes (two snapshots were flaky so). The pause lets the app take it first."""
+    await pilot.pause()
     pilot.app.clear_notifications()
     await until(pilot, lambda: not pilot.app.screen.query("Toast"), "no toast on screen")
     await pilot.pause()
