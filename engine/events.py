@@ -158,7 +158,7 @@ class RunStarted(_Event):
     world_size: Annotated[int, Field(ge=1, le=INT_MAX)] = 1  # processes training together (torchrun); 1 alone
     parallel: Detail = None  # "ddp" or "fsdp" when world_size > 1
     init_from: Detail = None  # this start loaded pretrained weights (--init-from: gpt2, or a directory)
-    attention: Detail = None  # the SDPA kernel `flash` runs here (SDPA's pick: flash, cuDNN, efficient, math); None: manual
+    attention: Detail = None  # the SDPA kernel `flash` runs here (flash, cuDNN, efficient, math); None: manual
     attention_ms: Timings = {}  # CUDA: ms per attention forward+backward of each kernel timed (None: cannot run)
     contention: Load = None  # the machine's load as it started (engine/train/contention.py)
 

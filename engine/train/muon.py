@@ -4,8 +4,9 @@ and orthogonalized by ONE batched Newton-Schulz (a 12-layer model's 48 matrices 
 iterations, not 48), the guard's skip verdict is honoured on the device with no copies, and under
 DDP each rank orthogonalizes its share of each stack and all-gathers the rest; where the run
 compiles (speed.compile) the Newton-Schulz is compiled too (build.finish sets `compiled`). Per
-matrix the numbers are torch's (the same coefficients, bf16 iteration where the device does bf16
-natively, fp32 where it would only emulate it, eps, lr scaling and weight decay: tests/train/test_muon_fast.py checks a step against torch.optim.Muon), and the state is torch's
+matrix the numbers are torch's (the same coefficients, eps, lr scaling and weight decay; the
+iteration in bf16 where the device does bf16 natively, in fp32 where it would only emulate it:
+tests/train/test_muon_fast.py checks a step against torch.optim.Muon), and the state is torch's
 (one `momentum_buffer` per parameter, the same group keys), so a checkpoint is read and checked
 as a torch Muon's (engine.train.checkpoint).
 """
