@@ -92,7 +92,7 @@ class SegmentTable(PlainTable):
             )
             body.append(row if self.run_column else row[1:])
         names = list(COLUMNS if self.run_column else COLUMNS[1:])
-        slots = fold(names, body, self.size.width)
+        slots = fold(names, body, self.size.width or 10**6)  # not laid out yet: whole (a resize draws again)
         bands = -(-len(names) // slots)
         # The columns go too: a DataTable keeps a column as wide as the widest cell it ever
         # held, so the first draw's content would set the widths for good.
