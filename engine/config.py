@@ -824,6 +824,9 @@ def build(data: dict[str, Any]) -> RunConfig:
     lone refusal keeps its fixes, for each front end to word)."""
     try:
         return RunConfig.model_validate(data)
+    except (AttributeError, TypeError) as err:  # a value of the wrong shape reached a validator
+        why = type(err).__name__
+        raise UserError(f"invalid config: a value of the wrong shape ({why})") from None
     except ValidationError as err:
         (first, *more) = err.errors()
         why = first.get("ctx", {}).get("error")

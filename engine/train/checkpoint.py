@@ -151,6 +151,9 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     problem = _malformed(state)
     if problem:
         raise UserError(f"{path} is not a gpt2-tui checkpoint ({problem}); use another checkpoint of the run")
+    # the weights as a plain dict: torch's state_dict carries a `_metadata` attribute that
+    # load_state_dict trusts (a damaged one, a tuple, was an AttributeError); our modules need none
+    state["model"] = dict(state["model"])
     return state
 
 

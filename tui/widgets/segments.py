@@ -42,7 +42,6 @@ class SegmentTable(PlainTable):
         self._version = 0
         self._drawn = -1
         self.rows_shown: list[Row] = []  # what is on screen, for tests and callers
-        self.bands = 1  # lines a row takes: the columns that do not fit fold under it (fold)
 
     def on_mount(self) -> None:
         self._add_columns()
@@ -82,51 +81,19 @@ class SegmentTable(PlainTable):
             runs = [("", segs, self._best)]
         table = rows(runs)
         self.rows_shown = table
-        segs = [r.segment for r in table]
-        shown = shown_settings(segs) if segs else []
-        body: list[list[Text]] = []
-        for r in table:
-            row = [Text(c) if i in LEFT else Text(c, justify="right") for i, c in enumerate(cells(r))]
-            row[SETTINGS_COLUMN] = Text(" ").join(
-                Text(text, style=HOT if hot else "") for text, hot in setting_items(r.segment, shown, segs[0])
-            )
-            body.append(row if self.run_column else row[1:])
-        names = list(COLUMNS if self.run_column else COLUMNS[1:])
-        slots = fold(names, body, self.size.width or 10**6)  # not laid out yet: whole (a resize draws again)
-        bands = -(-len(names) // slots)
         # The columns go too: a DataTable keeps a column as wide as the widest cell it ever
         # held, so the first draw's content would set the widths for good.
         self.clear(columns=True)
-        self.header_height = bands
-        for j in range(slots):
-            self.add_column(Text("\n".join(names[j::slots])), key=f"slot-{j}")
-        for row in body:
-            self.add_row(*(_stacked(row[j::slots]) for j in range(slots)), height=bands)
-        self.bands = bands
+        self._add_columns()
+        segs = [r.segment for r in table]
+        shown = shown_settings(segs) if segs else []
+        for r in table:
+            row: list[Any] = [c if i in LEFT else Text(c, justify="right") for i, c in enumerate(cells(r))]
+            row[SETTINGS_COLUMN] = Text(" ").join(
+                Text(text, style=HOT if hot else "") for text, hot in setting_items(r.segment, shown, segs[0])
+            )
+            self.add_row(*(row if self.run_column else row[1:]))
         return True
-
-    def on_resize(self) -> None:
-        self._drawn = -1  # the fold depends on the width: drawn again at the new one
-        self.redraw()
-
-
-def fold(names: Sequence[str], body: Sequence[Sequence[Text]], width: int, pad: int = 2) -> int:
-    """How many columns the table keeps across `width` cells: all of them when they fit, else the
-    most for which the rest fold under their row in bands (the columns after the first `k` go
-    to a second line of the same k slots, then a third...), the payoff columns first on the first
-    line. Each slot is as wide as its widest cell or header in any band, plus `pad`."""
-    widths = [max([len(n), *(r[i].cell_len for r in body)]) for i, n in enumerate(names)]
-    for k in range(len(names), 1, -1):
-        if sum(max(widths[j::k]) + pad for j in range(k)) <= width:
-            return k
-    return 1
-
-
-def _stacked(parts: Sequence[Text]) -> Text:
-    """A slot's cells, one a line; right-aligned where every part is a figure."""
-    out = Text("\n").join(parts)
-    out.justify = "right" if all(p.justify == "right" for p in parts) else "left"
-    return out
 
 
 __all__ = ["SegmentTable"]
