@@ -277,6 +277,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         run.run()  # a live toggle (engine/run/toggle.py) continues the run in a new segment
     finally:
         restore()
+        del run  # its model holds the process group: freed before the group ends (distributed.shutdown)
         distributed.shutdown()
     if distributed.current().is_main:
         out.line(f"run directory: {path_text(run_dir)}")

@@ -63,9 +63,12 @@ def test_a_busy_run_records_its_contention_in_its_events(busy_run: tuple[Path, s
     assert started.contention is not None and started.contention.cores == contention.cores()
     steps = [e for e in events if isinstance(e, ev.Step)]
     assert len(steps) == STEPS and all(s.contention is not None for s in steps)
-    settled = steps[STEPS // 2 :]  # the window the settled step time is taken over
-    assert all(s.contention.contended and s.contention.stolen >= contention.STOLEN_LIMIT for s in settled), [
-        s.contention for s in settled]  # fmt: skip
+    # The settled window's reading is what the summary and the console judge. One step's own
+    # reading is a sample of a few milliseconds, which the scheduler may leave unpreempted even
+    # beside burners (CI saw stolen=0.0 on the last of four), so each step is not judged alone.
+    settled = contention.settled([s.contention for s in steps])
+    assert settled is not None and settled.contended and settled.stolen >= contention.STOLEN_LIMIT, [
+        s.contention for s in steps]  # fmt: skip
     summary = next(e for e in events if isinstance(e, ev.RunFinished)).summary
     assert summary["contention"]["contended"] is True and summary["contention"]["stolen"] >= contention.STOLEN_LIMIT
     line = json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -265,9 +266,8 @@ def _worker_pid(ancestor: int, rank: int) -> int:
     raise AssertionError(f"no worker with RANK={rank} under pid {ancestor}")
 
 
-def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.Tensor]:
-    """One optimizer step of the real Trainer (no clipping); the gradients it produced."""
-    from engine.train import distributed
+def _stepped(out: Path, data: Path, parallel: str, accum: int) -> Any:
+    """The real Trainer after one optimizer step (no clipping), its loader closed."""
     from engine.config import resolve
     from engine.run.preflight import open_data
     from engine.train.trainer import Trainer
@@ -281,9 +281,17 @@ def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.
     trainer.setup()
     try:
         trainer.train_step(1e-3)
-        return {n: distributed.local_value(p.grad).detach().clone() for n, p in trainer.parts.model.named_parameters()}
     finally:
         trainer.parts.loader.close()
+    return trainer
+
+
+def _grads(out: Path, data: Path, parallel: str, accum: int) -> dict[str, torch.Tensor]:
+    """The gradients of one optimizer step of the real Trainer."""
+    from engine.train import distributed
+
+    model = _stepped(out, data, parallel, accum).parts.model
+    return {n: distributed.local_value(p.grad).detach().clone() for n, p in model.named_parameters()}
 
 
 def _grad_worker(out: Path, data: Path) -> None:
@@ -297,8 +305,32 @@ def _grad_worker(out: Path, data: Path) -> None:
     distributed.shutdown()
 
 
+def _freed_worker(out: Path, data: Path) -> None:
+    """Whether an FSDP2 model dropped before `distributed.shutdown` is gone when it returns."""
+    import weakref
+
+    from engine.train import distributed
+
+    distributed.init("cpu")
+    model = weakref.ref(_stepped(out / "fsdp", data, "fsdp", accum=1).parts.model)
+    distributed.shutdown()
+    (out / "alive").write_text(str(model() is not None))
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["grads"]:
     _grad_worker(Path(sys.argv[2]), Path(sys.argv[3]))
+if __name__ == "__main__" and sys.argv[1:2] == ["freed"]:
+    _freed_worker(Path(sys.argv[2]), Path(sys.argv[3]))
+
+
+def test_an_fsdp_model_dropped_before_shutdown_is_freed_while_the_group_lives(tmp_path, data):
+    """A rank aborted at exit about one run in eight (exit -6, "terminate called without an
+    active exception", torchrun failing a completed run): the FSDP2 model sits in a reference
+    cycle, freed only by the interpreter's exit, after the process group had ended."""
+    proc = subprocess.run([*TORCHRUN, __file__, "freed", str(tmp_path), str(data)], cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=240)  # fmt: skip
+    _ok(proc)
+    assert (tmp_path / "alive").read_text() == "False"
 
 
 def test_muon_under_ddp_matches_one_process_and_fsdp_is_refused(tmp_path, data):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 
 from harness import recorded_state
@@ -45,3 +46,31 @@ def test_four_toggles_four_labels_at_80_columns() -> None:
 def test_labels_as_written_where_they_fit() -> None:
     shown = drawn(160)
     assert shown.count("compile off -> on") == 2 and shown.count("compile on -> off") == 2, shown
+
+
+def test_a_segment_table_is_drawn_with_its_cells_whole_at_once() -> None:
+    """CI's 80x24 payoff test saw `res` for `resume prefetch=off`: a DataTable sizes a new row's
+    cells only when idle, so a frame drawn between a redraw and that idle cut every cell to its
+    header's width. The table gives each column its width as it draws."""
+    from harness import DATA, run_events
+    from tui.widgets.segments import SegmentTable
+
+    class Segments(App):
+        def compose(self) -> ComposeResult:
+            yield SegmentTable(refresh_s=0)
+
+    async def go() -> None:
+        app = Segments()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            table = app.query_one(SegmentTable)
+            for event in run_events(DATA / "tui-run"):
+                table.feed(event)
+            assert table.redraw(force=True) and table.row_count > 0
+            for i, column in enumerate(table.ordered_columns):  # before any idle: what the next frame shows
+                cells = [table.get_row_at(r)[i] for r in range(table.row_count)]
+                width = column.content_width if column.auto_width else column.width
+                assert width >= max(len(str(column.label)), *(Text(c).cell_len if isinstance(c, str) else c.cell_len
+                                                              for c in cells)), (str(column.label), width, cells)
+
+    asyncio.run(go())

@@ -22,7 +22,7 @@ from engine.api import events as ev
 from engine.api import COMPARE_COLUMNS as COLUMNS, LEFT, SETTINGS_COLUMN, Row, cells, rows
 from engine.api import setting_items, shown_settings
 from engine.api import SegmentReader, SegmentSummary, final_val_loss, mark_target
-from tui.plain import PlainTable
+from tui.plain import PlainTable, plain
 
 HOT = "bold yellow"  # a setting that differs from the first row
 
@@ -49,9 +49,12 @@ class SegmentTable(PlainTable):
             self.set_interval(self.refresh_s, self.redraw)
         self.redraw()
 
-    def _add_columns(self) -> None:
-        for name in COLUMNS if self.run_column else COLUMNS[1:]:
-            self.add_column(name, key=name)
+    def _add_columns(self, body: Sequence[Sequence[Any]] = ()) -> None:
+        """The columns, each as wide as its widest cell in `body` (the rows about to be added)."""
+        names = COLUMNS if self.run_column else COLUMNS[1:]
+        for i, name in enumerate(names):
+            width = max([len(name)] + [plain(row[i]).cell_len for row in body]) if body else None
+            self.add_column(name, key=name, width=width)
 
     def feed(self, event: Any) -> None:
         """One event of the run this table follows (any kind; the ones it needs count)."""
@@ -81,18 +84,22 @@ class SegmentTable(PlainTable):
             runs = [("", segs, self._best)]
         table = rows(runs)
         self.rows_shown = table
-        # The columns go too: a DataTable keeps a column as wide as the widest cell it ever
-        # held, so the first draw's content would set the widths for good.
-        self.clear(columns=True)
-        self._add_columns()
         segs = [r.segment for r in table]
         shown = shown_settings(segs) if segs else []
+        body: list[list[Any]] = []
         for r in table:
             row: list[Any] = [c if i in LEFT else Text(c, justify="right") for i, c in enumerate(cells(r))]
             row[SETTINGS_COLUMN] = Text(" ").join(
                 Text(text, style=HOT if hot else "") for text, hot in setting_items(r.segment, shown, segs[0])
             )
-            self.add_row(*(row if self.run_column else row[1:]))
+            body.append(row if self.run_column else row[1:])
+        # The columns go too, their widths given: a DataTable keeps a column as wide as the
+        # widest cell it ever held, and sizes a new row's cells only when idle (a frame drawn
+        # before that cut every cell to its header's width).
+        self.clear(columns=True)
+        self._add_columns(body)
+        for row in body:
+            self.add_row(*row)
         return True
 
 
