@@ -41,6 +41,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "Row": ("engine.inspect.compare", "Row"),
     "SETTINGS_COLUMN": ("engine.inspect.compare", "SETTINGS_COLUMN"),
     "best_val_loss": ("engine.inspect.compare", "best_val_loss"),
+    "blocks": ("engine.inspect.compare", "blocks"),
     "cells": ("engine.inspect.compare", "cells"),
     "labels": ("engine.inspect.compare", "labels"),
     "read_run": ("engine.inspect.compare", "read_run"),
@@ -116,7 +117,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and the import graph
     from engine.events import EventLines  # noqa: F401
     from engine.files import atomic_write_bytes  # noqa: F401
     from engine.gpu_monitor import GpuSample, available  # noqa: F401
-    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SETTINGS_COLUMN, best_val_loss, cells, labels, reach_text, read_run, recipe_of, recipe_text, rows, setting_items, shown_settings  # noqa: F401
+    from engine.inspect.compare import COLUMNS as COMPARE_COLUMNS, LEFT, Row, SETTINGS_COLUMN, best_val_loss, blocks, cells, labels, reach_text, read_run, recipe_of, recipe_text, rows, setting_items, shown_settings  # noqa: F401
     from engine.inspect.runs import DEFAULT_ROOT, COLUMNS as RUN_COLUMNS, RunSummary, list_runs, row, summarize  # noqa: F401
     from engine.prep.prepare import default_dataset  # noqa: F401
     from engine.run.preflight import Verdict, preflight  # noqa: F401

@@ -375,15 +375,15 @@ def _line(cols: Sequence[int], row: Sequence[str], widths: Sequence[int]) -> str
     return "  ".join(row[i].ljust(widths[i]) if i in LEFT else row[i].rjust(widths[i]) for i in cols).rstrip()
 
 
-def blocks(widths: Sequence[int], width: int | None) -> list[list[int]]:
+def blocks(widths: Sequence[int], width: int | None, keys_n: int = KEY_COLUMNS) -> list[list[int]]:
     """The columns of a table split into blocks that each fit `width` (None: one block), in
-    order, each block led by the key columns (run, steps): the payoff in the first."""
+    order, each block led by the `keys_n` key columns (run, steps): the payoff in the first."""
     every = list(range(len(widths)))
     if width is None or sum(widths) + 2 * (len(widths) - 1) <= width:
         return [every]
-    keys = every[:KEY_COLUMNS]
+    keys = every[:keys_n]
     out: list[list[int]] = []
-    for i in every[KEY_COLUMNS:]:
+    for i in every[keys_n:]:
         if out and len(_line(out[-1] + [i], ["x" * w for w in widths], widths)) <= width:
             out[-1].append(i)
         else:

@@ -212,3 +212,50 @@ def test_every_dashboard_tab_is_reached_by_keyboard(recorded, size) -> None:
             assert "t" in shown and pilot.app.screen.query(Footer)  # the footer names it
 
     asyncio.run(go())
+
+
+def on_the_segments_tab(pilot_key: str = "4") -> Callable:
+    """run_before: settle the dashboard, then reach the Segments tab by keyboard."""
+
+    async def run_before(pilot) -> None:
+        from tui.widgets.segments import SegmentTable
+
+        await settle(pilot)
+        await pilot.press(pilot_key)
+        table = pilot.app.screen.query_one("#segments", SegmentTable)
+        await until(pilot, lambda: table.row_count > 0 and table._width == table.size.width > 0, "the rows, folded")
+        await pilot.pause()
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", [SIZE, (80, 24)], ids=["120x40", "80x24"])
+def test_segments_tab_by_keyboard(snap_compare, recorded, size) -> None:
+    """Issue 47 item 3: the Segments tab, reached with `4`, fits the screen: the columns that do
+    not fit fold into blocks under the first, as `compare` prints them; none cut, none off screen."""
+    assert snap_compare(recorded, terminal_size=size, run_before=on_the_segments_tab())
+
+
+@pytest.mark.parametrize("size", [SIZE, (80, 24)], ids=["120x40", "80x24"])
+def test_the_segments_table_fits_its_width_with_every_column(recorded, size) -> None:
+    """At 120x40 warm-up showed `10.` and the compile column was off screen."""
+    import asyncio
+
+    from engine.api import COMPARE_COLUMNS
+    from tui.plain import PlainTable
+    from tui.widgets.segments import SegmentTable
+
+    async def go() -> None:
+        async with recorded.run_test(size=size) as pilot:
+            await on_the_segments_tab()(pilot)
+            table = pilot.app.screen.query_one("#segments", SegmentTable)
+            blocks = list(table.query_children(PlainTable))
+            assert len(blocks) == len(table.blocks) >= (2 if size == (80, 24) else 1)
+            for block in blocks:
+                assert block.virtual_size.width <= block.size.width, (block.virtual_size, block.size)
+                assert block.region.right <= pilot.app.size.width and block.size.height > block.row_count
+            shown = [str(c.label) for block in blocks for c in block.ordered_columns]
+            assert set(shown) == set(COMPARE_COLUMNS[1:]) and shown[0] == "steps", shown  # none dropped
+            assert shown.count("steps") == len(blocks)  # each block keyed by its steps
+
+    asyncio.run(go())
