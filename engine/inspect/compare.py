@@ -423,7 +423,7 @@ def format_table(c: Comparison, width: int | None = None) -> str:
         same_text = " ".join(cell(f"{short(n)}={value_text(segs[0].switches[n])}") for n in same)
         lines += _wrapped(f"same in all: {same_text}", width)
     if len(segs) > 1:
-        lines += _wrapped(differs_line(differing(segs)), width)  # what really differs; `shown` adds their own
+        lines += _wrapped(differs_line(shown), width)  # the settings the rows list (with their own: Muon's lr)
     body = []
     for r in table:
         row = cells(r)

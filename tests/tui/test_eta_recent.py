@@ -4,6 +4,8 @@ are half the segment. The console's step lines use the same rule (engine.events.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine import events as ev
@@ -37,3 +39,19 @@ def test_the_eta_follows_a_run_that_slows_down() -> None:
 def test_the_console_eta_is_the_same_rule() -> None:
     times = [0.1] * 200 + [1.0] * 20
     assert ev.eta_seconds(times, 220, 1000) == pytest.approx(780 * 1.0)
+
+
+def test_the_status_line_has_no_settled_speed_where_segments_says_too_short_to_settle() -> None:
+    """Issue 47: a toggled-on compile segment of one or two step reports showed `vs settled` (its
+    compile step as the settled speed) while the Segments tab said "too short to settle"."""
+    from tui.session import RunSession
+    from tui.screens.dashboard import status_text
+
+    s = RunState()
+    session = RunSession(run_dir=Path("run"), mode="attached", state=s)
+    s.feed(_started(max_steps=100))
+    for i in range(1, ev.SETTLE_MIN_REPORTS):
+        s.feed(_step(i, 5.0 if i == 1 else 0.1))
+        assert s.settled_step_time() is None and "vs settled" not in status_text(s, session), i
+    s.feed(_step(ev.SETTLE_MIN_REPORTS, 0.1))
+    assert s.settled_step_time() == pytest.approx(0.1) and "vs settled 100.0 ms" in status_text(s, session)

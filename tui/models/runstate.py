@@ -214,8 +214,10 @@ class RunState:
 
     def settled_step_time(self) -> float | None:
         """The current segment's settled step time: the figure the Segments tab, the summary
-        and `compare` give for it (one rule, engine.run.segments), not one across every segment."""
-        return ev.settled_step_time(self.segments.current_step_times())
+        and `compare` give for it (one rule, engine.run.segments), not one across every segment;
+        None where they say "too short to settle" (a toggled compile's first steps are not settled)."""
+        times = self.segments.current_step_times()
+        return ev.settled_step_time(times) if ev.settles(times) else None
 
     def contention(self) -> ev.Contention | None:
         """The machine's contention over the current segment's settled window (the window of
