@@ -56,6 +56,9 @@ from engine.train import contention
 DEFAULT_SEEDS = 3
 RUN_CAP = 3.0  # a trick's run stops past this many times the baseline's slowest run (wall clock)
 BY_FLAG = "left out by --skip"  # such rows are one line above the table, not rows in it
+# A trick the config refuses at the ladder's own batch geometry whatever else is on (a batch ramp
+# at grad accum 1, the shipped presets' geometry): a line above the table with its fix, not a row.
+BY_GEOMETRY = "not at this batch geometry"
 Kind = Literal["baseline", "ladder", "leave-one-out"]
 
 
@@ -137,6 +140,23 @@ def tricks_here(skip: list[str], device: torch.device, vocab: int, steps: int, c
         idle = [why for k, v in values.items() if (why := ladder.applicable(k, v, device, vocab)[1]) is not None]
         out.append(Trick(r, None, "; ".join(idle)) if idle else Trick(r, values, None))
     return out
+
+
+def _at_geometry(t: Trick, preset: str, base: dict[str, Any]) -> Trick:
+    """`t`, or `t` with the config's own refusal of it at the ladder's batch geometry (BY_GEOMETRY):
+    a trick of the train section (the geometry's) that the config refuses whatever else is on."""
+    if t.values is None or not all(k.startswith("train.") for k in t.values):
+        return t
+    try:
+        resolve(preset, None, base | t.values)
+    except UserError as err:
+        return Trick(t.rung, None, f"{BY_GEOMETRY}: {str(err).removeprefix('invalid config: ')}")
+    return t
+
+
+def left_out(row: RecipeRow) -> bool:
+    """Whether a row is a line above the table (BY_FLAG, BY_GEOMETRY), not a row in it."""
+    return (row.reason or "").startswith((BY_FLAG, BY_GEOMETRY))
 
 
 def plan(tricks: list[Trick], refused: Callable[[dict[str, Any]], str | None]) -> list[RecipeRow]:
@@ -289,7 +309,8 @@ def run_ladder(
     device = pick_device(bench.device)
     probe, dataset = prepared(resolve(bench.preset, None, base | gpt2_values()), memory=False)
     assert probe.model.vocab_size is not None
-    tricks = tricks_here(bench.skip, device, probe.model.vocab_size, bench.steps, probe.seq_len)
+    tricks = [_at_geometry(t, bench.preset, base | gpt2_values())
+              for t in tricks_here(bench.skip, device, probe.model.vocab_size, bench.steps, probe.seq_len)]  # fmt: skip
     refused = lambda overrides: _refused(bench.preset, base | overrides, dataset)  # noqa: E731
     rows = plan(tricks, refused)
     rundir.check_new(out)
@@ -461,7 +482,7 @@ def table_rows(result: RecipeLadderResult) -> list[list[str]]:
     n = len(result.seeds)
     out = [["rank", "row", "steps", "time to target s", "vs baseline", "trick gain", "spread s", "reached", "note"]]
     for r in result.rows:
-        if r.reason == BY_FLAG:
+        if left_out(r):
             continue
         if r.status != "ran":
             out.append(["-", r.label, "-", "-", "-", "-", "-", "-", f"{r.status}: {r.reason}"])
@@ -482,7 +503,7 @@ def table_rows(result: RecipeLadderResult) -> list[list[str]]:
 def header_lines(result: RecipeLadderResult) -> list[str]:
     target = "-" if result.target is None else loss_text(result.target)
     busy = contention.line([r.contention for r in result.rows if r.status == "ran"], "rows")
-    left_out = [r.name.lstrip("+") for r in result.rows if r.reason == BY_FLAG]
+    skipped = [r.name.lstrip("+") for r in result.rows if r.reason == BY_FLAG]
     return [
         f"recipe ladder, time to val loss {target} ({result.target_from}): preset {result.preset}, "
         f"B={result.batch_size} T={result.block_size} = {result.tokens_per_step:,} tokens/step, {result.max_steps} "
@@ -496,7 +517,8 @@ def header_lines(result: RecipeLadderResult) -> list[str]:
         "trick gain = time without the trick over time with it (ladder: the row before over this row; "
         "full - X: this row over the full recipe); above 1.00x the trick bought time here",
         *result.notes,
-        *([f"{BY_FLAG}: {', '.join(left_out)}"] if left_out else []),
+        *([f"{BY_FLAG}: {', '.join(skipped)}"] if skipped else []),
+        *(f"{r.name.lstrip('+')} {r.reason}" for r in result.rows if (r.reason or "").startswith(BY_GEOMETRY)),
         *([busy] if busy else []),
     ]
 

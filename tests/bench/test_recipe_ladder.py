@@ -156,3 +156,23 @@ def test_the_recipe_ladders_flags_refuse_in_one_line(data, tmp_path, capsys) -> 
     cli_fails(capsys, ["bench", "--recipe-ladder", "--skip", "compile", "--data", str(data), "--device", "cpu",
                        "--out", str(tmp_path / "x")], "'compile' is none of them")  # fmt: skip
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow  # a baseline seed starts before the budget stops it
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_batch_ramp_the_geometry_cannot_run_is_a_line_with_its_fix_not_a_row(data, tmp_path, capsys, accum) -> None:
+    """Issue 47: at the shipped presets' grad accum 1 the ramp has no micro-batches to leave out, and
+    every recipe ladder listed a `+ batch ramp` row that could never run."""
+    out = tmp_path / "ramp"
+    assert main(["bench", "--recipe-ladder", "--preset", "micro", "--data", str(data), "--device", "cpu", "--steps",
+                 "100000", "--budget", "2", "--grad-accum", str(accum), "--out", str(out),
+                 *_skips(("batch_ramp",))]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    result = recipe_ladder.RecipeLadderResult.model_validate_json((out / "recipe_ladder.json").read_text())
+    ramp = next(r for r in result.rows if r.name == "+batch_ramp")
+    if accum == 1:
+        assert ramp.reason and ramp.reason.startswith(recipe_ladder.BY_GEOMETRY) and recipe_ladder.left_out(ramp)
+        assert "batch_ramp not at this batch geometry: train: batch ramp" in printed
+        assert "pass --grad-accum 2 or more" in printed and "+ batch ramp" not in printed
+    else:  # it can run: a row (cut here by the budget, as every row is)
+        assert not recipe_ladder.left_out(ramp) and "+ batch ramp" in printed
