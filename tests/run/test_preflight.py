@@ -241,3 +241,20 @@ def test_loss_auto_is_chosen_for_the_device_the_run_is_on_and_says_why():
     plain = P.preflight(resolve("speedrun", None, {"speed.device": "cpu", "model.loss": "plain"}), dataset=False,
                         memory=False)  # fmt: skip
     assert plain.config is not None and plain.config.model.loss == "plain"  # a loss given is kept
+
+
+def test_the_emulated_precision_word_gives_a_factor_and_says_when_it_was_timed_on_a_busy_machine(monkeypatch):
+    """Issue 47 minor: the ladder's AMP-skip note printed a matmul timed beside a hog (2598 ms bf16
+    vs 676 ms fp32) as a property of the CPU. The word now gives the factor, and a timing taken
+    while the machine was busy (the contention rule, over the timing's own tries) says so."""
+    from engine import device
+    from harness import busy_machine, force_cpu_native
+
+    force_cpu_native(monkeypatch, "none")
+    device._matmul_ms.cache_clear()
+    with busy_machine():
+        said = device.cpu_half_reason("bf16")
+    device._matmul_ms.cache_clear()
+    assert said is not None and "x fp32's time here" in said and "timed on a busy machine" in said, said
+    factor = float(said.split("matmul took ")[1].split("x")[0])
+    assert factor > 0, said  # (forced "none" on a CPU with AMX, bf16 may well be the faster)
