@@ -155,7 +155,7 @@ def test_the_compare_screen_overlays_runs_and_shows_their_segments(runs) -> None
         loss = screen.query_one("#compare-loss", OverlayChart)
         assert loss.drawn == ["A", "A val", "B", "B val"]
         await pilot.press("x")
-        assert screen.axis == "tokens" and "x: tokens" in str(screen.query_one("#compare-legend").render())
+        assert screen.axis == "tokens" and loss.axis == "tokens"  # said by the charts' x label
         toks = screen.query_one("#compare-toks", OverlayChart)
         assert toks.drawn == ["A", "B"] and toks.axis == "tokens"
 
@@ -300,6 +300,22 @@ def test_the_compare_screen_shows_the_time_to_the_target(runs) -> None:
         assert cells[0].endswith(" tok") and any(c.endswith(" tok") for c in cells[1:])
 
     on_compare_screen(runs, (200, 50), check)
+
+
+@pytest.mark.slow
+def test_at_80x24_the_compare_legend_leaves_to_the_table_what_the_table_says(runs) -> None:
+    """Issue 47 minor: at 80x24 the legend took 10 of 24 lines, repeating each run's time to the
+    target (the table's `to target`), the keys (the footer's) and the x axis (the charts' label)."""
+
+    async def check(pilot, screen) -> None:
+        await pilot.pause()
+        legend = screen.query_one("#compare-legend")
+        text = str(legend.render())
+        assert "(step " not in text and "esc back" not in text and "x: " not in text, text
+        assert text.count("\u2588\u2588") == len(runs) and "(the table's `to target`)" in text, text
+        assert legend.size.height <= 2 * len(runs) + 1, (legend.size, text)  # a run wraps once at most; the target
+
+    on_compare_screen(runs, (80, 24), check)
 
 
 @pytest.mark.slow

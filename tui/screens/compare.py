@@ -157,6 +157,9 @@ class OverlayChart(PlotextPlot):
         self.refresh()
 
 
+COMPACT = (120, 32)  # a terminal narrower or shorter than this gets the legend without what the table says
+
+
 class CompareScreen(Screen):
     DEFAULT_CSS = """
     CompareScreen #compare-legend { height: auto; padding: 0 1; background: $boost; }
@@ -211,7 +214,10 @@ class CompareScreen(Screen):
         """The runs in their colours, each with its recipe where one is not GPT-2's (what it computes
         beyond GPT-2: `recipe mlp=relu2 qk_norm`) and its values of the settings that differ between the rows
         (optimizer, schedule, ...: highlighted where not the first run's), each segment start
-        with what it changed; x and keys."""
+        with what it changed. On a small terminal (COMPACT) what the table below says is left to it:
+        each run's time to the target (its `to target` column); the keys are the footer's, the x
+        axis the charts' label, log-y their title's."""
+        compact = self.size.width < COMPACT[0] or self.size.height < COMPACT[1]
         out = Text()
         target = target_of(self.runs, self.target)
         segs = [s for r in self.runs for s in r.segments]
@@ -224,7 +230,7 @@ class CompareScreen(Screen):
             if differs and r.segments:
                 for text, hot in setting_items(r.segments[0], differs, segs[0]):
                     out.append(" ").append(text, style=HOT if hot else "")
-            if target is not None:
+            if target is not None and not compact:
                 reach = r.to_target
                 out.append(f"  to val {loss_text(target)}: " + (f"{reach_text(reach)} (step {reach.step})" if reach else "not reached"))
             for s in r.segments[1:]:
@@ -232,9 +238,10 @@ class CompareScreen(Screen):
             out.append("\n")
         if target is not None:
             whence = "--target" if self.target is not None else "the worst final val loss"
-            out.append(f"to val {loss_text(target)} ({whence}): training time = sum of step times, "
-                       "evals, saves, pauses and resume gaps left out\n")
-        out.append(f"x: {self.axis}{'  log-y' if self.logy else ''}   x axis  l log-y  r reload  esc back")
+            out.append(f"to val {loss_text(target)} ({whence}): training time" + (
+                " (the table's `to target`)" if compact else
+                " = sum of step times, evals, saves, pauses and resume gaps left out"))
+        out.rstrip()
         return out
 
     def redraw(self) -> None:
@@ -243,6 +250,7 @@ class CompareScreen(Screen):
 
     def on_resize(self) -> None:
         if self.runs:
+            self.query_one("#compare-legend", Static).update(self.legend())
             self.call_after_refresh(self.redraw)
 
     def action_xaxis(self) -> None:
