@@ -219,7 +219,9 @@ def contention_text(c: Any, short: bool = False) -> str:
     what = ", ".join(parts) or "a busy machine"
     if short:
         return f"busy: {what}"
-    return f"timed on a busy machine ({what}): slower and noisier than this machine can do; rerun when it is quiet"
+    return (f"timed on a busy machine ({what}): slower and noisier than this machine can do, so a wall-clock "
+            "comparison with another run (compare's speed-ups, the time to a target) means little here; rerun when "
+            "it is quiet")  # fmt: skip
 
 
 def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
