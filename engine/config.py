@@ -433,6 +433,7 @@ class OptimConfig(_Strict):
         ge=0,
         lt=1,
         description="Muon's (Nesterov) momentum (optimizer muon)",
+        json_schema_extra=_meta(BATCH),
     )
     muon_momentum_warmup: int = Field(
         0,
@@ -443,7 +444,7 @@ class OptimConfig(_Strict):
             "(0 = off; optimizer muon; modded-nanogpt's momentum warm-up, with value residual and "
             "softcap: -24%)"
         ),
-        json_schema_extra=_meta(RECIPE),
+        json_schema_extra=_meta(RECIPE, label="momentum warm-up"),
     )
     weight_decay: float = Field(
         0.1,

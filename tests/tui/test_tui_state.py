@@ -190,3 +190,17 @@ def test_a_launched_process_building_the_dataset_shows_each_phase(tmp_path: Path
     finally:
         child.kill()
         child.wait()
+
+
+def test_every_form_label_fits_its_column_and_muons_momentum_is_in_the_form() -> None:
+    """Issue 47 minor: the Recipe row `muon momentum warmup` was cut to read `muon momentum 0` (the
+    warm-up in steps read as the momentum), and Muon's momentum itself was not in the form."""
+    import re
+
+    from engine.settings import all_settings
+
+    css = (Path(__file__).resolve().parents[2] / "tui" / "app.tcss").read_text()
+    width, pad = map(int, re.search(r"\.row \.name \{ width: (\d+); padding: 0 (\d+) 0 0;", css).groups())
+    cut = [s.label for s in all_settings() if s.form and len(s.label) > width - pad]
+    assert not cut, cut
+    assert "optim.muon_momentum" in fields.ALL_FIELDS and "optim.muon_momentum_warmup" in fields.ALL_FIELDS
