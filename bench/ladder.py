@@ -18,6 +18,7 @@ left measure fewer steps, never none; a rung is not skipped for time.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import shutil
@@ -25,7 +26,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -241,6 +242,27 @@ def plan(bench: BenchConfig, device: torch.device, vocab: int) -> list[PlannedRu
 MIN_STEPS = 3  # timed steps per rung that fit_shape never goes below: the median of 3 intervals
 FIT_SHARE = 0.7  # the share of the budget left after the probe that fit_shape plans the rungs to fill
 CPU_COMPILE_S = 60.0  # what fit_shape sets aside for a compiled rung's compile on a CPU (nano: 20-60 s on 2 cores)
+HEARTBEAT_S = 30.0  # a rung or probe still running says so this often (beside a hog one printed nothing for 6.5 min)
+
+
+@contextlib.contextmanager
+def heartbeat(tell: Callable[[str], None], what: Callable[[], str], every: float | None = None) -> Iterator[None]:
+    """While the block runs, `tell` a line every `every` seconds (HEARTBEAT_S) that it is still
+    measuring `what()`: a slow rung on a busy machine is never silent. The line comes from a
+    thread of its own that runs no torch, ended and joined with the block."""
+    done, t0 = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S if every is None else every):
+            tell(f"  still measuring {what()} ({time.monotonic() - t0:.0f} s so far)")
+
+    thread = threading.Thread(target=beat, daemon=True, name="ladder-heartbeat")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class Shape(NamedTuple):
@@ -363,7 +385,8 @@ def run_ladder(
         small = max(1, start.batch_size // 8)  # cheap to measure however slow the preset's batch is here
         tell(f"measuring two baseline steps at batch size {small} to fit the ladder in its {budget:g} s budget")
         try:
-            with tempfile.TemporaryDirectory(prefix="gpt2-tui-ladder-probe-") as tmp:  # not a rung: not in `out`
+            with tempfile.TemporaryDirectory(prefix="gpt2-tui-ladder-probe-") as tmp, heartbeat(
+                    tell, lambda: "the two baseline steps"):  # not a rung: not in `out`  # fmt: skip
                 step_s, startup_s = _probe(bench, base, runnable[0].overrides or {}, dataset, Path(tmp) / "probe", small)
         except OUT_OF_MEMORY as err:  # the rungs will say it, each with its estimate: keep the preset's shape
             tell(f"the shape probe ran out of memory ({str(err).splitlines()[0][:120]}); rungs keep the preset's shape")
@@ -427,8 +450,17 @@ def run_ladder(
                  + ("" if left is None else f" ({left:.0f} s of the budget left)" if left >= 0 else
                     f" ({-left:.0f} s past the budget)"))
             climb = bench.model_copy(update={"warmup": current.warmup, "steps": current.steps})
-            _run_rung(r, climb, base_overrides(climb) | overrides, dataset, out / f"{i}-{spec.name}", result,
-                      -(-current.warmup // bench.log_interval), stop, on_step)  # fmt: skip
+            seen = [0]  # the rung's latest step, for the heartbeat
+
+            def stepped(name: str, e: ev.Step, seen: list[int] = seen) -> None:
+                seen[0] = e.step
+                if on_step is not None:
+                    on_step(name, e)
+
+            total = current.warmup + current.steps
+            with heartbeat(tell, lambda: f"{spec.label}: step {seen[0]} of {total}"):
+                _run_rung(r, climb, base_overrides(climb) | overrides, dataset, out / f"{i}-{spec.name}", result,
+                          -(-current.warmup // bench.log_interval), stop, stepped)  # fmt: skip
             started = True
             compiled_ran = compiled_ran or bool(overrides.get("speed.compile"))
             if r.status == "ran" and r.median_step_s:

@@ -119,3 +119,21 @@ def test_to_loss_marks_the_rungs_timed_on_a_busy_machine(tmp_path, tiny_dataset,
         if row[0] != "-":
             assert row[3].endswith(contention.MARK), row
     assert f"contention: {len(reached)} of {len(reached)} rungs timed on a busy machine" in printed
+
+
+@pytest.mark.slow  # a real short ladder on CPU
+def test_a_rung_still_running_says_so_at_each_heartbeat(tmp_path, tiny_dataset, capsys, monkeypatch) -> None:
+    """Issue 47 minor: a ladder beside a hog printed nothing for 6.5 minutes. A rung (and the shape
+    probe) still running says which and how far it got, every HEARTBEAT_S (here 0.05 s); the
+    heartbeat's thread is gone when the ladder returns."""
+    import threading
+
+    monkeypatch.setattr(bench, "HEARTBEAT_S", 0.05)
+    out = tmp_path / "ladder"
+    assert main(["bench", *FAST, "--data", str(tiny_dataset), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    beats = [x.strip() for x in printed.splitlines() if "still measuring" in x]
+    assert any(x.startswith("still measuring baseline: step ") and " of " in x and " s so far)" in x for x in beats), (
+        printed)  # fmt: skip
+    assert any(x.startswith("still measuring the two baseline steps") for x in beats), printed
+    assert not [t for t in threading.enumerate() if t.name == "ladder-heartbeat"]
