@@ -257,5 +257,7 @@ def test_the_segments_table_fits_its_width_with_every_column(recorded, size) -> 
             shown = [str(c.label) for block in blocks for c in block.ordered_columns]
             assert set(shown) == set(COMPARE_COLUMNS[1:]) and shown[0] == "steps", shown  # none dropped
             assert shown.count("steps") == len(blocks)  # each block keyed by its steps
+            reach = str(table.get_row_at(0)[table.names.index("to target")])  # the time to its latest val loss,
+            assert reach.endswith(" tok"), reach  # as `compare` says it (the dashboard's table left it blank)
 
     asyncio.run(go())

@@ -375,7 +375,7 @@ class DashboardScreen(Screen):
     def _update_segments(self) -> None:
         if self.state.version != self._segments_drawn:
             self._segments_drawn = self.state.version
-            self.query_one("#segments", SegmentTable).show([("", self.state.segments.segments(), self.state.best_val_loss)])
+            self.query_one("#segments", SegmentTable).show_run(self.state.segments, self.state.best_val_loss)
 
     def _update_sample(self) -> None:
         if len(self.state.samples) != self._samples_seen:

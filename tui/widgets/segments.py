@@ -86,6 +86,10 @@ class SegmentTable(VerticalScroll, can_focus=False):
         self._version += 1
         self.redraw(force=True)
 
+    def show_run(self, reader: SegmentReader, best: float | None) -> None:
+        """One run's segments, read elsewhere (the dashboard's reader)."""
+        self.show([("", one_run(reader), best)])
+
     def on_resize(self) -> None:
         if self.size.width != self._width:
             self._lay_out()  # the fold depends on the width
@@ -99,10 +103,8 @@ class SegmentTable(VerticalScroll, can_focus=False):
         self._drawn = self._version
         if self._runs is not None:
             runs = self._runs
-        else:  # one run followed: `to target` is the time to its latest val loss
-            segs = self.reader.segments()
-            mark_target(segs, self.reader.evals, final_val_loss(self.reader.evals))
-            runs = [("", segs, self._best)]
+        else:
+            runs = [("", one_run(self.reader), self._best)]
         table = rows(runs)
         segs = [r.segment for r in table]
         shown = shown_settings(segs) if segs else []
@@ -138,6 +140,13 @@ class SegmentTable(VerticalScroll, can_focus=False):
                 table.add_row(*(row[i] for i in cols))
             if n >= len(tables):
                 self.mount(table)
+
+
+def one_run(reader: SegmentReader) -> list[SegmentSummary]:
+    """A run's segments alone: `to target` is the time to its latest val loss."""
+    segs = reader.segments()
+    mark_target(segs, reader.evals, final_val_loss(reader.evals))
+    return segs
 
 
 __all__ = ["SegmentTable"]
