@@ -332,12 +332,11 @@ def to_markdown(r: Report) -> str:
 
 def short_markdown(r: Report) -> str:
     """The short-window report: the headline first, then each item as far as it got."""
-    from bench import headline
     from engine.text import human
 
     memory = f", {human(r.device_memory_bytes)}" if r.device_memory_bytes else ""
     head = r.parts.get("headline")
-    top = headline.line(headline.Headline.model_validate(head.figures)) if head and head.figures else (
+    top = "  \n".join(head.rows) if head and head.rows else (  # each headline run's line, as it landed
         f"not measured ({head.status})" if head else "not measured yet")  # fmt: skip
     lines = [
         f"# GPU report, short window: {r.device}, {r.date}"

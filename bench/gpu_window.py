@@ -6,8 +6,10 @@ rewrites the report after every row); past its budget an item is interrupted, ke
 rows and marks the rest "not reached", and the next item runs:
 
     env       the doctor's checks, no compile and no runs (once per box: the day's entry is reused)
-    headline  gpt2 T1024 B16 bf16, compile, flash, fused AdamW: ms/step, tok/s, MFU, memory vs the estimator
-    matrix    the switch matrix on this GPU (tests/train/test_switch_matrix.py), compiled cases first
+    headline  gpt2 T1024 B16 bf16, compile, flash, fused AdamW: ms/step, tok/s, MFU, memory vs the estimator;
+              then the speedrun preset's recipe at the same shape (Muon, its tricks, the device's loss)
+    matrix    the switch matrix on this GPU (tests/train/test_switch_matrix.py), the riskiest first:
+              max-autotune, then CUDA graphs, then the other compiled cases, then the eager ones
     ladder    the rungs that matter on a GPU: baseline, AMP, compile, flash attention, fused (+ pinned, prefetch)
     best      micro-batch 16, 32 x compile default, then max-autotune-no-cudagraphs
     overhead  what the dashboard costs the run it shows (tui/overhead.py, nano)
@@ -31,15 +33,18 @@ from engine import files
 
 CAP = 64 * 1024 * 1024  # what an item's JSON may reach (the ladder keeps every rung's step times)
 
-BUDGET_S: dict[str, int] = {"env": 20, "headline": 120, "matrix": 75, "ladder": 110, "best": 90, "overhead": 45}
+BUDGET_S: dict[str, int] = {"env": 35, "headline": 180, "matrix": 70, "ladder": 75, "best": 65, "overhead": 35}
+# The headline's runs, each in its own directory: GPT-2 with every speed switch, then the speedrun's recipe at
+# the same shape (Muon, the window-free tricks, the device's loss: what the recipe costs a step on this GPU).
+HEADLINES: tuple[tuple[str, list[str]], ...] = (("headline", []), ("headline-speedrun", ["--recipe"]))
 ITEMS: tuple[str, ...] = tuple(BUDGET_S)
 DRY_BUDGET_S = 120  # each item on a CPU dry run: the plumbing, not a timing (a loaded 2-core box is slow)
 DRY_VOCAB = 8192  # the embedded stdlib corpus's BPE vocab
 WINDOW_S = 480  # the whole profile, cold on an H100: the item budgets plus the parent's start-up
 TITLES = {
     "env": "environment (the doctor's checks, no compile)",
-    "headline": "gpt2 T1024 B16 bf16, compile, flash, fused AdamW, padded vocab",
-    "matrix": "compiled CUDA switch combinations, then the eager ones as time allows",
+    "headline": "gpt2 T1024 B16 bf16, compile, flash, fused AdamW, padded vocab; the speedrun's recipe at that shape",
+    "matrix": "compiled CUDA switch combinations, max-autotune first, then the eager ones as time allows",
     "ladder": "the rungs AMP -> compile -> flash attention -> fused, over the fp32 eager baseline",
     "best": "best of micro-batch 16/32 x compile default / max-autotune-no-cudagraphs",
     "overhead": "the dashboard's overhead",
@@ -92,7 +97,8 @@ def commands(opts: Any, work: Path, missing: dict[str, str]) -> dict[str, list[l
         overhead = ["--preset", "nano", "--max-steps", "100", "--rounds", "1"]
     planned: dict[str, list[list[str]] | str] = {
         "env": [[*python, "gpt2_tui", "doctor", "--json", "--no-runs"]],
-        "headline": [[*python, "bench.headline", *headline, *data, *vocab, "--out", str(work / "headline")]],
+        "headline": [[*python, "bench.headline", *headline, *data, *vocab, *recipe, "--out", str(work / out)]
+                     for out, recipe in HEADLINES],
         "matrix": ("skipped: pytest not installed here, and the item runs tests/train/test_switch_matrix.py with it "
                    "(docs/gpu/README.md says how to bring it)") if "tests" in missing else [matrix],  # fmt: skip
         "ladder": [[*ladder, "--out", str(work / "ladder")]],
@@ -173,12 +179,20 @@ def _env(work: Path, text: str, dry_run: bool) -> Rows:
 def _headline(work: Path, text: str, dry_run: bool) -> Rows:
     from bench import headline
 
-    path = work / "headline" / "headline.json"
-    if not path.is_file():
-        return Rows({}, [], ["headline"], "")
-    h = headline.Headline.model_validate_json(files.read_text(path, CAP))
-    md = f"{headline.line(h)}\n\nMFU convention: {h.mfu_convention}.\n"
-    return Rows(h.model_dump(mode="json"), [headline.line(h)], [], md)
+    found = {}
+    for out, _ in HEADLINES:
+        path = work / out / "headline.json"
+        if path.is_file():
+            found[out] = headline.Headline.model_validate_json(files.read_text(path, CAP))
+    pending = [out for out, _ in HEADLINES if out not in found]
+    if not found:
+        return Rows({}, [], pending, "")
+    rows = [headline.line(h) for h in found.values()]
+    md = "\n\n".join(rows) + f"\n\nMFU convention: {next(iter(found.values())).mfu_convention}.\n"
+    first = found.get(HEADLINES[0][0])
+    figures = (first.model_dump(mode="json") if first else {}) | {
+        out: h.model_dump(mode="json") for out, h in found.items() if out != HEADLINES[0][0]}  # fmt: skip
+    return Rows(figures, rows, pending, md)
 
 
 def _matrix(work: Path, text: str, dry_run: bool) -> Rows:

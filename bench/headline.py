@@ -2,6 +2,7 @@
 
     python -m bench.headline --out DIR                  gpt2 T1024 B16 bf16, compile, flash, fused AdamW (CUDA)
     python -m bench.headline --dry-run --out DIR        the same plumbing on CPU: micro, fp32, eager, 2 steps
+    python -m bench.headline --recipe --out DIR         the speedrun preset's recipe at gpt2's shape
 
 Trains with the real Trainer (bench.common.time_config) and writes DIR/headline.json: ms/step
 (median of the timed steps), tok/s, MFU, and torch.cuda.max_memory_allocated and
@@ -51,9 +52,15 @@ class Headline(BaseModel):
     estimated_reserved_bytes: int | None = None  # the estimator's allocated peak plus its allocator margin
 
 
+# The speedrun's recipe at GPT-2's shape (`--recipe`): what its tricks cost a step where they are meant to run.
+GPT2_SHAPE = {"model.n_layer": 12, "model.n_head": 12, "model.n_embd": 768, "model.block_size": 1024}
+
+
 def overrides(dry_run: bool, batch: int, block: int, steps: int, warmup: int, data: str | None,
-              vocab: int | None) -> tuple[str, dict[str, Any]]:  # fmt: skip
-    """(the preset, its overrides): gpt2 with every speed switch on; on CPU micro, eager and fp32."""
+              vocab: int | None, recipe: bool = False) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """(the preset, its overrides): gpt2 with every speed switch on; on CPU micro, eager and fp32.
+    `recipe`: the speedrun preset (its tricks, Muon, its device-chosen loss) at gpt2's shape; on
+    CPU at its own small shape."""
     total = steps + warmup
     over: dict[str, Any] = {
         "speed.device": "cpu" if dry_run else "cuda", "speed.precision": "fp32" if dry_run else "bf16",
@@ -65,6 +72,8 @@ def overrides(dry_run: bool, batch: int, block: int, steps: int, warmup: int, da
     }  # fmt: skip
     if data:
         over["data.path"] = data
+    if recipe:
+        return "speedrun", over | ({} if dry_run else GPT2_SHAPE)
     return ("micro" if dry_run else "gpt2"), over
 
 
@@ -79,8 +88,10 @@ def measure(preset: str, over: dict[str, Any], warmup: int) -> Headline:
     config, dataset = prepared(resolve(preset, None, over), memory=False)
     c = config
     switches = [c.speed.precision, *(["compile"] if c.speed.compile else []), c.model.attention,
-                *(["fused AdamW"] if c.optim.fused else [])]  # fmt: skip
-    h = Headline(config=f"{preset} T{c.seq_len} B{c.train.batch_size} {' '.join(switches)}",
+                *(["muon"] if c.optim.optimizer == "muon" else ["fused AdamW"] if c.optim.fused else []),
+                *([f"{c.model.loss} loss"] if c.model.loss != "plain" else [])]  # fmt: skip
+    shape = f" L{c.model.n_layer} C{c.model.n_embd}" if preset == "speedrun" else ""
+    h = Headline(config=f"{preset}{shape} T{c.seq_len} B{c.train.batch_size} {' '.join(switches)}",
                  steps=c.train.max_steps - warmup, warmup=warmup)  # fmt: skip
     est = memory.estimate(config)
     h.estimated_allocated_bytes = est.allocated_peak_bytes
@@ -133,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile happens here)")
     p.add_argument("--data", help="dataset directory (default: the stdlib corpus)")
     p.add_argument("--vocab-size", type=int, help="model vocab (default 50257, GPT-2's)")
+    p.add_argument("--recipe", action="store_true", help="the speedrun preset's recipe at gpt2's shape")
     args = p.parse_args(argv)
     preset, over = overrides(args.dry_run, args.batch_size, args.block_size, args.steps, args.warmup, args.data,
-                             args.vocab_size)  # fmt: skip
+                             args.vocab_size, args.recipe)  # fmt: skip
     from engine import files
 
     files.make_dir(args.out)

@@ -1,10 +1,10 @@
-"""A pytest plugin for the GPU report's switch-matrix item: compiled cases first, a row on disk after each.
+"""A pytest plugin for the GPU report's switch-matrix item: the riskiest cases first (risk), a row on disk after each.
 
     pytest -p bench.matrix_rows --rows-out FILE tests/train/test_switch_matrix.py -k cuda_combination
 
 The short window has time for the compiled combinations (the ones a first GPU run is most
 likely to break) and, after them, the eager ones as far as the item's budget reaches. Which
-cases exist stays the test file's business: this only orders them (stable, compiled first)
+cases exist stays the test file's business: this only orders them (stable, riskiest first)
 and writes FILE (JSON: every collected case, then each finished one with its outcome and
 seconds) after every case, so a run interrupted at its budget keeps what it finished.
 """
@@ -22,11 +22,25 @@ from engine.files import atomic_write_bytes
 _STATE: dict[str, Any] = {"collected": [], "rows": []}
 
 
-def compiled(item: pytest.Item) -> bool:
-    """Whether a parametrized case trains with torch.compile (its combo's speed.compile)."""
+def _combo(item: pytest.Item) -> dict[str, Any]:
     params = getattr(getattr(item, "callspec", None), "params", {})
     combo = params.get("combo")
-    return isinstance(combo, dict) and bool(combo.get("speed.compile"))
+    return combo if isinstance(combo, dict) else {}
+
+
+def compiled(item: pytest.Item) -> bool:
+    """Whether a parametrized case trains with torch.compile (its combo's speed.compile)."""
+    return bool(_combo(item).get("speed.compile"))
+
+
+def risk(combo: dict[str, Any]) -> int:
+    """A case's place in the short window, the riskiest first (what a first GPU run most likely
+    breaks): 0 max-autotune (autotuned kernels), 1 CUDA graphs (reduce-overhead), 2 any other
+    compiled case, 3 eager."""
+    if not combo.get("speed.compile"):
+        return 3
+    mode = str(combo.get("speed.compile_mode", "default"))
+    return 0 if mode.startswith("max-autotune") else 1 if mode == "reduce-overhead" else 2
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not compiled(item))  # stable: the file's order within each group
+    items.sort(key=lambda item: risk(_combo(item)))  # stable: the file's order within each group
 
 
 def _write(config: pytest.Config) -> None:

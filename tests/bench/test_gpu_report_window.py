@@ -54,6 +54,9 @@ def test_the_short_window_profile_runs_end_to_end_on_cpu(tmp_path, tiny_dataset,
     head = md.splitlines()[2]
     assert head.startswith("**Headline.** micro T32 B2 fp32 flash:") and "ms/step" in head and "tok/s" in head
     assert "MFU convention: MFU = tok/s x (6N + 12*L*H*Q*T)" in md
+    speedrun = report["parts"]["headline"]["rows"][1]  # the recipe's row at the same shape (issue 45 item 8)
+    assert speedrun.startswith("speedrun L4 C128 T32 B2 fp32 flash muon") and "ms/step" in speedrun, speedrun
+    assert md.splitlines()[3] == speedrun  # under the first, in the report's opening
     assert md.index("## env") < md.index("## headline") < md.index("## matrix") < md.index("## ladder") \
         < md.index("## best") < md.index("## overhead")
     best = report["parts"]["best"]["figures"]["candidates"]
@@ -134,3 +137,21 @@ def test_a_report_killed_outright_takes_its_child_with_it(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_short_windows_matrix_runs_the_riskiest_cases_first_within_eight_minutes() -> None:
+    """Issue 45 item 8: the first GPU window reached about 3 of the compiled cases, the default
+    mode's first, and max-autotune (the likeliest to break) was cut. Every CUDA target's supported
+    combinations, ordered as the plugin orders them: max-autotune, then CUDA graphs, then the
+    other compiled cases, then eager. The item budgets still end the profile within its window."""
+    from bench.matrix_rows import risk
+    from engine import switch_matrix as matrix
+
+    for target in matrix.CUDA_TARGETS:
+        combos = sorted(matrix.combinations(target), key=risk)
+        ranks = [risk(c) for c in combos]
+        assert ranks == sorted(ranks) and ranks[0] == 0, target
+        assert str(combos[0]["speed.compile_mode"]).startswith("max-autotune")
+        assert all(c["speed.compile"] for c in combos if risk(c) < 3)
+    assert sum(gpu_window.BUDGET_S.values()) + 20 <= gpu_window.WINDOW_S  # the parent's start-up beside them
+    assert [out for out, _ in gpu_window.HEADLINES] == ["headline", "headline-speedrun"]
