@@ -20,6 +20,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,11 @@ WARM_S = 0.5  # seconds of matmuls before timing: the GPU's clocks up from idle
 
 @dataclass(frozen=True)
 class Shape:
-    """One attention call: (batch, heads, context, head size) in a dtype on a device."""
+    """One attention call as the model makes it: (batch, heads, context, head size) in a dtype on
+    a device, the sliding window's band mask (None: plain causal), and the layout q, k and v come
+    in (views of the (B, T, 3C) projection, or tensors of their own where qk-norm or rotary made
+    new q and k, value embeddings or the value residual a new v): the kernels are timed on the
+    call that runs, not on a causal call of contiguous tensors."""
 
     batch: int
     heads: int
@@ -54,14 +59,35 @@ class Shape:
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+    window: int | None = None
+    qk_own: bool = False
+    v_own: bool = False
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v drawn from a generator of their own: the run's RNG (dropout, a bit-exact
-        resume) is never touched by measuring."""
-        size = (self.batch, self.heads, self.seq, self.head_dim)
+        """q, k, v (B, H, T, D) with the model's strides, drawn from a generator of their own: the
+        run's RNG (dropout, a bit-exact resume) is never touched by measuring. Leaves (detached
+        views), so each timed call's backward starts afresh."""
+        B, H, T, D = self.batch, self.heads, self.seq, self.head_dim
         gen = torch.Generator(self.device).manual_seed(0)
-        return tuple(torch.randn(size, dtype=self.dtype, device=self.device, generator=gen, requires_grad=True)
-                     for _ in range(3))  # type: ignore[return-value]  # fmt: skip
+        proj = torch.randn(B, T, 3 * H * D, dtype=self.dtype, device=self.device, generator=gen)
+        q, k, v = proj.split(H * D, dim=2)  # (B, T, C) views, as c_attn's output splits
+        q, k = (q.clone(), k.clone()) if self.qk_own else (q, k)
+        v = v.clone() if self.v_own else v
+        return tuple(t.view(B, T, H, D).transpose(1, 2).detach().requires_grad_()
+                     for t in (q, k, v))  # type: ignore[return-value]  # fmt: skip
+
+    def mask(self) -> torch.Tensor | None:
+        return band(self.seq, self.window, self.device)
+
+
+def band(T: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """The sliding window's (T, T) mask, True = attended: causal and at most `window` back; None
+    where it is the plain causal mask (no window, or one as long as the sequence)."""
+    if window is None or window >= T - 1:
+        return None
+    i = torch.arange(T, device=device)
+    back = i[:, None] - i[None, :]  # (T, T): how far key j is behind query i
+    return (back >= 0) & (back <= window)
 
 
 @dataclass(frozen=True)
@@ -91,18 +117,19 @@ def cudnn_allowed(seq: int) -> bool:
     return seq % CUDNN_SEQ_MULTIPLE == 0 or (version is not None and version >= CUDNN_SAFE_FROM)
 
 
-def can_run(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether `name`'s kernel takes this causal call, asked of SDPA's own checks with their
-    reasons off: asked, not tried, so no why-not warning is printed and none needs hiding
-    (warnings.catch_warnings() swaps the process's filters: not thread-safe, and the training
-    thread's warnings would be lost meanwhile). On CPU the one fused kernel is SDPA's flash."""
+def can_run(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> bool:
+    """Whether `name`'s kernel takes this call (causal, or the window's `mask`), asked of SDPA's
+    own checks with their reasons off: asked, not tried, so no why-not warning is printed and
+    none needs hiding (warnings.catch_warnings() swaps the process's filters: not thread-safe,
+    and the training thread's warnings would be lost meanwhile). On CPU the one fused kernel is
+    SDPA's flash."""
     if q.device.type != "cuda":
         return name == "flash"
     if name == "cuDNN" and not cudnn_allowed(q.size(-2)):
         return False
     check = {"cuDNN": can_use_cudnn_attention, "flash": can_use_flash_attention,
              "efficient": can_use_efficient_attention}[name]  # fmt: skip
-    return bool(check(SDPAParams(q, k, v, None, 0.0, True, False), False))
+    return bool(check(SDPAParams(q, k, v, mask, 0.0, mask is None, False), False))
 
 
 def warm(device: torch.device, seconds: float = WARM_S) -> None:
@@ -138,21 +165,23 @@ def time_rounds(calls: dict[str, Callable[[], None]], rounds: int = ROUNDS, sync
 
 
 def measure(shape: Shape, rounds: int = ROUNDS) -> dict[str, float | None]:
-    """ms per causal forward+backward of each candidate kernel (None: it cannot run this shape):
-    each called once (set-up, and a refusal SDPA's checks did not foresee), the device warmed,
-    then timed in alternating rounds (time_rounds)."""
+    """ms per forward+backward of each candidate kernel on the model's call (the window's mask,
+    the model's layout: Shape), None where it cannot run it: each called once (set-up, and a
+    refusal SDPA's checks did not foresee), the device warmed, then timed in alternating rounds
+    (time_rounds)."""
     q, k, v = shape.tensors()
+    mask = shape.mask()
 
     def call(name: str) -> Callable[[], None]:
         def once() -> None:
             with sdpa_kernel(CANDIDATES[name]):
-                F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None).sum().backward()
 
         return once
 
     calls: dict[str, Callable[[], None]] = {}
     for name in CANDIDATES:
-        if not can_run(name, q, k, v):
+        if not can_run(name, q, k, v, mask):
             continue
         try:
             call(name)()
@@ -227,13 +256,11 @@ def cache_tag(first: str | None) -> str:
     return f"sdpa {'>'.join(ranked)} on {','.join(on)}"
 
 
-def kernel_name(shape: Shape, window: int | None = None) -> str:
-    """The kernel SDPA takes for this shape under the current priority (what runs, in words);
-    `window` (model.attn_window): with the banded mask the model passes (FlashAttention takes none)."""
-    size = (shape.batch, shape.heads, shape.seq, shape.head_dim)
-    q, k, v = (torch.empty(size, dtype=shape.dtype, device=shape.device) for _ in range(3))  # only their shape counts
-    band = window is not None and window < shape.seq - 1  # engine.train.model.CausalSelfAttention.band
-    mask = torch.ones(shape.seq, shape.seq, dtype=torch.bool, device=shape.device).tril() if band else None
+def kernel_name(shape: Shape) -> str:
+    """The kernel SDPA takes for the model's call under the current priority (what runs, in
+    words): with the window's band mask FlashAttention takes none."""
+    q, k, v = shape.tensors()
+    mask = shape.mask()
     try:
         chosen = torch._fused_sdp_choice(q, k, v, attn_mask=mask, is_causal=mask is None)
     except RuntimeError:
@@ -241,6 +268,12 @@ def kernel_name(shape: Shape, window: int | None = None) -> str:
     return NAMES.get(int(chosen), f"kernel {int(chosen)}")
 
 
-def shape_of(batch: int, n_head: int, seq: int, n_embd: int, dtype: torch.dtype, device: torch.device) -> Shape:
-    """The attention call of a GPT with these settings."""
-    return Shape(batch, n_head, seq, n_embd // n_head, dtype, device)
+def shape_of(batch: int, n_head: int, seq: int, n_embd: int, dtype: torch.dtype, device: torch.device,
+             model: Any = None) -> Shape:  # fmt: skip
+    """The attention call of a GPT with these settings; `model` (its ModelConfig) adds the window
+    and the layout its switches give q, k and v (engine.train.model.CausalSelfAttention)."""
+    if model is None:
+        return Shape(batch, n_head, seq, n_embd // n_head, dtype, device)
+    return Shape(batch, n_head, seq, n_embd // n_head, dtype, device, window=model.attn_window,
+                 qk_own=bool(model.qk_norm or model.positions == "rotary"),
+                 v_own=2 * len(set(model.value_embed_layers) | set(model.value_residual_layers)) > model.n_layer)  # most layers'  # fmt: skip

@@ -87,11 +87,11 @@ def finish(p: Parts, config: RunConfig, run_dir: Path) -> None:
     if cfg.model.attention == "flash":  # on CUDA the fastest kernel measured leads SDPA's priority
         dtype = devices.autocast_dtype(p.precision) or torch.float32
         shape = attention.shape_of(cfg.train.batch_size, cfg.model.n_head, cfg.seq_len, cfg.model.n_embd, dtype,
-                                   p.device)  # fmt: skip
+                                   p.device, cfg.model)  # the model's own call: its window, its layout  # fmt: skip
         choice = attention.choose(shape)  # rank 0's measurement on every rank
         p.sdpa, p.attention_ms = choice.picked, choice.timings
         with attention.prefer(p.sdpa):
-            p.attention = attention.kernel_name(shape, cfg.model.attn_window)
+            p.attention = attention.kernel_name(shape)
     if cfg.speed.compile:
         mode = None if cfg.speed.compile_mode == "default" else cfg.speed.compile_mode
         compile_cache.enable()  # PyTorch's compile caches in the gpt2-tui cache: a rerun skips the compile

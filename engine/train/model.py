@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from engine.config import ModelConfig
+from engine.train.attention import band
 from engine.train.losses import chunked_linear_cross_entropy, cross_entropy
 
 
@@ -71,14 +72,6 @@ class CausalSelfAttention(nn.Module):
         self.ve_gate = scalar(0.5) if layer in cfg.value_embed_layers else None  # value embeddings' weight in v
         self.v_mix = scalar(0.5) if layer in cfg.value_residual_layers else None  # value residual's lambda
 
-    def band(self, T: int, device: torch.device) -> torch.Tensor | None:
-        """The sliding window's (T, T) mask, True = attended: causal and at most `window` back;
-        None where it is the plain causal mask (no window, or one as long as the sequence)."""
-        if self.window is None or self.window >= T - 1:
-            return None
-        i = torch.arange(T, device=device)
-        back = i[:, None] - i[None, :]  # (T, T): how far key j is behind query i
-        return (back >= 0) & (back <= self.window)
 
     def forward(
         self, x: torch.Tensor, rope: Rope | None = None, ve: torch.Tensor | None = None, v1: torch.Tensor | None = None
@@ -98,7 +91,7 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = rotary(q, rope), rotary(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-        mask = self.band(T, x.device)
+        mask = band(T, self.window, x.device)  # the sliding window's; None: plain causal
         if self.flash:
             p = self.dropout if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None)

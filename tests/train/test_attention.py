@@ -208,3 +208,41 @@ def test_cudnn_attention_is_never_picked_where_torch_itself_avoids_it(monkeypatc
     assert attention.cudnn_allowed(seq) is allowed
     said = doctor._cudnn_text()  # the doctor's cuDNN row
     assert (str(version) in said and ("any" in said) == (version >= 91600)) if version else said == "not available"
+
+
+@pytest.mark.parametrize("switches", [{}, {"model.qk_norm": True, "model.positions": "rotary"},
+                                      {"model.attn_window": 5}, {"model.value_residual": True}],
+                         ids=["plain", "qk-norm+rotary", "window", "value-residual"])  # fmt: skip
+def test_the_kernel_timer_times_the_call_the_model_makes(monkeypatch, switches) -> None:
+    """Issue 45 item 2: the kernels were timed on a causal call of contiguous tensors while the run
+    passed the window's band mask (flash then cannot run) on views of the (B, T, 3C) projection:
+    the pick, `run_started` and the ladder described a call that never runs. The model's own calls
+    (watched through SDPA, its real forward on CPU) against the timer's (measure, and kernel_name)."""
+    import collections
+
+    import torch.nn.functional as F
+
+    from engine.train.model import GPT
+
+    cfg = resolve("micro", None, {"speed.device": "cpu", "model.vocab_size": 64, **switches})
+    calls: list[tuple] = []
+    real = F.scaled_dot_product_attention
+
+    def watched(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):  # type: ignore[no-untyped-def]
+        calls.append((q.stride(), k.stride(), v.stride(), None if attn_mask is None else attn_mask.clone(), is_causal))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", watched)
+    B, T = 2, cfg.seq_len
+    GPT(cfg.model)(torch.randint(0, 64, (B, T)), torch.randint(0, 64, (B, T)))
+    model_calls, calls[:] = list(calls), []
+    strides = collections.Counter(c[:3] for c in model_calls).most_common(1)[0][0]  # most layers' layout
+    shape = attention.shape_of(B, cfg.model.n_head, T, cfg.model.n_embd, torch.float32, torch.device("cpu"), cfg.model)
+    assert attention.measure(shape, rounds=1)["flash"] is not None
+    attention.kernel_name(shape)
+    assert calls, "the timer made no call"
+    for q, k, v, mask, causal in calls:
+        assert (q, k, v) == strides, (switches, (q, k, v), strides)
+        want = model_calls[0][3]
+        assert (mask is None) == (want is None) and causal == model_calls[0][4]
+        assert want is None or torch.equal(mask, want)
