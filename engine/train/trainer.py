@@ -196,17 +196,19 @@ class Trainer:
         if p.scaler:
             p.scaler.unscale_(p.optimizer)
         clip = self.config.optim.grad_clip
-        params = p.model.parameters()
-        if clip > 0:
+        params = list(p.model.parameters())
+        folded = clip > 0 and p.scaler is None and build.folds_clip(p.optimizer, p.model)
+        if clip > 0 and not folded:
             norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        else:
+        else:  # folded: fused AdamW scales the gradients as it reads them (no pass of its own over them)
             norm = torch.nn.utils.get_total_norm([q.grad for q in params if q.grad is not None])
         norm = distributed.local_value(norm)  # FSDP2: a DTensor
         # one verdict for every rank (their one all-reduce); with fp16 the norm is unscaled
         # here, so skip = the scaler's inf OR the guard's verdict, exactly what bf16/fp32 skip
         skip = p.guard.judge(loss_sum, norm, scaled=p.scaler is not None,
                              agree=lambda flags: distributed.max_over_ranks(flags, self.dist))  # fmt: skip
-        build.step_unless(p.optimizer, skip)  # skipped on the device (fused: found_inf; else kept where skipped)
+        # skipped on the device (fused: found_inf; else kept where skipped); a folded clip as its grad_scale
+        build.step_unless(p.optimizer, skip, clip_scale=build.clip_scale(norm, clip) if folded else None)
         if p.scaler:
             # not scaler.step(): it would fold in only its own inf. update() reads the infs its
             # unscale_ recorded, so only a real overflow lowers the scale, never a spike

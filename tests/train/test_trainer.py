@@ -199,3 +199,46 @@ def test_on_cpu_the_batch_is_built_inline_and_the_estimate_says_so(tmp_path, tin
         trainer.parts.loader.close()
     off = config.model_copy(update={"data": config.data.model_copy(update={"prefetch": False})})
     assert memory.estimate(config).peak_bytes == memory.estimate(off).peak_bytes
+
+
+def test_the_clip_folds_into_fused_adamw_with_no_pass_of_its_own(tmp_path, tiny_dataset, monkeypatch):
+    """Issue 45 item 9: the clip scaled every gradient in a pass of its own before fused AdamW read
+    them again (~1.5 GB a step at gpt2). Folded, fused AdamW divides them by its grad_scale as it
+    reads them: the same step (clip_grad_norm_'s factor), and no multiply over the gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from engine.run.preflight import open_data
+    from engine.train import build
+    from engine.train.trainer import Trainer
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    def stepped(name: str, fold: bool) -> tuple[dict[str, torch.Tensor], float, list[str]]:
+        over = {"data.path": str(tiny_dataset), "speed.device": "cpu", "optim.fused": True, "optim.grad_clip": 0.01,
+                "data.prefetch": False}  # fmt: skip
+        config, ds = open_data(resolve("micro", overrides=over))
+        trainer = Trainer(config, tmp_path / name, ds)
+        trainer.setup()
+        with monkeypatch.context() as m:
+            if not fold:
+                m.setattr(build, "folds_clip", lambda *a: False)
+            with Ops() as ops:
+                _, norm = trainer.train_step(1e-3)
+        trainer.parts.loader.close()
+        opt = trainer.parts.optimizer  # Adam's step hardly moves with the gradients' scale; its moments do
+        moments = {f"{n} exp_avg": opt.state[q]["exp_avg"].clone() for n, q in trainer.parts.model.named_parameters()}
+        return {n: q.detach().clone() for n, q in trainer.parts.model.named_parameters()} | moments, float(norm), ops.seen
+
+    folded, norm, ops = stepped("folded", True)
+    apart, norm_apart, ops_apart = stepped("apart", False)
+    assert norm == norm_apart and norm > 0.01  # the pre-clip norm, over the clip: the clip acts
+    assert "aten._foreach_mul_" in ops_apart and "aten._foreach_mul_" not in ops, sorted(set(ops))
+    for n, w in apart.items():
+        torch.testing.assert_close(folded[n], w, rtol=1e-5, atol=1e-7, msg=n)
