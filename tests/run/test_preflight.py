@@ -243,6 +243,7 @@ def test_loss_auto_is_chosen_for_the_device_the_run_is_on_and_says_why():
     assert plain.config is not None and plain.config.model.loss == "plain"  # a loss given is kept
 
 
+@pytest.mark.slow  # starts burner processes
 def test_the_emulated_precision_word_gives_a_factor_and_says_when_it_was_timed_on_a_busy_machine(monkeypatch):
     """Issue 47 minor: the ladder's AMP-skip note printed a matmul timed beside a hog (2598 ms bf16
     vs 676 ms fp32) as a property of the CPU. The word now gives the factor, and a timing taken

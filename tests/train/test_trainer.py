@@ -201,6 +201,7 @@ def test_on_cpu_the_batch_is_built_inline_and_the_estimate_says_so(tmp_path, tin
     assert memory.estimate(config).peak_bytes == memory.estimate(off).peak_bytes
 
 
+@pytest.mark.slow  # trains a step, twice
 def test_the_clip_folds_into_fused_adamw_with_no_pass_of_its_own(tmp_path, tiny_dataset, monkeypatch):
     """Issue 45 item 9: the clip scaled every gradient in a pass of its own before fused AdamW read
     them again (~1.5 GB a step at gpt2). Folded, fused AdamW divides them by its grad_scale as it
