@@ -27,7 +27,9 @@ from engine import console
 # The MFU convention, named wherever the figure is shown (engine/train/flops.py computes it).
 MFU_CONVENTION = ("MFU = tok/s x (6N + 12*L*H*Q*T) FLOPs per token / the device's dense datasheet peak in the "
                   "run's precision (engine/train/flops.py: H100 SXM bf16 989 TFLOP/s); N = every parameter, the tied "
-                  "embedding once; no recompute counted (PaLM's, as nanoGPT's estimate_mfu)")  # fmt: skip
+                  "embedding once; no recompute counted (PaLM's, as nanoGPT's estimate_mfu); with a sliding window "
+                  "w, T in the attention term is min(T, w + 1): the model's FLOPs, while a dense masked kernel still "
+                  "computes all T, so the hardware does more than this MFU counts")  # fmt: skip
 
 
 class Headline(BaseModel):

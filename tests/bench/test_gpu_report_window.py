@@ -54,6 +54,7 @@ def test_the_short_window_profile_runs_end_to_end_on_cpu(tmp_path, tiny_dataset,
     head = md.splitlines()[2]
     assert head.startswith("**Headline.** micro T32 B2 fp32 flash:") and "ms/step" in head and "tok/s" in head
     assert "MFU convention: MFU = tok/s x (6N + 12*L*H*Q*T)" in md
+    assert "a dense masked kernel still computes all T" in md  # the window's FLOPs said both ways (issue 45 item 9)
     speedrun = report["parts"]["headline"]["rows"][1]  # the recipe's row at the same shape (issue 45 item 8)
     assert speedrun.startswith("speedrun L4 C128 T32 B2 fp32 flash muon") and "ms/step" in speedrun, speedrun
     assert md.splitlines()[3] == speedrun  # under the first, in the report's opening
