@@ -305,13 +305,15 @@ def test_the_compare_screen_shows_the_time_to_the_target(runs) -> None:
 @pytest.mark.slow
 def test_at_80x24_the_compare_legend_leaves_to_the_table_what_the_table_says(runs) -> None:
     """Issue 47 minor: at 80x24 the legend took 10 of 24 lines, repeating each run's time to the
-    target (the table's `to target`), the keys (the footer's) and the x axis (the charts' label)."""
+    target (the table's `to target`), its settings and segment starts (the table's `differs` and
+    rows), the keys (the footer's) and the x axis (the charts' label)."""
 
     async def check(pilot, screen) -> None:
         await pilot.pause()
         legend = screen.query_one("#compare-legend")
         text = str(legend.render())
         assert "(step " not in text and "esc back" not in text and "x: " not in text, text
+        assert "max_steps=" not in text and "prefetch" not in text, text  # the settings: the table's `differs`
         assert text.count("\u2588\u2588") == len(runs) and "(the table's `to target`)" in text, text
         assert legend.size.height <= 2 * len(runs) + 1, (legend.size, text)  # a run wraps once at most; the target
 

@@ -167,6 +167,7 @@ class CompareScreen(Screen):
     CompareScreen #compare-loss { height: 1fr; min-height: 10; }
     CompareScreen #compare-grid { grid-size: 2; height: 1fr; min-height: 10; }
     CompareScreen #compare-segments { height: auto; max-height: 12; border-top: solid $primary; }
+    CompareScreen.-compact #compare-segments { max-height: 8; }
     """
     BINDINGS = [Binding("x", "xaxis", "X-axis"), Binding("l", "logy", "Log-y"), Binding("r", "reload", "Reload"), BACK]
 
@@ -214,10 +215,12 @@ class CompareScreen(Screen):
         """The runs in their colours, each with its recipe where one is not GPT-2's (what it computes
         beyond GPT-2: `recipe mlp=relu2 qk_norm`) and its values of the settings that differ between the rows
         (optimizer, schedule, ...: highlighted where not the first run's), each segment start
-        with what it changed. On a small terminal (COMPACT) what the table below says is left to it:
-        each run's time to the target (its `to target` column); the keys are the footer's, the x
-        axis the charts' label, log-y their title's."""
+        with what it changed. On a small terminal (COMPACT) what the table below says is left to it
+        (each run's recipe, settings and time to the target are its columns, a segment start its
+        row): the runs' colours on one line, then the target. The keys are the footer's, the x axis
+        the charts' label, log-y their title's."""
         compact = self.size.width < COMPACT[0] or self.size.height < COMPACT[1]
+        self.set_class(compact, "-compact")
         out = Text()
         target = target_of(self.runs, self.target)
         segs = [s for r in self.runs for s in r.segments]
@@ -225,6 +228,9 @@ class CompareScreen(Screen):
         recipes = [recipe_of(r.segments[0].config) if r.segments else {} for r in self.runs]
         for r, recipe in zip(self.runs, recipes):
             out.append("\u2588\u2588 ", style=RICH.get(r.color, r.color)).append(shown(r.label), style="bold")
+            if compact:
+                out.append("  ")
+                continue
             if any(recipes):  # all GPT-2: the table's recipe column says so
                 out.append("  recipe ").append(recipe_text(recipe), style="bold")
             if differs and r.segments:
@@ -235,6 +241,9 @@ class CompareScreen(Screen):
                 out.append(f"  to val {loss_text(target)}: " + (f"{reach_text(reach)} (step {reach.step})" if reach else "not reached"))
             for s in r.segments[1:]:
                 out.append(shown(f"  | step {s.from_step}: {change_text(s.changed) or 'unchanged'} ({s.reason})"))
+            out.append("\n")
+        if compact:
+            out.rstrip()
             out.append("\n")
         if target is not None:
             whence = "--target" if self.target is not None else "the worst final val loss"
