@@ -274,6 +274,7 @@ def shape_of(batch: int, n_head: int, seq: int, n_embd: int, dtype: torch.dtype,
     and the layout its switches give q, k and v (engine.train.model.CausalSelfAttention)."""
     if model is None:
         return Shape(batch, n_head, seq, n_embd // n_head, dtype, device)
+    mixed = set(model.value_embed_layers) | set(model.value_residual_layers)  # layers whose v is a tensor of its own
     return Shape(batch, n_head, seq, n_embd // n_head, dtype, device, window=model.attn_window,
                  qk_own=bool(model.qk_norm or model.positions == "rotary"),
-                 v_own=2 * len(set(model.value_embed_layers) | set(model.value_residual_layers)) > model.n_layer)  # most layers'  # fmt: skip
+                 v_own=2 * len(mixed) > model.n_layer)  # as most layers pass it  # fmt: skip

@@ -274,7 +274,7 @@ def clip_scale(norm: torch.Tensor, clip: float) -> torch.Tensor:
 
 
 def step_unless(opt: torch.optim.Optimizer | MuonAdamW, skip: torch.Tensor, on_device: bool | None = None,
-                clip_scale: torch.Tensor | None = None) -> None:  # fmt: skip
+                grad_scale: torch.Tensor | None = None) -> None:  # fmt: skip
     """The optimizer step, skipped where `skip` (the guard's 0/1 verdict) is set, with no host
     read on an accelerator. Fused AdamW honours it as found_inf: its kernel leaves weights,
     moments and step counts as they were; our Muon takes it as its `skip` (engine.train.muon:
@@ -285,15 +285,15 @@ def step_unless(opt: torch.optim.Optimizer | MuonAdamW, skip: torch.Tensor, on_d
     GPU's non-capturable AdamW), so its bias correction counts the step. On the CPU the
     verdict is already a number (its ops run in order: no queue to drain), so unfused AdamW
     reads it and steps or not: the put-back cost it 3x its step there (nano 7 -> 21 ms).
-    `on_device` (None: not on the CPU) forces either form. `clip_scale` (folds_clip): the fused
-    step's grad_scale, the clip done as the kernel reads each gradient."""
+    `on_device` (None: not on the CPU) forces either form. `grad_scale` (clip_scale, where
+    folds_clip): what the fused step divides each gradient by as it reads it, the clip."""
     on_device = skip.device.type != "cpu" if on_device is None else on_device
     if isinstance(opt, MuonAdamW):
         step_unless(opt.adamw, skip, on_device)
         opt.muon.step(skip=skip)
     elif opt.defaults.get("fused"):
         opt.found_inf = skip.float()
-        opt.grad_scale = clip_scale  # type: ignore[attr-defined]  # None: the gradients as they are
+        opt.grad_scale = grad_scale  # type: ignore[attr-defined]  # None: the gradients as they are
         opt.step()
     elif not on_device:
         if not skip.item():

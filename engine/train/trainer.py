@@ -208,7 +208,7 @@ class Trainer:
         skip = p.guard.judge(loss_sum, norm, scaled=p.scaler is not None,
                              agree=lambda flags: distributed.max_over_ranks(flags, self.dist))  # fmt: skip
         # skipped on the device (fused: found_inf; else kept where skipped); a folded clip as its grad_scale
-        build.step_unless(p.optimizer, skip, clip_scale=build.clip_scale(norm, clip) if folded else None)
+        build.step_unless(p.optimizer, skip, grad_scale=build.clip_scale(norm, clip) if folded else None)
         if p.scaler:
             # not scaler.step(): it would fold in only its own inf. update() reads the infs its
             # unscale_ recorded, so only a real overflow lowers the scale, never a spike
