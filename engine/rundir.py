@@ -293,6 +293,26 @@ def lock(path: Path) -> None:
     _identities[key] = here  # recorded by claim_writer, once the run writes: a refusal leaves writer.lock as it was
 
 
+def open_to_others(path: Path) -> str | None:
+    """Why a resume should say that others can change what it loads, or None: the run directory
+    or its checkpoints/ belongs to another user or is writable by others (a 0777 run directory
+    resumed without a word; group-writable is left alone: a umask of 002 makes every directory
+    so). Read with lstat: a link is judged, not followed."""
+    for where in (Path(path), Path(path) / CHECKPOINTS):
+        try:
+            st = os.lstat(where)
+        except OSError:
+            continue
+        shown = text.path_text(str(where))
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            return (f"{shown} belongs to another user (uid {st.st_uid}): what it holds was not written by this user, "
+                    "and the resume loads it; resume a copy of your own (`cp -a`)")  # fmt: skip
+        if st.st_mode & stat.S_IWOTH:
+            return (f"{shown} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): anyone on this machine can "
+                    f"replace the checkpoints a resume loads; `chmod go-w {shown}`")  # fmt: skip
+    return None
+
+
 def _identity(path: Path, st: os.stat_result) -> dict[str, object]:
     return {"dev": st.st_dev, "ino": st.st_ino, "path": str(Path(path).absolute())}
 

@@ -246,7 +246,8 @@ def save_failed(err: OSError, step: int, ckpt_dir: Path, policy: str, run_dir: P
     the toggle and the run trains on; otherwise warn and retry at the next interval. The words
     say what is true: whether any checkpoint exists (`kept`, the newest left)."""
     why = err.strerror or type(err).__name__
-    intact = f"the previous checkpoints are intact (newest: {kept})" if kept else "no checkpoint has been written yet"
+    # what is there now, not a history: checkpoints moved away by someone else are "none there"
+    intact = f"the previous checkpoints are intact (newest: {kept})" if kept else f"no earlier checkpoint is in {ckpt_dir}"
     message = f"checkpoint at step {step} could not be written ({why}: {err.filename or ckpt_dir}); {intact}"
     if policy == "stop":
         return Verdict(message + f"; free disk space or fix permissions, then continue with --resume {run_dir}", SaveFailed)

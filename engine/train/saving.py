@@ -117,6 +117,8 @@ class Saving:
         """Load the latest checkpoint, or the one `--from` names (best, a step, a file), into
         the parts and `at`; a run already trained to its max steps is refused in one line."""
         found = Resumed()
+        if exposed := rundir.open_to_others(self.run_dir):  # said, not refused: the files are still read as data
+            found.warnings.append(exposed)
         path = self.ckpts.resolve(resume_from) if resume_from else self.ckpts.latest()
         if path is None:  # stopped before its first checkpoint: the config is all there is; start over
             found.warnings.append("no checkpoint was written before the run stopped; starting it again from step 0")

@@ -262,3 +262,34 @@ def test_a_finite_loss_spike_is_skipped_and_stops_the_run_in_a_row(tmp_path, tin
     with pytest.raises(guard.Diverged, match="the loss spiked far above its recent level for 3 steps"):
         t.run()
     assert ckpt.load(t.segment.ckpts.latest())["step"] == 8  # steps 6-8 skipped: the weights of step 5, saved at the stop
+
+
+def test_a_failed_save_says_what_is_there_now_not_what_was_written(tmp_path):
+    """Issue 46, seen: after another user moved the checkpoints away, a failed save said "no
+    checkpoint has been written yet" of a run that had written several."""
+    import errno
+
+    err = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "checkpoints" / "step_000030.pt"))
+    said = guard.save_failed(err, 30, tmp_path / "checkpoints", "warn", tmp_path, None).message
+    assert "has been written yet" not in said and f"no earlier checkpoint is in {tmp_path / 'checkpoints'}" in said
+    kept = tmp_path / "checkpoints" / "step_000020.pt"
+    assert f"the previous checkpoints are intact (newest: {kept})" in guard.save_failed(
+        err, 30, tmp_path / "checkpoints", "warn", tmp_path, kept).message  # fmt: skip
+
+
+@pytest.mark.slow  # resumes a trained run
+@pytest.mark.parametrize("where", ["run", "checkpoints"])
+def test_a_resume_says_when_others_can_replace_what_it_loads(trained_runs, tmp_path, capsys, where):
+    """Issue 46, seen: a 0777 run directory resumed without a word. World-writable (or another
+    user's) run directory or checkpoints/: the resume says so as it starts and trains on; the
+    checkpoints are still read as data only (the one reading)."""
+    run = trained_runs.copy("micro-2", tmp_path / "run")
+    target = run if where == "run" else run / rundir.CHECKPOINTS
+    target.chmod(0o777)
+    assert rundir.open_to_others(run) is not None
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--max-steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "is writable by others (mode 777)" in out and f"chmod go-w {target}" in out, out
+    target.chmod(0o755)
+    assert rundir.open_to_others(run) is None  # group and others may read: nothing to say
