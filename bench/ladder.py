@@ -46,7 +46,7 @@ from engine.errors import UserError
 from engine.run.requests import Control
 from engine import device as devices
 from engine import switch_matrix
-from engine.device import cpu_half_reason, describe as describe_device, pick as pick_device
+from engine.device import describe as describe_device, pick as pick_device
 from bench.fresh import time_compile_cache
 from bench.common import (OUT_OF_MEMORY, BenchOptions, FirstStep, default_out, load_average, out_of_memory)
 from bench.rungs import BASELINE, RUNGS
@@ -177,7 +177,7 @@ def applicable(name: str, value: Any, device: torch.device, vocab: int) -> tuple
         return value, idle
     if name == "speed.precision" and value == "amp":
         amp = devices.half_precision(device.type)  # the engine's own decision: emulated bf16 counts as none
-        return amp, cpu_half_reason(amp) if device.type == "cpu" else None
+        return amp, contention.half_reason(amp) if device.type == "cpu" else None
     if name == "optim.fused" and value:
         return value, _fused_adamw_reason(device)
     if name == "model.pad_vocab" and value and vocab % 64 == 0:

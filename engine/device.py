@@ -104,30 +104,27 @@ def cpu_native(dtype: str) -> bool:
 
 
 @functools.cache
-def _matmul_ms(dtype: str) -> tuple[float, Any]:
+def _matmul_ms(dtype: str) -> float:
     """The best timing of a 256x256 matmul in `dtype` on this CPU, in ms: as many tries as fit in
-    ~50 ms (3 to 50), so a busy machine's pauses rarely stand in for the CPU's speed (< 0.3 s
-    emulated); and the machine's contention over those tries (engine.train.contention's rule)."""
+    ~50 ms (3 to 50), so a busy machine's pauses rarely stand in for the CPU's speed (< 0.3 s emulated)."""
     import time
-
-    from engine.train.contention import Gauge
 
     a = torch.randn(256, 256).to(autocast_dtype(dtype) or torch.float32)
     a @ a
-    gauge = Gauge()
     best, tries, spent = float("inf"), 0, 0.0
     while tries < 3 or (tries < 50 and spent < 0.05):
         t0 = time.perf_counter()
         a @ a
         took = time.perf_counter() - t0
         best, tries, spent = min(best, took), tries + 1, spent + took
-    return 1000 * best, gauge.read()
+    return 1000 * best
 
 
 def cpu_half_reason(precision_name: str, measure: bool = True) -> str | None:
     """Why `precision_name` (bf16/fp16) is slow on this CPU, with the measured factor when asked
-    (a factor, not a time: it holds on a busy machine better, which it also says); None when the
-    CPU does it natively (or it is no half precision)."""
+    (a factor, not a time: it holds better on a busy machine; engine.train.contention.half_reason
+    says when it was timed on one, the front doors' road here); None when the CPU does it natively
+    (or it is no half precision)."""
     if precision_name not in ("bf16", "fp16") or cpu_native(precision_name):
         return None
     why = {"bf16": "no avx512_bf16 or AMX", "fp16": "no AMX-FP16"}[precision_name]
@@ -135,11 +132,9 @@ def cpu_half_reason(precision_name: str, measure: bool = True) -> str | None:
         why = f"no {_ARM_NATIVE[precision_name]} feature"
     text = f"this CPU has no native {precision_name} ({why}): torch emulates it"
     if measure:
-        (half, busy_half), (full, busy_full) = _matmul_ms(precision_name), _matmul_ms("fp32")
+        half, full = _matmul_ms(precision_name), _matmul_ms("fp32")
         text += (f"; a 256x256 matmul took {half / full:.0f}x fp32's time here ({half:.1f} vs {full:.2f} ms, "
                  "the best of many tries)")  # fmt: skip
-        if busy_half.contended or busy_full.contended:
-            text += ", timed on a busy machine: the factor is rough"
     return text
 
 

@@ -381,7 +381,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     else:
         out.line(text.format_table(est, device_bytes, size))
         if est.target == "cpu":  # a half precision this CPU emulates: fits, but far slower than fp32
-            slow = device.cpu_half_reason(device.precision(config.speed.precision, "cpu"))
+            from engine.train.contention import half_reason
+
+            slow = half_reason(device.precision(config.speed.precision, "cpu"))
             if slow:
                 out.line(f"note: {slow}; prefer --precision fp32 here")
         if not fits:

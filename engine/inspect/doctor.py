@@ -69,6 +69,7 @@ def machine_rows() -> list[Row]:
     import torch
 
     from engine.train import compile_cache
+    from engine.train.contention import half_reason
     from engine import device
 
     rows = [Row("machine", "python", OK, f"{platform.python_version()} ({sys.executable})"),
@@ -98,7 +99,7 @@ def machine_rows() -> list[Row]:
 
     rows.append(Row("machine", "RAM available", INFO, human(ram) if ram else "unknown"))
     for half in ("bf16", "fp16"):  # the CPU's own half precision: emulated is ~1/400 of fp32
-        slow = device.cpu_half_reason(half)
+        slow = half_reason(half)
         rows.append(Row("machine", f"CPU {half}", INFO, slow or "native: the CPU does it in hardware"))
     return rows
 

@@ -336,11 +336,12 @@ def emulated_precision(c: Check) -> None:
     the fix; `auto` never picks one (engine.device.precision). The matmul is timed where nothing
     waits on it (not the form's or the dialog's every change)."""
     from engine import device
+    from engine.train.contention import half_reason
 
     s = c.config.speed
     if device.kind(s.device) != "cpu":
         return
-    slow = device.cpu_half_reason(device.precision(s.precision, "cpu"), measure=not c.local_only and c.caps is None)
+    slow = half_reason(device.precision(s.precision, "cpu"), measure=not c.local_only and c.caps is None)
     if slow:
         c.warn(UserError(f"{slow}: training is far slower than in fp32", {"speed.precision": "fp32"}))
 

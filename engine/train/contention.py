@@ -161,3 +161,22 @@ def line(readings: Sequence[Contention | None], rows: str = "rows") -> str:
     return (f"contention: {len(busy)} of {len(known)} {rows} timed on a busy machine, marked {MARK} ({worst(busy)}): "
             "slower and noisier than this machine can do, their ratios teach nothing; rerun when it is quiet")
 
+
+_HALF_BUSY: dict[str, bool] = {}  # per precision: whether its matmul timing (device._matmul_ms, once) waited
+
+
+def half_reason(precision_name: str, measure: bool = True) -> str | None:
+    """engine.device.cpu_half_reason, its matmuls timed under a Gauge: a factor timed while the
+    machine was busy says so (the ladder's AMP-skip note printed a contended time as the CPU's).
+    Every front door (the preflight, the CLI, the doctor, the ladder) asks here."""
+    from engine import device
+
+    if not measure:
+        return device.cpu_half_reason(precision_name, measure=False)
+    gauge = Gauge()
+    text = device.cpu_half_reason(precision_name)  # times on the first call, then reads the cache
+    if text is None:
+        return None
+    busy = _HALF_BUSY.setdefault(precision_name, gauge.read().contended)
+    return text + (", timed on a busy machine: the factor is rough" if busy else "")
+

@@ -249,13 +249,25 @@ def test_the_emulated_precision_word_gives_a_factor_and_says_when_it_was_timed_o
     vs 676 ms fp32) as a property of the CPU. The word now gives the factor, and a timing taken
     while the machine was busy (the contention rule, over the timing's own tries) says so."""
     from engine import device
+    from engine.train import contention
     from harness import busy_machine, force_cpu_native
 
     force_cpu_native(monkeypatch, "none")
     device._matmul_ms.cache_clear()
+    monkeypatch.setattr(contention, "_HALF_BUSY", {})  # timed afresh here, beside the burners
     with busy_machine():
-        said = device.cpu_half_reason("bf16")
+        said = contention.half_reason("bf16")
     device._matmul_ms.cache_clear()
     assert said is not None and "x fp32's time here" in said and "timed on a busy machine" in said, said
     factor = float(said.split("matmul took ")[1].split("x")[0])
     assert factor > 0, said  # (forced "none" on a CPU with AMX, bf16 may well be the faster)
+
+
+def test_the_emulated_precision_word_has_one_road() -> None:
+    """Every front door words an emulated precision through contention.half_reason (the timing and
+    whether the machine was busy over it): a scan, so a new door cannot print the bare timing."""
+    from harness import ROOT
+
+    users = [p.relative_to(ROOT).as_posix() for d in ("engine", "bench", "tui") for p in (ROOT / d).rglob("*.py")
+             if "cpu_half_reason(" in p.read_text()]  # fmt: skip
+    assert sorted(users) == ["engine/device.py", "engine/train/contention.py"], users
