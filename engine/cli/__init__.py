@@ -574,7 +574,13 @@ def run_command(args: argparse.Namespace, argv: list[str], rest: list[str]) -> i
 def guarded(body: Callable[[], int], sigterm: bool = True) -> int:
     """Run a command: bad input is one line and exit 2, Ctrl-C 130 (SIGTERM too, unless `sigterm` is
     False: the app, which keeps its own; a command's clean-up runs: engine.child.term_as_interrupt),
-    a closed pipe no traceback."""
+    a closed pipe no traceback. A torchrun worker then leaves at once (distributed.leave)."""
+    code = _guarded(body, sigterm)
+    held = sys.modules.get("engine.train.distributed")  # a process group is made only once it is imported
+    return held.leave(code) if held is not None else code
+
+
+def _guarded(body: Callable[[], int], sigterm: bool) -> int:
     try:
         with child.term_as_interrupt() if sigterm else contextlib.nullcontext():
             return body()

@@ -163,6 +163,7 @@ choice = attention.choose(shape, timer)
 print("RESULT " + json.dumps({"rank": ctx.rank, "picked": choice.picked, "timings": choice.timings,
                               "measured": measured}), flush=True)
 distributed.shutdown()
+distributed.leave(0)  # as the CLI's workers leave: before the interpreter's teardown
 """
 
 

@@ -303,6 +303,7 @@ def _grad_worker(out: Path, data: Path) -> None:
         if ctx.is_main:
             torch.save(grads, out / f"{kind}.pt")
     distributed.shutdown()
+    distributed.leave(0)  # as the CLI's workers leave: before the interpreter's teardown
 
 
 def _freed_worker(out: Path, data: Path) -> None:
@@ -315,6 +316,7 @@ def _freed_worker(out: Path, data: Path) -> None:
     model = weakref.ref(_stepped(out / "fsdp", data, "fsdp", accum=1).parts.model)
     distributed.shutdown()
     (out / "alive").write_text(str(model() is not None))
+    distributed.leave(0)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["grads"]:
@@ -367,3 +369,32 @@ def test_ddp_around_a_whole_model_compile_splits_the_graph_at_its_buckets(tmp_pa
     assert "---split graph---" in proc.stderr, proc.stderr[-2000:]  # DDPOptimizer compiled it
     assert [s for s, _ in _curve(two)[0].items()] == [1, 2]
     assert list(_curve(two)[0].values()) == pytest.approx(list(_curve(one)[0].values()), **TOL)
+
+
+_LEAVING = """
+import atexit, pathlib, sys
+from engine.train import distributed
+
+out = pathlib.Path(sys.argv[1])
+distributed.init("cpu")
+atexit.register(lambda: (out / f"teardown-{distributed.current().rank}").write_text("ran"))
+print(f"rank {distributed.current().rank} done", flush=True)
+distributed.shutdown()
+sys.exit(distributed.leave(3))
+"""
+
+
+def test_a_worker_leaves_before_the_interpreters_teardown(tmp_path):
+    """CI: `terminate called without an active exception` (exit -6) at a worker's normal exit after
+    gloo, one run in five (a Muon all-gather and destroy, torch 2.13 CPU), and torchrun failed a
+    completed run. A worker whose group ended leaves with its code before the teardown (no atexit
+    runs; its printed lines are flushed); a process that made no group gets its code back."""
+    script = tmp_path / "leaving.py"
+    script.write_text(_LEAVING)
+    proc = subprocess.run([*TORCHRUN, str(script), str(tmp_path)], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1",
+                          PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr, proc.stderr[-2000:]  # each rank's own code
+    assert "rank 0 done" in proc.stdout + proc.stderr and not list(tmp_path.glob("teardown-*"))
+    from engine.train import distributed
+
+    assert distributed.leave(5) == 5  # this process (pytest) made no group: nothing happens

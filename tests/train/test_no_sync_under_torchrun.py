@@ -92,6 +92,7 @@ def _worker(out: Path, data: Path) -> None:
         counts = {"reads": dict(seen["reads"]), "syncs": sorted(seen["syncs"]), "agrees": sorted(seen["agrees"])}
         (out / f"{optimizer}-{ctx.rank}.json").write_text(json.dumps(counts))
     distributed.shutdown()
+    distributed.leave(0)  # as the CLI's workers leave: before the interpreter's teardown
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:

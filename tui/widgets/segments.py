@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
 from engine.api import events as ev
@@ -56,7 +57,7 @@ class SegmentTable(VerticalScroll, can_focus=False):
         self.rows_shown: list[Row] = []  # what is on screen, for tests and callers
         self.blocks: list[list[int]] = []  # the column indices of each table, in order
 
-    def compose(self):  # the first block, so that the Compare screen's focus has a table at once
+    def compose(self) -> ComposeResult:  # the first block: the Compare screen's focus has a table at once
         yield PlainTable(cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
