@@ -49,7 +49,7 @@ METHODS = {
 # "module:function" -> why its raw file call is safe. Keep it short; prefer a helper in engine/files.py.
 ALLOWED: dict[str, str] = {
     "engine/config.py:_packaged_preset": "reads our own packaged preset TOML through importlib.resources, no user path",
-    "engine/cli/__init__.py:guarded": "opens os.devnull to silence stdout after a reader left the pipe",
+    "engine/cli/__init__.py:_guarded": "opens os.devnull to silence stdout after a reader left the pipe",
     "engine/train/checkpoint.py:atomic_save.write": "torch.save into the O_EXCL temp file files.atomic_write opened",
     "engine/train/checkpoint.py:load": "torch.load(weights_only=True) of a file object files.open_read opened (regular, bounded)",
     "engine/prep/hf.py:_download": "huggingface_hub's snapshot into its own cache (its locks, renames); read via files",
