@@ -133,7 +133,7 @@ def cpu_half_reason(precision_name: str, measure: bool = True) -> str | None:
     text = f"this CPU has no native {precision_name} ({why}): torch emulates it"
     if measure:
         half, full = _matmul_ms(precision_name), _matmul_ms("fp32")
-        text += (f"; a 256x256 matmul took {half / full:.0f}x fp32's time here ({half:.1f} vs {full:.2f} ms, "
+        text += (f"; a 256x256 matmul took {half / full:.2g}x fp32's time here ({half:.1f} vs {full:.2f} ms, "
                  "the best of many tries)")  # fmt: skip
     return text
 
