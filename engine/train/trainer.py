@@ -126,6 +126,7 @@ class Trainer:
         self.boundary = boundary or (lambda segment: None)
         self.resume, self.resume_from = resume, resume_from
         self.dist = distributed.current()  # rank 0 alone writes events, config and checkpoints
+        self._folds: bool | None = None  # whether the clip folds into the optimizer (train_step's first call)
         parts = components(config, self.run_dir, self.emit, tokenizer)
         self.evaluation, self.saving, self.reporting = parts.evaluation, parts.saving, parts.reporting
         self.at = Progress()
@@ -197,7 +198,9 @@ class Trainer:
             p.scaler.unscale_(p.optimizer)
         clip = self.config.optim.grad_clip
         params = list(p.model.parameters())
-        folded = clip > 0 and p.scaler is None and build.folds_clip(p.optimizer, p.model)
+        if self._folds is None:  # decided once a segment: folds_clip walks every parameter
+            self._folds = p.scaler is None and build.folds_clip(p.optimizer, p.model)
+        folded = clip > 0 and self._folds
         if clip > 0 and not folded:
             norm = torch.nn.utils.clip_grad_norm_(params, clip)
         else:  # folded: fused AdamW scales the gradients as it reads them (no pass of its own over them)
