@@ -63,13 +63,15 @@ class Shape:
     qk_own: bool = False
     v_own: bool = False
 
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tensors(self, filled: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (B, H, T, D) with the model's strides, drawn from a generator of their own: the
         run's RNG (dropout, a bit-exact resume) is never touched by measuring. Leaves (detached
         views), so each timed call's backward starts afresh."""
         B, H, T, D = self.batch, self.heads, self.seq, self.head_dim
         gen = torch.Generator(self.device).manual_seed(0)
-        proj = torch.randn(B, T, 3 * H * D, dtype=self.dtype, device=self.device, generator=gen)
+        size = (B, T, 3 * H * D)  # `filled` False: only the strides count (kernel_name), nothing drawn
+        proj = (torch.randn(size, dtype=self.dtype, device=self.device, generator=gen) if filled else
+                torch.empty(size, dtype=self.dtype, device=self.device))  # fmt: skip
         q, k, v = proj.split(H * D, dim=2)  # (B, T, C) views, as c_attn's output splits
         q, k = (q.clone(), k.clone()) if self.qk_own else (q, k)
         v = v.clone() if self.v_own else v
@@ -259,7 +261,7 @@ def cache_tag(first: str | None) -> str:
 def kernel_name(shape: Shape) -> str:
     """The kernel SDPA takes for the model's call under the current priority (what runs, in
     words): with the window's band mask FlashAttention takes none."""
-    q, k, v = shape.tensors()
+    q, k, v = shape.tensors(filled=False)
     mask = shape.mask()
     try:
         chosen = torch._fused_sdp_choice(q, k, v, attn_mask=mask, is_causal=mask is None)
