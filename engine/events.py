@@ -301,9 +301,53 @@ class Compiled(_AtStep):
     cache_misses: Count  # inductor FX graph + AOTAutograd cache misses this segment
 
 
+class TunePlan(_AtStep):
+    """The run's tuner (engine/run/tune.py, --tune) begins: what it will try, in order, what it will
+    not (each "name: why") and what it may spend."""
+
+    event: Literal["tune_plan"] = "tune_plan"
+    trials: Annotated[list[str], Field(max_length=64)]  # the trials' names, after the start's own
+    skipped: Annotated[list[str], Field(max_length=64)]  # "name: why" for each not tried
+    budget: str  # speed.tune_budget as given
+    budget_steps: Count | None = None
+    budget_s: Measure | None = None
+    steps_per_trial: Count  # the fewest steps a trial is measured over (its step reports)
+
+
+class TuneTrial(_AtStep):
+    """One trial of the tuner: begun ("trying") or ended with its figure; `index` 0 is the start."""
+
+    event: Literal["tune_trial"] = "tune_trial"
+    index: Count
+    of: Count  # the trials planned after the start
+    label: str
+    switches: Annotated[dict[str, Any], Plain]  # the whole set it trains with
+    status: Literal["trying", "measured", "contended", "unsettled", "skipped"]
+    settled_step_time_s: Measure | None = None  # the median of its settled half
+    spread: Measure | None = None  # (max - min) / median of the settled half
+    warmup_s: Measure | None = None  # its first report past the settled time (a compile's warm-up)
+    vs_start: Measure | None = None  # how many times the start's step time this one's is faster
+    contention: Load = None
+    reason: str = ""  # why it was skipped or cut
+
+
+class TuneDone(_AtStep):
+    """The tune ended: the switches the run trains on with from here, their gain over the start,
+    what was not tried and why, and where the tuned set was saved for `--from-tuned`."""
+
+    event: Literal["tune_done"] = "tune_done"
+    switches: Annotated[dict[str, Any], Plain]
+    changed: Annotated[dict[str, list[Any]], Plain]  # dotted name -> [start, chosen]
+    gain: Measure | None = None  # the start's settled step time over the chosen one's
+    trials: Count  # trials measured, the start's included
+    skipped: Annotated[list[str], Field(max_length=128)]
+    reason: str  # why the tune ended
+    tuned_file: str | None = None
+
+
 Event = Annotated[
     Union[RunStarted, Step, Eval, Checkpoint, Warning_, RunFinished, RunFailed, Sample, Paused, Resumed, Gpu, Segment,
-          RequestAck, Compiled],
+          RequestAck, Compiled, TunePlan, TuneTrial, TuneDone],
     Field(discriminator="event"),
 ]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)

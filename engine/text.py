@@ -281,7 +281,35 @@ def _describe(e: Any, max_steps: int | None, eta: float | None) -> str:
                     f"({e.graphs} graph{'s' * (e.graphs != 1)}, cache {e.cache_hits} hit / {e.cache_misses} miss)")
         case "sample":
             return f"sample at step {e.step}:\n{sample_text(e.text)}"
+        case "tune_plan" | "tune_trial" | "tune_done":
+            return tune_text(e)
     return ""  # gpu: a reading a second: the GPU tab draws them, the log and console do not
+
+
+def tune_text(e: Any) -> str:
+    """A tune's event (engine/run/tune.py) as the console's and the log's line."""
+    if e.event == "tune_plan":
+        spend = (f"{e.budget_steps} steps" if e.budget_steps is not None else duration_text(e.budget_s or 0))
+        line = (f"tuning from step {e.step}: {len(e.trials)} trials after the start ({', '.join(e.trials) or 'none'}), "
+                f"each at least {e.steps_per_trial} steps past its warm-up; budget {e.budget} ({spend})")
+        return line + "".join(f"\n  not tried: {s}" for s in e.skipped)
+    if e.event == "tune_trial":
+        head = f"tuning: trial {e.index} of {e.of}, {e.label}"
+        if e.status == "trying":
+            return f"{head}: trying from step {e.step}"
+        if e.status == "skipped":
+            return f"{head}: skipped ({e.reason})"
+        if e.settled_step_time_s is None:
+            return f"{head}: {e.status} ({e.reason})"
+        vs = f", {e.vs_start:.2f}x the start" if e.vs_start else ""
+        busy = " (timed on a busy machine: marked !)" if e.status == "contended" else ""
+        why = f" ({e.reason})" if e.reason else ""
+        warm = f", warm-up {e.warmup_s:.1f} s" if e.warmup_s and e.warmup_s >= 0.05 else ""
+        return f"{head}: {1000 * e.settled_step_time_s:.1f} ms/step settled{vs}{warm}{busy}{why}"
+    gain = f", {e.gain:.2f}x the start" if e.gain else ""
+    chose = change_text(e.changed) or "the start's switches"
+    saved = f"; saved for --from-tuned in {e.tuned_file}" if e.tuned_file else ""
+    return f"tune done at step {e.step} ({e.reason}): {chose}{gain}, {e.trials} trials measured{saved}"
 
 
 def verdict(est: Any, device_bytes: int | None) -> str:

@@ -192,6 +192,8 @@ def build_parser(prog: str = "gpt2-tui") -> tuple[Parser, Any]:
     g = sub.add_parser("toggle", help="change a live run's speed switches at its next step boundary (a new segment)")
     g.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory of a run training now")
     add_setting_flags(g, only=SWITCHES)
+    g.add_argument("--tune", action="store_true", help="start the run's tuner: it tries the speed switches as segments "
+                   "and keeps the fastest (docs/training.md); give it alone")  # fmt: skip
 
     x = sub.add_parser("export", help="write a run's model as a transformers GPT-2 directory (config.json, model.safetensors, tokenizer)")
     x.add_argument("run", type=Path, metavar="RUN", help="a run directory, or one checkpoint file")
@@ -494,6 +496,8 @@ def cmd_toggle(args: argparse.Namespace) -> int:
 
     config = rundir.load_config(args.run_dir)
     overrides = overrides_from(args)
+    if args.tune:
+        return _ask_tune(args, overrides)
     if not overrides:
         raise UserError(f"name the switches to change, e.g. --compile or --no-prefetch; see `{program()} toggle --help`")
     overlay(config.model_dump(mode="json", exclude_none=True), overrides)  # the values are valid at all
@@ -533,6 +537,27 @@ def cmd_toggle(args: argparse.Namespace) -> int:
         raise UserError(f"could not write the request into {args.run_dir} ({failure.strerror}); free space or fix its permissions") from None
     out.line(f"asked {path_text(args.run_dir)} to switch {change_text(diff)} (request {asked.id}): it applies at the next step boundary "
              f"(`{program()} attach {path_text(args.run_dir)}` shows the new segment)")
+    return 0
+
+
+def _ask_tune(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    """`toggle RUN --tune`: the live run starts tuning itself at its next step boundary."""
+    from engine import rundir
+    from engine.run import requests
+
+    where = path_text(args.run_dir)
+    if overrides:
+        raise UserError(f"give --tune alone: the tuner chooses the switches (drop {' '.join(as_flags(overrides))})")
+    if rundir.writer_alive(args.run_dir) is not True:
+        raise UserError(f"no live run writes {where}; tune a stopped run as you resume it: "
+                        f"{program()} train --resume {where} --tune")  # fmt: skip
+    asked = requests.Request("tune")
+    try:
+        requests.post(args.run_dir, asked)
+    except OSError as failure:
+        raise UserError(f"could not write the request into {args.run_dir} ({failure.strerror}); free space or fix its permissions") from None
+    out.line(f"asked {where} to tune itself (request {asked.id}): it starts at the next step boundary "
+             f"(`{program()} attach {where}` shows its trials)")
     return 0
 
 

@@ -26,7 +26,7 @@ from engine import events as ev
 from engine.config import RunConfig
 from engine.errors import UserError
 from engine.text import path_text, program
-from engine.run import toggle
+from engine.run import toggle, tune
 from engine.run.preflight import open_data, preflight, pretrained
 from engine.run.inbox import Inbox
 from engine.run.requests import Control, Mailbox, Request
@@ -73,6 +73,7 @@ class Run:
         self.config: RunConfig | None = None
         self.dataset: Dataset | None = None
         self.segment: Trainer | None = None  # the segment training now (the last one, once the run ended)
+        self.tuner: tune.Tuner | None = None  # rank 0's, while the run tunes itself (--tune)
         self._began = time.monotonic()  # run() sets it again: train.max_time counts from there
         self.resume = False
         self._paused = False
@@ -191,6 +192,7 @@ class Run:
         why, applied = ("resume" if self.resume else "start"), []
         self._began = time.monotonic()  # train.max_time counts from here
         try:
+            self._tuner_at_start()
             while True:
                 segment = self.segment
                 try:
@@ -224,6 +226,26 @@ class Run:
             self.release()
             for sink in self.sinks:
                 sink.close()
+
+    def _tuner_at_start(self) -> None:
+        """Rank 0's tuner: a tune the run was in when it stopped goes on (its tune.json), a new one
+        starts when the run asks for it (speed.tune) and has not tuned yet."""
+        if not self.dist.is_main or self.config is None:
+            return
+        state, why = tune.load_state(self.run_dir) if self.resume else (None, None)
+        if why is not None:
+            self.emit(ev.Warning_(message=f"the tune cannot go on: {why}"
+                                          + ("; it starts anew" if self.config.speed.tune else "")))  # fmt: skip
+        if state is not None and state.done:
+            return  # tuned already: the run keeps the switches it chose
+        if state is not None or self.config.speed.tune:
+            self._start_tuner(state)
+
+    def _start_tuner(self, state: tune.State | None) -> None:
+        if self.tuner is not None and self.tuner in self.sinks:
+            self.sinks.remove(self.tuner)
+        self.tuner = tune.Tuner(self.run_dir, state)
+        self.sinks.append(self.tuner)  # it reads its trials' step reports from the run's events
 
     def _open_segment(self, segment: Trainer, why: str, applied: Sequence[Request]) -> None:
         """The segment's first events: what runs (run_started), which switches and why (segment),
@@ -310,6 +332,8 @@ class Run:
         if self._reopen_log_if_moved(segment):
             self.emit(ev.Warning_(message=f"{rundir.EVENTS} was moved or deleted before step {segment.step}; a new one "
                                           "was started and the run trains on (the earlier events are where it was moved)"))  # fmt: skip
+        if self.tuner is not None:  # it asks for its next trial through the run's own requests
+            self.tuner.at_boundary(segment.step, segment.config, self.control, self.emit)
         toggles: list[Request] = []
         ending = self._act_on(segment, self.inbox.take(), toggles)
         if self._paused and ending is None:
@@ -353,6 +377,8 @@ class Run:
                 self.inbox.drop([r], segment.step, "the run stopped")
             elif r.kind == "toggle":
                 toggles.append(r)
+            elif r.kind == "tune":
+                self._tune_asked(r, segment)
             elif r.kind == "stop":
                 stopping = r
             else:
@@ -370,6 +396,16 @@ class Run:
         self.inbox.ack(stopping, "applied", segment.step)
         segment.save_checkpoint(final=True)
         return Ending("stopped")
+
+    def _tune_asked(self, r: Request, segment: Trainer) -> None:
+        """`toggle RUN --tune`: the run starts tuning itself at this boundary (rank 0 tunes; the
+        others follow its toggles), unless a tune is under way."""
+        if self.tuner is not None and self.tuner.state is not None and not self.tuner.state.done:
+            self.inbox.drop([r], segment.step, "the run is tuning already")
+            return
+        if self.dist.is_main:
+            self._start_tuner(None)
+        self.inbox.ack(r, "applied", segment.step)
 
     def _toggle(self, segment: Trainer, toggles: list[Request]) -> Ending | None:
         """Check each toggle as a launch would, in order, on top of the ones accepted before it;

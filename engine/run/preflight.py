@@ -421,6 +421,18 @@ def choose_loss(kind: str, plain_fits: bool) -> tuple[str, str]:
     return "chunked", "the plain loss's logits would not fit this GPU"
 
 
+def tuned_rule(c: Check) -> None:
+    """speed.from_tuned: a new run starts from the switches a tune saved for this machine, torch
+    and model shape (engine/run/tune.py, read by the file rules); the flags the user gave win. Said
+    either way as the run starts; a resume keeps its own switches, a live toggle is judged as asked."""
+    if not c.config.speed.from_tuned or c.resume or c.data is False or isinstance(c.data, DatasetInfo):
+        return
+    from engine.run import tune
+
+    c.config, line = tune.from_tuned(c.config, dict(c.explicit or {}))
+    c.config._notes = [*c.config.notes, line]
+
+
 def loss_rule(c: Check) -> None:
     """model.loss = "auto": chosen for the device the run is on (choose_loss), bound into the config
     (the run's config.toml and run_started say which) and said with why as the run starts."""
@@ -487,7 +499,7 @@ def _at_least(fraction: float) -> str:
 
 
 RULES: list[Rule] = [pretrained_shape, device_rule, emulated_precision, loggers_rule, dataset_rule, documents_rule,
-                     loss_rule, memory_rule, no_effect_warnings]  # fmt: skip
+                     tuned_rule, loss_rule, memory_rule, no_effect_warnings]  # fmt: skip
 
 
 def preflight(
@@ -497,7 +509,7 @@ def preflight(
 ) -> Verdict:  # fmt: skip
     """The one judgement of a config before it runs, for every front door: each rule of RULES
     in order (pretrained shape, device, an emulated precision, loggers, dataset vocab and length,
-    documents, the loss auto picks, memory, inputs of no effect).
+    documents, the tuned switches (--from-tuned), the loss auto picks, memory, inputs of no effect).
     `dataset`: True opens it (the CLI, bench), an opened Dataset is bound, a DatasetInfo judged
     (the form), False leaves the data alone (a live toggle: the run's own). A rule that raises
     UserError refuses; the others still judge (the form shows every field's refusal)."""

@@ -40,7 +40,7 @@ RESERVE = 16 * 1024  # room past MAX_BYTES that only stop and resume may use: a 
 READ_CAP = MAX_BYTES + RESERVE  # all post ever fills: a larger mailbox was planted, and is removed unread
 ALWAYS = ("stop", "resume")  # the kinds that may use the reserve
 MAX_DEPTH = 4  # {"switches": {...}} needs 2
-KINDS = ("pause", "resume", "save", "stop", "toggle")
+KINDS = ("pause", "resume", "save", "stop", "toggle", "tune")  # tune: start the run's tuner (engine/run/tune.py)
 
 
 @dataclass(frozen=True)
