@@ -132,6 +132,9 @@ class RunState:
         self.segment_steps = 0  # step reports since the last run_started
         self.segments = SegmentReader()  # the segment table and the charts' markers read it
         self.segment_events: list[ev.Segment] = []  # as they came (the dashboard toasts live toggles)
+        self.tune_plan: ev.TunePlan | None = None  # the run's tuner (--tune): its plan, trials so far, end
+        self.tune_trials: dict[int, ev.TuneTrial] = {}  # by index: the latest word on each
+        self.tune_done: ev.TuneDone | None = None
         self._ema: float | None = None
         self._pinned = 0
         self._alerts_on: set[str] = set()
@@ -211,6 +214,16 @@ class RunState:
         for switches in self.pending_toggles.values():
             out |= switches
         return out
+
+    def tune_status(self) -> str:
+        """The status line's word on a tune: 'tuning: trial 3 of 7 (loss chunked)', or how it ended."""
+        if self.tune_done is not None:
+            gain = f" {self.tune_done.gain:.2f}x" if self.tune_done.gain else ""
+            return f"tuned{gain}"
+        if self.tune_plan is None or not self.tune_trials:
+            return ""
+        last = self.tune_trials[max(self.tune_trials)]
+        return f"tuning: trial {last.index} of {last.of} ({last.label})"
 
     def settled_step_time(self) -> float | None:
         """The current segment's settled step time: the figure the Segments tab, the summary
@@ -295,6 +308,15 @@ class RunState:
                 self.segment_events.append(e)
                 if line := describe(e):
                     self._log(line, e.time)
+            case ev.TunePlan():
+                self.tune_plan, self.tune_trials, self.tune_done = e, {}, None
+                self._log(describe(e), e.time)
+            case ev.TuneTrial():
+                self.tune_trials[e.index] = e
+                self._log(describe(e), e.time)
+            case ev.TuneDone():
+                self.tune_done = e
+                self._log(describe(e), e.time)
             case ev.Paused():
                 self.paused = True
                 if self._paused_at is None:

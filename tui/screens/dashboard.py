@@ -95,6 +95,8 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
         f"{label}  step {state.step}/{total or '?'}  ETA {clock_text(state.eta())}  "
         f"elapsed {clock_text(state.elapsed(now))}  tokens {_tokens(state.tokens)}  best val {best}"
     ) if state.started else label
+    if state.started and (tuning := state.tune_status()):
+        line1 += f"  {tuning}"
     steer = ""
     if state.live and session.control is None:
         ok, who = steering or session.steering()
@@ -103,6 +105,26 @@ def status_text(state: RunState, session: RunSession, now: float | None = None,
     if state.failed:
         line2 = f"FAILED: {state.failed.error}"
     return f"{shown(line1)}\n{shown(line2)}"  # device name, error: read from the run's files
+
+
+def tune_table(state: RunState) -> str:
+    """The tune's trials so far, one line each: what it changed, its warm-up, its settled step
+    time, how it compares with the start, whether the machine was busy; '' without a tune."""
+    if state.tune_plan is None:
+        return ""
+    head = state.tune_status() or "tuning"
+    rows = [f"{head}: {len(state.tune_plan.trials)} trials planned, budget {state.tune_plan.budget}",
+            f"{'#':>2}  {'trial':<28} {'warm-up':>8} {'ms/step':>9} {'vs start':>8}  status"]  # fmt: skip
+    for i in sorted(state.tune_trials):
+        t = state.tune_trials[i]
+        ms = "-" if t.settled_step_time_s is None else f"{1000 * t.settled_step_time_s:.1f}"
+        warm = "-" if t.warmup_s is None else f"{t.warmup_s:.1f} s"
+        vs = "-" if t.vs_start is None else f"{t.vs_start:.2f}x"
+        status = t.status + (" !" if t.status == "contended" else "") + (f": {t.reason}" if t.reason else "")
+        rows.append(f"{t.index:>2}  {t.label[:28]:<28} {warm:>8} {ms:>9} {vs:>8}  {status}")
+    if state.tune_done is not None:
+        rows.append(describe(state.tune_done))
+    return "\n".join(printable(r) for r in rows)  # labels and reasons come from the run's files
 
 
 def checkpoint_due_text(state: RunState, now: float | None = None) -> str:
@@ -187,6 +209,7 @@ class DashboardScreen(Screen):
                 with VerticalScroll():
                     yield Static("(a short generation appears at each eval when the dataset has a tokenizer)", id="sample", markup=False)
             with TabPane(TABS["tab-segments"], id="tab-segments"):  # one row per set of switches the run trained with
+                yield Static("", id="tune", markup=False)  # the tune's trials so far (--tune), when there is one
                 yield SegmentTable(refresh_s=0, id="segments")
             with TabPane(TABS["tab-gpu"], id="tab-gpu"):
                 with VerticalScroll():
@@ -376,6 +399,10 @@ class DashboardScreen(Screen):
         if self.state.version != self._segments_drawn:
             self._segments_drawn = self.state.version
             self.query_one("#segments", SegmentTable).show_run(self.state.segments, self.state.best_val_loss)
+            table = tune_table(self.state)
+            tune = self.query_one("#tune", Static)
+            tune.display = bool(table)
+            tune.update(table)
 
     def _update_sample(self) -> None:
         if len(self.state.samples) != self._samples_seen:
