@@ -33,13 +33,14 @@ Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 Attention = Literal["flash", "manual"]
 Device = Literal["auto", "cuda", "mps", "cpu"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-# speed.tune_budget: a share of the planned steps ("20%", at most 100%), a step count ("60") or seconds ("90s")
+# speed.tune_budget: a share of the planned steps ("20%"), steps ("60") or seconds ("90s")
 TUNE_BUDGET = r"^(100(\.0+)?%|\d{1,2}(\.\d+)?%|[1-9]\d{0,6}s?)$"
 
 
 def _tune_budget(text: str) -> str:
     if not re.fullmatch(TUNE_BUDGET, text):
-        raise ValueError(f"{text!r} is no budget: give a share of the planned steps (20%), steps (60) or seconds (90s)")
+        raise ValueError(f"{text!r} is no budget: give a share of the planned steps (20%), "
+                         "steps (60) or seconds (90s)")
     return text
 
 
@@ -573,14 +574,18 @@ class SpeedConfig(_Strict):
     tune: bool = Field(
         False,
         description=(
-            "tune while training: try the live speed switches as segments, keep the fastest for the "
-            "rest of the run and save it for this machine and model shape (docs/training.md)"
+            "tune while training: try the live speed switches as segments, keep the fastest "
+            "for the rest of the run and save it for this machine and model shape "
+            "(docs/training.md)"
         ),
         json_schema_extra=_meta(SWITCH),
     )
     tune_budget: Annotated[str, AfterValidator(_tune_budget)] = Field(
         "20%",
-        description="what --tune may spend exploring: a share of the planned steps (20%), steps (60) or seconds (90s)",
+        description=(
+            "what --tune may spend exploring: a share of the planned steps (20%), steps (60) "
+            "or seconds (90s)"
+        ),
         json_schema_extra=_meta(SWITCH, metavar="N%|N|Ns"),
     )
     from_tuned: bool = Field(
