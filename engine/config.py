@@ -578,7 +578,7 @@ class SpeedConfig(_Strict):
             "for the rest of the run and save it for this machine and model shape "
             "(docs/training.md)"
         ),
-        json_schema_extra=_meta(SWITCH),
+        json_schema_extra=_meta(DEVICE),
     )
     tune_budget: Annotated[str, AfterValidator(_tune_budget)] = Field(
         "20%",
@@ -586,7 +586,7 @@ class SpeedConfig(_Strict):
             "what --tune may spend exploring: a share of the planned steps (20%), steps (60) "
             "or seconds (90s)"
         ),
-        json_schema_extra=_meta(SWITCH, metavar="N%|N|Ns"),
+        json_schema_extra=_meta(DEVICE, metavar="N%|N|Ns"),
     )
     from_tuned: bool = Field(
         False,
@@ -594,7 +594,7 @@ class SpeedConfig(_Strict):
             "start from the switches --tune found fastest on this machine for this model shape and "
             "tokens per step (flags given with it win)"
         ),
-        json_schema_extra=_meta(SWITCH),
+        json_schema_extra=_meta(DEVICE),
     )
     parallel: Literal["auto", "ddp", "fsdp"] = Field(
         "auto",
