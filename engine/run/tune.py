@@ -98,6 +98,7 @@ class State(BaseModel):
 def _precisions(kind: str) -> tuple[list[str], list[str]]:
     """(the precisions worth trying on this device kind, why the others are not)."""
     from engine import device
+    from engine.train.contention import half_reason
 
     if kind == "cuda":
         return ["tf32", device.half_precision("cuda")], []
@@ -108,7 +109,7 @@ def _precisions(kind: str) -> tuple[list[str], list[str]]:
         if device.cpu_native(half):
             tried.append(half)
         else:
-            left.append(f"precision {half}: {device.cpu_half_reason(half, measure=False)}")
+            left.append(f"precision {half}: {half_reason(half, measure=False)}")
     return tried, left
 
 
