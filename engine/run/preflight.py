@@ -427,9 +427,9 @@ def tuned_rule(c: Check) -> None:
     either way as the run starts; a resume keeps its own switches, a live toggle is judged as asked."""
     if not c.config.speed.from_tuned or c.resume or c.data is False or isinstance(c.data, DatasetInfo):
         return
-    from engine.run import tune
+    from engine.run import tuned
 
-    c.config, line = tune.from_tuned(c.config, dict(c.explicit or {}))
+    c.config, line = tuned.from_tuned(c.config, dict(c.explicit or {}))
     c.config._notes = [*c.config.notes, line]
 
 

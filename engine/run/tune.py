@@ -27,10 +27,6 @@ is measured again from its resume.
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import json
-import re
 import statistics
 import time
 from pathlib import Path
@@ -40,16 +36,16 @@ from pydantic import BaseModel, Field, ValidationError
 
 from engine import events as ev
 from engine import files
-from engine.config import RunConfig, overlay
+from engine.config import RunConfig
 from engine.errors import UserError
 from engine.run import toggle
 from engine.run.requests import Control, Request
-from engine.run.segments import SWITCHES, switches
-from engine.text import change_text, duration_text, printable
+from engine.run.segments import SWITCHES, changed, switches
+from engine.run.tuned import save_tuned
+from engine.text import duration_text, printable
 from engine.train import contention
 
 STATE = "tune.json"  # in the run directory
-TUNED_DIR = "tuned"  # under the gpt2-tui cache: one file per machine, torch and model shape
 STATE_CAP = 1 << 20  # a state of a few dozen trials is a few KB
 MIN_REPORTS = 6  # a trial's step reports before its settled half (the last 3) is read
 MAX_REPORTS = 12  # a noisy or contended trial is measured this long, then taken as it is (or marked)
@@ -329,7 +325,7 @@ class Tuner:
         if best.settled_step_time_s is not None:
             saved = save_tuned(config, best.switches, gain, self.run_dir)
         self._save()
-        emit(ev.TuneDone(step=step, switches=best.switches, changed=_diff(s.start, best.switches), gain=gain,
+        emit(ev.TuneDone(step=step, switches=best.switches, changed=changed(s.start, best.switches), gain=gain,
                          trials=sum(t.status in ("measured", "contended") for t in s.trials),
                          skipped=[*s.skipped, *(f"{t.label}: {t.reason}" for t in s.trials if t.status == "skipped")],
                          reason=why, tuned_file=str(saved) if saved else None))  # fmt: skip
@@ -381,10 +377,6 @@ class Tuner:
             files.atomic_write_bytes(self.run_dir / STATE, s.model_dump_json(indent=1).encode())
 
 
-def _diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
-    return {n: [before.get(n), v] for n, v in after.items() if before.get(n) != v}
-
-
 def load_state(run_dir: Path) -> tuple[State | None, str | None]:
     """The run's tune.json, read by the file rules (bounded, no link followed, validated); (None,
     None) when there is none, (None, why) when it cannot be used."""
@@ -404,101 +396,3 @@ def load_state(run_dir: Path) -> tuple[State | None, str | None]:
     if any(set(t.switches) - set(SWITCHES) for t in state.trials):
         return None, f"{STATE} names settings that are not speed switches"
     return state, None
-
-
-# ------------------------------------------------------------------------------ the tuned file
-
-
-class Tuned(BaseModel):
-    """What a tune chose for one machine, torch and model shape: what `--from-tuned` starts from."""
-
-    version: Literal[1] = 1
-    key: dict[str, Any]  # tuned_key: what the switches were measured for
-    switches: dict[str, Any]
-    gain: float | None = None  # its settled speed over the start's
-    date: str = ""
-    run: str = ""  # the run directory that measured it
-
-
-def tuned_key(config: RunConfig) -> dict[str, Any]:
-    """What a tuned set holds for: the device (its name), the torch build, the model's shape and
-    the tokens per optimizer step, the processes. Another of any of these is measured anew."""
-    import os
-
-    import torch
-
-    from engine import device
-
-    kind = device.kind(config.speed.device)
-    m = config.model
-    return {"device": device.describe(torch.device(kind)), "torch": torch.__version__,
-            "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
-            "shape": [m.n_layer, m.n_head, m.n_embd, m.padded_vocab_size, config.seq_len],
-            "tokens_per_step": config.tokens_per_step}  # fmt: skip
-
-
-def tuned_path(config: RunConfig) -> Path:
-    key = json.dumps(tuned_key(config), sort_keys=True)
-    name = re.sub(r"[^a-z0-9]+", "-", (config.preset or "run").lower()).strip("-")[:32] or "run"
-    return files.cache_root() / TUNED_DIR / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
-def save_tuned(config: RunConfig, chosen: dict[str, Any], gain: float | None, run_dir: Path) -> Path | None:
-    """The chosen switches for this machine and shape, in the user's cache; None if it cannot be
-    written (said by the caller's event: tuned_file is None)."""
-    path = tuned_path(config)
-    tuned = Tuned(key=tuned_key(config), switches=chosen, gain=gain, run=str(run_dir),
-                  date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))  # fmt: skip
-    try:
-        files.private_dir(path.parent)
-        files.atomic_write_bytes(path, tuned.model_dump_json(indent=1).encode())
-    except OSError:
-        return None
-    return path
-
-
-def load_tuned(config: RunConfig) -> tuple[Tuned | None, str]:
-    """The tuned switches for this config's machine and shape, read by the file rules (bounded,
-    no link followed, validated: only speed switches, each a value a config takes); (None, why) if
-    there are none to use."""
-    path = tuned_path(config)
-    try:
-        raw = files.read_json(path, STATE_CAP)
-    except FileNotFoundError:
-        return None, "none saved yet for this machine, torch and model shape (`train --tune` saves them)"
-    except (OSError, ValueError) as err:
-        return None, f"{printable(str(path))} could not be read ({printable(str(err))[:200]})"
-    try:
-        tuned = Tuned.model_validate(raw)
-    except ValidationError as err:
-        return None, f"{printable(str(path))} is not a tuned set ({printable(str(err).splitlines()[0])[:200]})"
-    if tuned.key != tuned_key(config):
-        return None, f"{printable(str(path))} was tuned for another machine or shape"
-    unknown = sorted(set(tuned.switches) - set(SWITCHES))
-    if unknown:
-        return None, f"{printable(str(path))} names settings that are not speed switches ({printable(', '.join(unknown))[:200]})"
-    try:
-        overlay(config.model_dump(mode="json", exclude_none=True), tuned.switches)
-    except UserError as err:
-        return None, f"{printable(str(path))} holds a value no config takes ({printable(str(err))[:200]})"
-    return tuned, ""
-
-
-def from_tuned(config: RunConfig, explicit: dict[str, Any] | None) -> tuple[RunConfig, str]:
-    """`speed.from_tuned`: the config with the tuned switches over it (flags the user gave win),
-    and the line that says what came from where."""
-    tuned, why = load_tuned(config)
-    if tuned is None:
-        return config, f"--from-tuned: {why}; the run starts with its own switches"
-    given = set(explicit or {})
-    own = switches(config)
-    use = {n: v for n, v in tuned.switches.items() if n not in given and own.get(n) != v}
-    if "train.batch_size" in given or "train.grad_accum" in given:  # a geometry is a pair: the user's stands
-        use.pop("train.batch_size", None)
-        use.pop("train.grad_accum", None)
-    if not use:
-        return config, f"--from-tuned: the tuned switches of {tuned.date} are the ones this run has"
-    new = overlay(config.model_dump(mode="json", exclude_none=True), use)
-    new._notes = list(config.notes)
-    gain = f", {tuned.gain:.2f}x its start there" if tuned.gain else ""
-    return new, f"--from-tuned: {change_text(_diff(own, {**own, **use}))} (tuned {tuned.date}{gain})"

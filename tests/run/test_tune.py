@@ -17,7 +17,7 @@ import pytest
 
 from engine import device, rundir
 from engine.config import resolve
-from engine.run import tune
+from engine.run import tune, tuned
 from engine.run.preflight import open_data, preflight
 from engine.run.requests import Control
 from engine.run.segments import segments_of, switches
@@ -218,13 +218,13 @@ def test_the_tuned_set_is_read_by_the_file_rules(tiny_dataset, tmp_path):
     switch, values no config takes, another machine's key: each is one line, and the run starts
     with its own switches. A good one applies, under the flags the user gave."""
     config, _ = open_data(micro_config(tiny_dataset))
-    path = tune.tuned_path(config)
+    path = tuned.tuned_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)
-    good = tune.Tuned(key=tune.tuned_key(config), switches={**switches(config), "model.loss": "chunked",
+    good = tuned.Tuned(key=tuned.tuned_key(config), switches={**switches(config), "model.loss": "chunked",
                                                              "train.batch_size": 2, "train.grad_accum": 2})
 
     def started(explicit: dict | None = None):
-        c, line = tune.from_tuned(config, explicit)
+        c, line = tuned.from_tuned(config, explicit)
         return switches(c), line
 
     def planted(write) -> str:
@@ -241,7 +241,7 @@ def test_the_tuned_set_is_read_by_the_file_rules(tiny_dataset, tmp_path):
     assert "could not be read" in planted(lambda: os.mkfifo(path))
     assert "could not be read" in planted(lambda: path.write_text('{"version": 1, "key": '))
     assert "could not be read" in planted(lambda: path.write_text("[" * 100_000))
-    assert "could not be read" in planted(lambda: path.write_bytes(b" " * (tune.STATE_CAP + 1)))
+    assert "could not be read" in planted(lambda: path.write_bytes(b" " * (tuned.CAP + 1)))
     bad = good.model_copy(update={"switches": {"optim.lr": 1.0}})
     assert "not speed switches" in planted(lambda: path.write_text(bad.model_dump_json()))
     bad = good.model_copy(update={"switches": {"model.loss": "\x1b[31mfast"}})
