@@ -423,7 +423,7 @@ def choose_loss(kind: str, plain_fits: bool) -> tuple[str, str]:
 
 def tuned_rule(c: Check) -> None:
     """speed.from_tuned: a new run starts from the switches a tune saved for this machine, torch
-    and model shape (engine/run/tune.py, read by the file rules); the flags the user gave win. Said
+    and model shape (engine/run/tuned.py, read by the file rules); the flags the user gave win. Said
     either way as the run starts; a resume keeps its own switches, a live toggle is judged as asked."""
     if not c.config.speed.from_tuned or c.resume or c.data is False or isinstance(c.data, DatasetInfo):
         return
