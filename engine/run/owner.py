@@ -210,6 +210,8 @@ class Run:
                 try:
                     ending = segment.train()
                 except guard.OutOfMemory:
+                    if self.tuner is not None:  # a trial that did not fit is not tried again on resume
+                        self.tuner.failed(f"out of memory at step {segment.step} (the estimate said it fits)")
                     if segment.ckpts.latest() is None:  # a new run out of memory before its first checkpoint
                         self._discard_logged()
                     raise

@@ -218,6 +218,16 @@ class Tuner:
     def close(self) -> None:
         pass
 
+    def failed(self, why: str) -> None:
+        """The run stopped in a trial (out of memory, though the estimate said it fits): the trial
+        is marked in tune.json, so the resume moves on to the next instead of running it again."""
+        s = self.state
+        if s is None or s.done or s.current == 0 or s.trials[s.current].status != "trying":
+            return
+        trial = s.trials[s.current]
+        trial.status, trial.reason = "skipped", why
+        self._save()
+
     # what the owner asks at each step boundary
     def at_boundary(self, step: int, config: RunConfig, control: Control, emit: Any) -> None:
         """Measure the trial in force; when it has its figure, record it and ask for the next."""
@@ -228,6 +238,9 @@ class Tuner:
         if s.done or self.asked is not None:
             return
         trial = s.trials[s.current]
+        if trial.status == "skipped":  # it ended the run before (Tuner.failed): the resume moves on
+            emit(self._event(step, s.current, trial))
+            return self._next(step, config, control, emit)
         if self.by_hand:
             return self._finish(step, config, control, emit, "a toggle by hand changed the switches: the tune "
                                 "stopped there, with the best so far", back=False)  # fmt: skip

@@ -274,3 +274,36 @@ def test_the_budget_reads_as_a_share_steps_or_seconds():
     assert tune._budget("20%", config, 0) == (40, None)
     assert tune._budget("60", config, 0) == (60, None)
     assert tune._budget("90s", config, 0) == (None, 90.0)
+
+
+
+@pytest.mark.slow
+def test_a_trial_that_runs_out_of_memory_is_not_tried_again_on_resume(tmp_path, tiny_dataset, monkeypatch):
+    """The estimate said the micro-batch split fits, and the device disagreed: the run stops with
+    the out-of-memory line (raised by a patched step, no GPU here; the rest is the real run), and
+    its resume skips that trial, with the reason, and tunes on to the end."""
+    import torch
+
+    from engine.train import guard
+    from engine.train.trainer import Trainer
+
+    original = Trainer.train_step
+
+    def train_step(self, lr):
+        if self.config.train.grad_accum == 2:  # the "micro-batch 2 x 2" trial
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(self, lr)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    run = tmp_path / "run"
+    with pytest.raises(guard.OutOfMemory):
+        train(run, tiny_dataset, **TUNED)
+    state, _ = tune.load_state(run)
+    (split,) = [t for t in state.trials if t.change.get("train.grad_accum") == 2]
+    assert split.status == "skipped" and split.reason.startswith("out of memory at step")
+
+    assert train(run, resume=True) == "completed"  # still patched: trying it again would fail again
+    events = run_events(run)
+    assert [e.reason for e in events if e.event == "tune_trial" and e.label == split.label and e.status == "skipped"]
+    (done,) = [e for e in events if e.event == "tune_done"]
+    assert done.switches["train.grad_accum"] == 1 and any(s.startswith(split.label) for s in done.skipped)
