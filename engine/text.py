@@ -290,11 +290,12 @@ def tune_text(e: Any) -> str:
     """A tune's event (engine/run/tune.py) as the console's and the log's line."""
     if e.event == "tune_plan":
         spend = (f"{e.budget_steps} steps" if e.budget_steps is not None else duration_text(e.budget_s or 0))
-        need = e.steps_per_trial * (len(e.trials) + 1)
-        covers = (f", enough for about {max(0, e.budget_steps // e.steps_per_trial - 1)} of them"
+        per = max(1, e.steps_per_trial)  # read from a file: never a division by zero
+        need = per * (len(e.trials) + 1)
+        covers = (f", enough for about {max(0, e.budget_steps // per - 1)} of them"
                   if e.budget_steps is not None and e.budget_steps < need else "")  # fmt: skip
         line = (f"tuning from step {e.step}: {len(e.trials)} trials after the start ({', '.join(e.trials) or 'none'}), "
-                f"about {need} steps ({e.steps_per_trial} each, more for a noisy one) plus each one's warm-up; "
+                f"about {need} steps ({per} each, more for a noisy one) plus each one's warm-up; "
                 f"budget {e.budget} ({spend}){covers}")
         return line + "".join(f"\n  not tried: {s}" for s in e.skipped)
     if e.event == "tune_trial":

@@ -112,6 +112,13 @@ def templates(events: list[Any]) -> dict[type, BaseModel]:
         ev.RequestAck: ev.RequestAck(time=t0, step=3, id="r1", kind="pause", status="applied"),
         ev.Compiled: ev.Compiled(time=t0, step=1, scope="model", compiled=True, graphs=2, compile_s=3.0, source="cold",
                                  cache_hits=1, cache_misses=2),  # fmt: skip
+        ev.TunePlan: ev.TunePlan(time=t0, step=0, trials=["compile"], skipped=["precision bf16: emulated"], budget="20%",
+                                 budget_steps=12, budget_s=90.0, steps_per_trial=6),  # fmt: skip
+        ev.TuneTrial: ev.TuneTrial(time=t0, step=6, index=1, of=2, label="compile", switches=seg.switches,
+                                   status="measured", settled_step_time_s=0.1, spread=0.05, warmup_s=2.0, vs_start=1.2,
+                                   contention=ev.Contention(load=0.5, cores=2, cpu=1.9, stolen=0.01)),  # fmt: skip
+        ev.TuneDone: ev.TuneDone(time=t0, step=12, switches=seg.switches, changed={"speed.compile": [False, True]},
+                                 gain=1.2, trials=2, skipped=[], reason="every planned trial was tried"),  # fmt: skip
     }
     missing = [m.__name__ for m in event_models() if m not in out]
     assert not missing, f"a new event model: give it a template here so its numbers are planted: {missing}"
@@ -167,8 +174,8 @@ def must_skip(tpl: dict[type, BaseModel], model: type, path: tuple, extreme: str
 
 
 def is_detail(model: type, path: tuple) -> bool:
-    """A field events.or_unknown reads: a run_started's details, a step's contention."""
-    return (model is ev.RunStarted and path[0] in DETAILS) or (model is ev.Step and path[0] == "contention")
+    """A field events.or_unknown reads: a run_started's details, a step's or a tune trial's contention."""
+    return (model is ev.RunStarted and path[0] in DETAILS) or (model in (ev.Step, ev.TuneTrial) and path[0] == "contention")
 
 
 def detail_unknown(read: BaseModel, path: tuple) -> bool:
