@@ -30,7 +30,7 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -54,38 +54,43 @@ KEEP_GAIN = 1.02  # a trial replaces the best only when this much faster: less i
 ID_PREFIX = "tune-"  # the tuner's toggle requests: "tune-3" is trial 3, "tune-best" the return
 
 
+Text = Annotated[str, Field(max_length=2000)]  # a label or a reason: read back from tune.json, shown printable
+Switches = Annotated[dict[str, Any], ev.Plain]  # dotted switch -> value: its numbers in the events' range
+
+
 class Trial(BaseModel):
     """One configuration tried: `change` over the best set at the time it runs (the start: none)."""
 
-    label: str
-    change: dict[str, Any] = {}
+    label: Text
+    change: Switches = {}
     status: Literal["planned", "trying", "measured", "contended", "unsettled", "skipped"] = "planned"
-    switches: dict[str, Any] = {}  # the whole set it trained with (set when it starts)
-    from_step: int | None = None
-    settled_step_time_s: float | None = None
-    spread: float | None = None
-    tokens_per_s: float | None = None
-    warmup_s: float | None = None  # the first report's time past the settled one (compile included)
+    switches: Switches = {}  # the whole set it trained with (set when it starts)
+    from_step: ev.Count | None = None
+    settled_step_time_s: ev.Measure | None = None
+    spread: ev.Measure | None = None
+    tokens_per_s: ev.Measure | None = None
+    warmup_s: ev.Measure | None = None  # the first report's time past the settled one (compile included)
     contention: ev.Contention | None = None
-    reason: str = ""  # why it was skipped, or what was odd about its figure
+    reason: Text = ""  # why it was skipped, or what was odd about its figure
 
 
 class State(BaseModel):
-    """tune.json: what the tuner planned, measured and chose; read back through the file rules."""
+    """tune.json: what the tuner planned, measured and chose; read back through the file rules
+    (every number in the events' ranges: a planted NaN or 10**400 is refused, not compared)."""
 
     version: Literal[1] = 1
-    start: dict[str, Any]  # the switches the run had when the tune began
-    best: int = 0  # the index of the fastest measured trial (0: the start)
+    start: Switches  # the switches the run had when the tune began
+    best: ev.Count = 0  # the index of the fastest measured trial (0: the start)
     trials: list[Trial] = Field(max_length=64)
-    skipped: list[str] = Field([], max_length=64)  # "label: why", judged at the plan
-    current: int = 0
-    began_step: int = 0
-    budget: str  # speed.tune_budget as the tune began
-    budget_steps: int | None = None
-    budget_s: float | None = None
-    spent_s: float = 0.0  # wall seconds spent tuning before this process (a resume adds to it)
+    skipped: list[Text] = Field([], max_length=64)  # "label: why", judged at the plan
+    current: ev.Count = 0
+    began_step: ev.Count = 0
+    budget: Annotated[str, Field(max_length=16)]  # speed.tune_budget as the tune began
+    budget_steps: ev.Count | None = None
+    budget_s: ev.Measure | None = None
+    spent_s: ev.Measure = 0.0  # wall seconds spent tuning before this process (a resume adds to it)
     done: bool = False
-    ending: str = ""
+    ending: Text = ""
 
 
 # ------------------------------------------------------------------------------ the plan

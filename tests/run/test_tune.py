@@ -266,6 +266,10 @@ def test_a_tune_state_that_is_not_one_is_said_and_not_used(tmp_path):
     (tmp_path / tune.STATE).write_text(json.dumps({"version": 1, "start": {}, "budget": "20%",
                                                    "trials": [{"label": "x", "switches": {"optim.lr": 1}}]}))
     assert "not speed switches" in tune.load_state(tmp_path)[1]
+    for planted in ('{"label": "x", "settled_step_time_s": NaN}', '{"label": "x", "switches": {"train.batch_size": 1e400}}',
+                    '{"label": "x", "from_step": -1}'):  # fmt: skip
+        (tmp_path / tune.STATE).write_text('{"version": 1, "start": {}, "budget": "20%", "trials": [' + planted + ']}')
+        assert "is not a tune's state" in tune.load_state(tmp_path)[1], planted
     assert tune.load_state(tmp_path / "none") == (None, None)
 
 
