@@ -14,10 +14,11 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from engine import events as ev
 from engine import files
 from engine.config import RunConfig, overlay
 from engine.errors import UserError
@@ -32,11 +33,11 @@ class Tuned(BaseModel):
     """What a tune chose for one machine, torch and model shape: what `--from-tuned` starts from."""
 
     version: Literal[1] = 1
-    key: dict[str, Any]  # tuned_key: what the switches were measured for
-    switches: dict[str, Any]
-    gain: float | None = None  # its settled speed over the start's
-    date: str = ""
-    run: str = ""  # the run directory that measured it
+    key: Annotated[dict[str, Any], ev.Plain]  # tuned_key: what the switches were measured for
+    switches: Annotated[dict[str, Any], ev.Plain]
+    gain: ev.Measure | None = None  # its settled speed over the start's
+    date: Annotated[str, Field(max_length=64)] = ""
+    run: Annotated[str, Field(max_length=4096)] = ""  # the run directory that measured it
 
 
 def tuned_key(config: RunConfig) -> dict[str, Any]:

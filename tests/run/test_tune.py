@@ -247,6 +247,7 @@ def test_the_tuned_set_is_read_by_the_file_rules(tiny_dataset, tmp_path):
     bad = good.model_copy(update={"switches": {"model.loss": "\x1b[31mfast"}})
     line = planted(lambda: path.write_text(bad.model_dump_json()))
     assert "no config takes" in line and "\x1b" not in line
+    assert "not a tuned set" in planted(lambda: path.write_text(good.model_dump_json().replace('"gain":null', '"gain":NaN')))
     bad = good.model_copy(update={"key": {**good.key, "device": "another"}})
     assert "another machine" in planted(lambda: path.write_text(bad.model_dump_json()))
     path.unlink()
