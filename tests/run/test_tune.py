@@ -96,8 +96,7 @@ def test_every_trial_is_a_segment_with_its_settled_speed_and_the_tokens_are_the_
     assert len(measured) >= 3, [(e.label, e.status, e.reason) for e in _trials(events, "measured", "skipped", "unsettled")]
     segments = segments_of(events)
     for t in measured:  # its figure is its segment's settled speed, by the Segments tab's own rule
-        (seg,) = [s for s in segments if s.from_step < t.step <= max(s.to_step, t.step) and s.switches == t.switches
-                  and s.from_step <= t.step]  # fmt: skip
+        (seg,) = [s for s in segments if s.switches == t.switches and s.from_step < t.step <= s.to_step]
         assert seg.settled_step_time_s == pytest.approx(t.settled_step_time_s, rel=1e-9)
     asked = [e for e in events if e.event == "request" and e.id.startswith(tune.ID_PREFIX)]
     toggles = [s for s in segments if s.reason == "toggle"]
