@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from engine import events as ev
 from engine import files
@@ -41,8 +41,8 @@ from engine.errors import UserError
 from engine.run import toggle
 from engine.run.requests import Control, Request
 from engine.run.segments import SWITCHES, changed, switches
-from engine.run.tuned import save_tuned
-from engine.text import duration_text, printable
+from engine.run.tuned import read_model, save_tuned
+from engine.text import duration_text
 from engine.train import contention
 
 STATE = "tune.json"  # in the run directory
@@ -68,7 +68,6 @@ class Trial(BaseModel):
     from_step: ev.Count | None = None
     settled_step_time_s: ev.Measure | None = None
     spread: ev.Measure | None = None
-    tokens_per_s: ev.Measure | None = None
     warmup_s: ev.Measure | None = None  # the first report's time past the settled one (compile included)
     contention: ev.Contention | None = None
     reason: Text = ""  # why it was skipped, or what was odd about its figure
@@ -172,7 +171,7 @@ def _target(best: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
     return {**best, **change}
 
 
-def _budget(text: str, config: RunConfig, step: int) -> tuple[int | None, float | None]:
+def _budget(text: str, config: RunConfig) -> tuple[int | None, float | None]:
     """speed.tune_budget as (steps, seconds): a share of the planned steps, steps, or seconds."""
     if text.endswith("%"):
         return int(float(text[:-1]) / 100 * config.train.max_steps), None
@@ -237,7 +236,7 @@ class Tuner:
     def at_boundary(self, step: int, config: RunConfig, control: Control, emit: Any) -> None:
         """Measure the trial in force; when it has its figure, record it and ask for the next."""
         if self.state is None:
-            self.state = self._plan(config, step, emit)
+            self._plan(config, step, emit)
             self.times, self.readings = [], []
         s = self.state
         if s.done or self.asked is not None:
@@ -254,7 +253,7 @@ class Tuner:
             emit(self._event(step, s.current, trial))
             return self._next(step, config, control, emit)
         if switches(config) != trial.switches:  # its toggle not asked yet in this process (a resume)
-            return self._ask(s.current, trial.switches, control)
+            return self._ask(f"{ID_PREFIX}{s.current}", trial.switches, control)
         if trial.from_step is None:
             trial.from_step = step
         over = self._over(step, config)
@@ -271,7 +270,6 @@ class Tuner:
         if (spread > SPREAD_OK or contention.is_contended(busy)) and len(self.times) < MAX_REPORTS and not over:
             return
         trial.settled_step_time_s, trial.spread, trial.contention = settled, spread, busy
-        trial.tokens_per_s = config.tokens_per_step / settled if settled > 0 else None
         trial.warmup_s = max(0.0, self.times[0] - settled)  # the first report carries the compile
         trial.status = "contended" if contention.is_contended(busy) else "measured"
         if spread > SPREAD_OK:
@@ -301,7 +299,7 @@ class Tuner:
                 trial.switches, trial.status, trial.from_step = target, "trying", step
                 self._save()
                 emit(self._event(step, s.current, trial))
-                return self._ask(s.current, target, control)
+                return self._ask(f"{ID_PREFIX}{s.current}", target, control)
             trial.status, trial.reason = "skipped", why
             emit(self._event(step, s.current, trial))
         self._finish(step, config, control, emit, "every planned trial was tried")
@@ -322,9 +320,10 @@ class Tuner:
     def spent(self) -> float:
         return self._spent0 + time.monotonic() - self._began
 
-    def _ask(self, index: int, target: dict[str, Any], control: Control, rid: str | None = None) -> None:
-        self.asked = rid or f"{ID_PREFIX}{index}"
-        control.steer(Request("toggle", id=self.asked, switches=dict(target)))
+    def _ask(self, rid: str, target: dict[str, Any], control: Control) -> None:
+        """The toggle to `target` asked of the run as any UI asks (taken at this boundary)."""
+        self.asked = rid
+        control.steer(Request("toggle", id=rid, switches=dict(target)))
 
     def _finish(self, step: int, config: RunConfig, control: Control, emit: Any, why: str, back: bool = True) -> None:
         """The tune ends: the run returns to the best set (unless a person chose another), says so, saves it."""
@@ -348,8 +347,7 @@ class Tuner:
                          skipped=[*s.skipped, *(f"{t.label}: {t.reason}" for t in s.trials if t.status == "skipped")],
                          reason=why, tuned_file=str(saved) if saved else None))  # fmt: skip
         if back and switches(config) != best.switches:
-            self.asked = f"{ID_PREFIX}best"
-            control.steer(Request("toggle", id=self.asked, switches=dict(best.switches)))
+            self._ask(f"{ID_PREFIX}best", best.switches, control)
 
     def _event(self, step: int, index: int, trial: Trial) -> ev.TuneTrial:
         s = self.state
@@ -360,7 +358,8 @@ class Tuner:
                             status=trial.status, settled_step_time_s=trial.settled_step_time_s, spread=trial.spread,
                             warmup_s=trial.warmup_s, vs_start=vs, contention=trial.contention, reason=trial.reason)  # fmt: skip
 
-    def _plan(self, config: RunConfig, step: int, emit: Any) -> State:
+    def _plan(self, config: RunConfig, step: int, emit: Any) -> None:
+        """The trials, each judged against the start (what is refused is said, never tried), said and saved."""
         from engine import device
 
         kind = device.kind(config.speed.device)
@@ -376,7 +375,7 @@ class Tuner:
                 trials.append(t)
             else:
                 skipped.append(f"{t.label}: {why}")
-        steps, seconds = _budget(config.speed.tune_budget, config, step)
+        steps, seconds = _budget(config.speed.tune_budget, config)
         state = State(start=now, trials=trials, skipped=skipped, began_step=step, budget=config.speed.tune_budget,
                       budget_steps=steps, budget_s=seconds)  # fmt: skip
         per = MIN_REPORTS * config.train.log_interval
@@ -386,7 +385,6 @@ class Tuner:
         self.state = state
         self._save()
         emit(self._event(step, 0, trials[0]))
-        return state
 
     def _save(self) -> None:
         s = self.state
@@ -398,17 +396,9 @@ class Tuner:
 def load_state(run_dir: Path) -> tuple[State | None, str | None]:
     """The run's tune.json, read by the file rules (bounded, no link followed, validated); (None,
     None) when there is none, (None, why) when it cannot be used."""
-    path = Path(run_dir) / STATE
-    try:
-        raw = files.read_json(path, STATE_CAP)
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as err:
-        return None, f"{STATE} could not be read ({printable(str(err))[:200]})"
-    try:
-        state = State.model_validate(raw)
-    except ValidationError as err:
-        return None, f"{STATE} is not a tune's state ({printable(str(err).splitlines()[0])[:200]})"
+    state, why = read_model(Path(run_dir) / STATE, State, STATE, "a tune's state", STATE_CAP)
+    if state is None:
+        return None, why
     if not state.trials or not 0 <= state.best < len(state.trials) or not 0 <= state.current < len(state.trials):
         return None, f"{STATE} names trials it does not hold"
     if any(set(t.switches) - set(SWITCHES) for t in state.trials):

@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -77,21 +77,33 @@ def save_tuned(config: RunConfig, chosen: dict[str, Any], gain: float | None, ru
     return path
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_model(path: Path, model: type[M], name: str, what: str, cap: int = CAP) -> tuple[M | None, str | None]:
+    """A small JSON file of ours read as `model` by the file rules (bounded, no link followed,
+    validated): (it, None); (None, None) when there is none; (None, why) in one printable line,
+    naming it `name`, when it cannot be used (`what` it should have been)."""
+    try:
+        raw = files.read_json(path, cap)
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as err:
+        return None, f"{name} could not be read ({printable(str(err))[:200]})"
+    try:
+        return model.model_validate(raw), None
+    except ValidationError as err:
+        return None, f"{name} is not {what} ({printable(str(err).splitlines()[0])[:200]})"
+
+
 def load_tuned(config: RunConfig) -> tuple[Tuned | None, str]:
     """The tuned switches for this config's machine and shape, read by the file rules (bounded,
     no link followed, validated: only speed switches, each a value a config takes); (None, why) if
     there are none to use."""
     path = tuned_path(config)
-    try:
-        raw = files.read_json(path, CAP)
-    except FileNotFoundError:
-        return None, "none saved yet for this machine, torch and model shape (`train --tune` saves them)"
-    except (OSError, ValueError) as err:
-        return None, f"{printable(str(path))} could not be read ({printable(str(err))[:200]})"
-    try:
-        tuned = Tuned.model_validate(raw)
-    except ValidationError as err:
-        return None, f"{printable(str(path))} is not a tuned set ({printable(str(err).splitlines()[0])[:200]})"
+    tuned, why = read_model(path, Tuned, printable(str(path)), "a tuned set")
+    if tuned is None:
+        return None, why or "none saved yet for this machine, torch and model shape (`train --tune` saves them)"
     if tuned.key != tuned_key(config):
         return None, f"{printable(str(path))} was tuned for another machine or shape"
     unknown = sorted(set(tuned.switches) - set(SWITCHES))

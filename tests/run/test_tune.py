@@ -28,7 +28,7 @@ STEPS = 120
 TUNED = QUIET | {"train.max_steps": STEPS, "speed.tune": True, "speed.tune_budget": "100%"}
 
 
-def _plan(config, monkeypatch=None) -> tune.State:
+def _plan(config) -> tune.State:
     """The tuner's plan for `config` (as its first step boundary makes it), its events kept."""
     said: list = []
     tuner = tune.Tuner(Path(config.out_dir or "."))
@@ -275,9 +275,9 @@ def test_a_tune_state_that_is_not_one_is_said_and_not_used(tmp_path):
 
 def test_the_budget_reads_as_a_share_steps_or_seconds():
     config = resolve("micro", None, CPU | {"train.max_steps": 200})
-    assert tune._budget("20%", config, 0) == (40, None)
-    assert tune._budget("60", config, 0) == (60, None)
-    assert tune._budget("90s", config, 0) == (None, 90.0)
+    assert tune._budget("20%", config) == (40, None)
+    assert tune._budget("60", config) == (60, None)
+    assert tune._budget("90s", config) == (None, 90.0)
 
 
 
