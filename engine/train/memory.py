@@ -474,15 +474,17 @@ def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -
     """Scratch memory of AdamW.step: fused 0; foreach (CUDA default when not fused) one
     fp32 copy of the decayed params (sqrt of exp_avg_sq); single-tensor (CPU) two of the largest.
     Muon (engine/train/muon.py) steps a stack of same-shape matrices at once; the largest is the
-    MLP's, 2L matrices of 4C x C (E elements): at its peak the guard's fp32 where-copy of the
-    gradients, the fp32 Nesterov updates and the stack in the Newton-Schulz dtype are alive
-    together: 10 bytes an element with a bf16 stack, 12 where the device only emulates bf16 and
-    the iteration runs in fp32 (engine.device.newton_schulz_dtype); the iterates come after them."""
+    MLP's, 2L matrices of 4C x C (E elements): the fp32 stack of the gradients (the step's one
+    copy; momentum and Nesterov work in place on it), then its cast and two Newton-Schulz iterates
+    in the iteration's dtype: 6 bytes an element with bf16 (the fp32 stack is freed after its
+    cast), 12 where the device only emulates bf16 and the iteration runs in fp32 on the stack
+    itself (engine.device.newton_schulz_dtype)."""
     muon, extra = config.optim.optimizer == "muon", 0
     if muon:
         from engine import device  # torch: here, not at the top (the form's estimate loads this module first)
 
-        extra = (8 + device.newton_schulz_dtype(target).itemsize) * (2 * s.L * 4 * s.C * s.C)
+        size = device.newton_schulz_dtype(target).itemsize
+        extra = max(4 + size, 3 * size) * (2 * s.L * 4 * s.C * s.C)
     fused = config.optim.fused if config.optim.fused is not None else target == "cuda"
     if fused:
         return extra

@@ -41,17 +41,19 @@ def momentum_at(step: int, o: OptimConfig) -> float:
 
 
 def orthogonalize(G: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
-                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:  # fmt: skip
+                  dtype: torch.dtype = torch.bfloat16, keep: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Newton-Schulz on a stack of same-shape matrices (n, rows, cols) at once, in `dtype` (bf16,
     torch's, where the device does it natively: engine.device.newton_schulz_dtype): per matrix
     exactly torch.optim.Muon's _zeropower_via_newtonschulz (wide orientation, Frobenius
-    normalisation, the quintic a X + (b A + c A^2) X with A = X X^T)."""
+    normalisation, the quintic a X + (b A + c A^2) X with A = X X^T). `keep` (a 0/1 device
+    tensor) 0: the result is exactly 0, folded into the normalisation (a divisor of inf)."""
     a, b, c = coefficients
     X = G.to(dtype)
     tall = G.size(-2) > G.size(-1)
     if tall:
         X = X.mT
-    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    norm = X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    X = X / (norm if keep is None else norm / keep)  # keep 1: torch's division exactly; 0: X / inf = 0
     for _ in range(steps):
         A = X @ X.mT
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)
@@ -77,11 +79,24 @@ def lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     return 1.0
 
 
+def _tall(m: torch.Tensor) -> bool:
+    return m.size(-2) > m.size(-1)
+
+
+def _wide(m: torch.Tensor) -> torch.Tensor:
+    """A matrix as Newton-Schulz takes it, rows <= cols: a tall one's transpose (a view)."""
+    return m.mT if _tall(m) else m
+
+
+def _as(p: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+    """A wide slice of a stack back in `p`'s shape (a view)."""
+    return wide.mT if _tall(p) else wide
+
+
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's algorithm and state, stepped a shape at a time (see the module docstring).
     `step(skip=...)` takes the guard's 0/1 device verdict: where set, weights and momentum stay
-    exactly as they were (the momentum's lerp gets its own buffer, the update is zeroed), with no
-    host read."""
+    exactly as they were (folded into the step, see `_update`), with no host read."""
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True,
@@ -95,6 +110,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.compiled = False  # Newton-Schulz through torch.compile: the run's compile switch, not state
         self.ns_dtype = torch.bfloat16  # its dtype: the device's (engine.device.newton_schulz_dtype), not state
+        self._banks: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # per stack: Muon._bank
         for group in self.param_groups:
             if any(p.ndim != 2 for p in group["params"]):
                 raise ValueError("Muon trains 2-D matrices only")
@@ -111,49 +127,66 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             stacks: dict[tuple[Any, ...], list[torch.Tensor]] = {}
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-                # oriented wide (rows <= cols) as Newton-Schulz works on them: (4C, C) and (C, 4C) share a stack
-                stacks.setdefault((min(p.shape), max(p.shape), p.dtype, p.device), []).append(p)
+                if p.grad is not None:  # oriented wide (rows <= cols) as Newton-Schulz works: (4C, C) and (C, 4C) share one
+                    stacks.setdefault((min(p.shape), max(p.shape), p.dtype, p.device), []).append(p)
             for params in stacks.values():
                 self._update(group, params, bad)
         return loss
 
+    def _bank(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The stack's momentum as one (n, rows, cols) tensor, oriented wide, whose slices ARE the
+        parameters' `momentum_buffer`s (so one lerp moves them all, and the state stays torch's):
+        made at the first step, and again after a load replaced the buffers (its one copy)."""
+        kept = self._banks.get(id(params[0]))
+        bufs = [self.state[p].get("momentum_buffer") for p in params]
+        if kept is not None and len(kept[1]) == len(bufs) and all(a is b for a, b in zip(kept[1], bufs)):
+            return kept[0]
+        bank = torch.stack([_wide(torch.zeros_like(p) if b is None else b) for p, b in zip(params, bufs)])
+        for i, p in enumerate(params):
+            self.state[p]["momentum_buffer"] = _as(p, bank[i])  # a view of the bank
+        self._banks[id(params[0])] = (bank, [self.state[p]["momentum_buffer"] for p in params])
+        return bank
+
     def _update(self, group: dict[str, Any], params: list[torch.Tensor], bad: torch.Tensor | None) -> None:
-        """One stack of matrices of one shape or its transpose: momentum, one Newton-Schulz (the
-        tall ones transposed to wide, as torch's does each), the update at each shape's lr."""
-        grads = [p.grad for p in params]
-        bufs = [self.state[p]["momentum_buffer"] for p in params]
-        if bad is not None:  # a skipped step lerps each buffer to itself: exactly unchanged, whatever the grad
-            grads = [torch.where(bad, b, g) for g, b in zip(grads, bufs)]
+        """One stack of matrices of one shape or its transpose, with one copy (the gradients'
+        stack; and its cast to bf16): momentum and Nesterov in place on it, one Newton-Schulz, the update at each
+        shape's lr straight from its result. A skipped step (`bad`) is folded in, no copy: the
+        stack is zeroed where bad (inf/NaN grads then reach nothing), the momentum's lerp weight
+        is 0 (the bank exactly as it was) and Newton-Schulz's input scale is 0 (a zero update)."""
         momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
-        torch._foreach_lerp_(bufs, grads, 1 - momentum)
-        updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
-        tall = [p.size(0) > p.size(1) for p in params]
-        stack = torch.stack([(u.mT if t else u).to(self.ns_dtype) for u, t in zip(updates, tall)])  # NS's dtype
-        del grads, updates  # freed before the iteration's temporaries are made
-        ortho = self._orthogonalize(stack, group)
-        del stack
-        ortho = ortho.to(params[0].dtype)  # bf16 -> fp32 is exact: torch's add_ promotes the same way
+        bank = self._bank(params)
+        G = torch.stack([_wide(p.grad) for p in params])  # (n, rows, cols): the step's one copy
+        weight: float | torch.Tensor = 1 - momentum
         if bad is not None:
-            ortho.masked_fill_(bad, 0)
+            G.masked_fill_(bad, 0)
+            weight = torch.where(bad, 0.0, weight)  # (): on the device, no host read
+        bank.lerp_(G, weight)
+        U = (G.lerp_(bank, momentum) if group["nesterov"] else bank).to(self.ns_dtype)  # fp32: G itself
+        del G  # freed before the iteration's temporaries are made (bf16)
+        ortho = self._orthogonalize(U, group, None if bad is None else ~bad)  # in the NS dtype
+        del U
         if wd:
             decay = 1 - lr * wd
             torch._foreach_mul_(params, decay if bad is None else torch.where(bad, 1.0, decay).to(params[0].dtype))
-        outs = [o.mT if t else o for o, t in zip(ortho.unbind(0), tall)]
-        for shape in dict.fromkeys(p.shape for p in params):
+        outs = [_as(p, o) for p, o in zip(params, ortho.unbind(0))]
+        for shape in dict.fromkeys(p.shape for p in params):  # bf16 into fp32 adds exactly, as torch's add_ does
             mine = [i for i, p in enumerate(params) if p.shape == shape]
             torch._foreach_add_([params[i] for i in mine], [outs[i] for i in mine],
                                 alpha=-lr * lr_scale(group["adjust_lr_fn"], shape))  # fmt: skip
 
-    def _orthogonalize(self, U: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+    def state_dict(self) -> dict[str, Any]:
+        """torch's, each buffer contiguous as its parameter (a tall one's bank view is a transpose)."""
+        saved = super().state_dict()
+        for state in saved["state"].values():
+            if "momentum_buffer" in state:
+                state["momentum_buffer"] = state["momentum_buffer"].contiguous()
+        return saved
+
+    def _orthogonalize(self, U: torch.Tensor, group: dict[str, Any], keep: torch.Tensor | None) -> torch.Tensor:
         """Newton-Schulz over the stack; under DDP (world > 1) each rank takes every world-th
         slice of it (padded to a multiple of the world) and the results are all-gathered:
         every rank ends with the whole stack, each matrix computed once."""
-        args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+        args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype, keep)
         orthogonalize_ = compiled_orthogonalize() if self.compiled else orthogonalize
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if world == 1:

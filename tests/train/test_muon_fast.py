@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.config import resolve
 from engine.train.muon import COEFFICIENTS, EPS, NS_STEPS, Muon, compiled_orthogonalize, momentum_at
@@ -76,7 +77,7 @@ def test_the_newton_schulz_runs_in_bf16_only_where_the_cpu_does_bf16_natively(mo
     want = torch.bfloat16 if native == "bf16" else torch.float32
     seen: list[torch.dtype] = []
     real = muon_mod.orthogonalize
-    monkeypatch.setattr(muon_mod, "orthogonalize", lambda G, *a: seen.append(a[-1]) or real(G, *a))
+    monkeypatch.setattr(muon_mod, "orthogonalize", lambda G, *a: seen.append(a[3]) or real(G, *a))  # a[3]: dtype
     cfg = resolve("micro", None, {"speed.device": "cpu", "optim.optimizer": "muon", "model.vocab_size": 64})
     model = GPT(cfg.model)
     opt = build.optimizer(model, cfg.optim, torch.device("cpu"))
@@ -88,8 +89,8 @@ def test_the_newton_schulz_runs_in_bf16_only_where_the_cpu_does_bf16_natively(mo
     bf16 = memory._optimizer_transient(cfg, memory._shape(cfg), "cpu", 0)
     force_cpu_native(monkeypatch, "bf16" if native == "none" else "none")
     other = memory._optimizer_transient(cfg, memory._shape(cfg), "cpu", 0)
-    stack = 2 * cfg.model.n_layer * 4 * cfg.model.n_embd**2  # the MLP's stack: 2 bytes more an element in fp32
-    assert other - bf16 == (2 * stack if native == "bf16" else -2 * stack)
+    stack = 2 * cfg.model.n_layer * 4 * cfg.model.n_embd**2  # the MLP's stack: 12 bytes an element in fp32, 6 in bf16
+    assert other - bf16 == (6 * stack if native == "bf16" else -6 * stack)
 
 
 @pytest.mark.slow
@@ -229,3 +230,46 @@ def test_momentum_warmup_with_adamw_warns_it_does_nothing():
     v = preflight.preflight(resolve("micro", overrides=given), explicit=given, dataset=False, memory=False)
     assert [w.problem for w in v.warnings] == ["muon momentum warmup 10 has no effect with the AdamW optimizer "
                                                "(it is Muon's)"]  # fmt: skip
+
+
+class _Ops(TorchDispatchMode):
+    """Every aten op a block of code runs, with what it made: (name, elements, dtype, fresh), fresh
+    = a new tensor (neither a view nor written in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, int, torch.dtype, bool]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        fresh = not func.is_view and not func._schema.name.endswith("_") and not func._schema.is_mutable
+        for o in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(o, torch.Tensor):
+                self.ops.append((str(func), o.numel(), o.dtype, fresh))
+        return out
+
+
+def test_a_muon_step_copies_the_gradients_once_a_stack_and_folds_the_skip_in():
+    """Issue 45 item 5: a step (the guard's skip given, as the trainer always gives it) makes one
+    fp32 tensor the size of a gradient or more per stack, the gradients' stack: no where-copy of
+    each gradient for the skip, no Nesterov copy, no fp32 copy of Newton-Schulz's result (the
+    update adds its bf16 result, as torch's add_ does). The second step: the first makes the
+    momentum bank."""
+    from engine.train import build
+    from engine.train.model import GPT
+
+    cfg = resolve("micro", None, {"speed.device": "cpu", "optim.optimizer": "muon", "model.vocab_size": 64})
+    model = GPT(cfg.model)
+    opt = build.optimizer(model, cfg.optim, torch.device("cpu")).muon
+    opt.ns_dtype = torch.bfloat16  # its temporaries then tell apart from the step's fp32 copies on any CPU
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    opt.step(skip=torch.zeros(()))
+    smallest = min(p.numel() for g in opt.param_groups for p in g["params"])
+    stacks = len({(min(p.shape), max(p.shape)) for g in opt.param_groups for p in g["params"]})
+    seen = _Ops()
+    with seen:
+        opt.step(skip=torch.zeros(()))
+    big = [(name, dtype) for name, n, dtype, fresh in seen.ops if n >= smallest and fresh]
+    assert [name for name, dtype in big if dtype == torch.float32] == ["aten.stack.default"] * stacks
+    assert not [op for op in seen.ops if op[0].startswith("aten.where") and op[1] > 1]
