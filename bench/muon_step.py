@@ -7,8 +7,9 @@ Per preset, one model (its shape; vocab 8192 as the default dataset's), one rand
 five optimizers over copies of the same weights: fused AdamW (the default), unfused AdamW,
 torch.optim.Muon + fused AdamW skipped as the engine did before (its step put back on the
 device where the guard says skip: build.step_unless's copy form), ours (engine/train/muon.py:
-one batched Newton-Schulz per shape, the skip in its update), and ours with the Newton-Schulz
-compiled (as a run with --compile has it; its compile happens in the untimed warm-up step).
+one batched Newton-Schulz per shape, the skip in its update), and ours compiled (its momentum
+stack and Newton-Schulz, as a run with --compile has it; the compile happens in the untimed
+warm-up step).
 Each is timed two ways: the training step as the trainer runs it (zero_grad, forward, backward,
 clip, the guard's verdict, build.step_unless) and the optimizer step alone (build.step_unless).
 Rounds are paired: every round times every optimizer, the order rotating round to round, so a
@@ -45,7 +46,7 @@ def _optimizer(kind: str, model: torch.nn.Module, preset_optim: object, device: 
         params = [p for g in opt.muon.param_groups for p in g["params"]]
         opt.muon = torch.optim.Muon(params, lr=o.muon_lr, weight_decay=0.0, momentum=o.muon_momentum,
                                     nesterov=True, adjust_lr_fn=None)  # fmt: skip
-    if kind == "our muon compiled":  # its Newton-Schulz through torch.compile, as a run with --compile
+    if kind == "our muon compiled":  # its momentum stack and Newton-Schulz compiled, as a run with --compile
         opt.muon.compiled = True  # type: ignore[attr-defined]
     return opt
 

@@ -100,7 +100,7 @@ def finish(p: Parts, config: RunConfig, run_dir: Path) -> None:
         loaded, p.artifacts_note = compiling.load_artifacts(run_dir, p.device_label)
         p.warmup = compiling.Warmup(cfg.speed.compile_scope, loaded)
         p.forward = compiling.compile_forward(p.model, cfg.speed.compile_scope, mode)
-    if isinstance(p.optimizer, MuonAdamW):  # its Newton-Schulz compiled where the model is (a toggle too)
+    if isinstance(p.optimizer, MuonAdamW):  # its step compiled where the model is (a toggle too)
         p.optimizer.muon.compiled = cfg.speed.compile
     if p.parallel == "ddp":
         p.forward = distributed.replicate(p.forward, p.device)

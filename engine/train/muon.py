@@ -1,9 +1,11 @@
 """gpt2-tui's Muon: torch.optim.Muon's update (Nesterov momentum, then the momentum orthogonalized
 by Newton-Schulz), computed so that a step costs little: the matrices of one shape are stacked
 and orthogonalized by ONE batched Newton-Schulz (a 12-layer model's 48 matrices are 4 batched
-iterations, not 48), the guard's skip verdict is honoured on the device with no copies, and under
-DDP each rank orthogonalizes its share of each stack and all-gathers the rest; where the run
-compiles (speed.compile) the Newton-Schulz is compiled too (build.finish sets `compiled`). Per
+iterations, not 48); the gradients are copied once a step (their stack: momentum, Nesterov and
+the guard's skip verdict work in place on it, on the device; the momentum buffers are slices of
+one bank a stack), and under DDP each rank orthogonalizes its share of each stack and
+all-gathers the rest; where the run compiles (speed.compile) the momentum stack and the
+Newton-Schulz are compiled too (build.finish sets `compiled`), the first one fused pass. Per
 matrix the numbers are torch's (the same coefficients, eps, lr scaling and weight decay; the
 iteration in bf16 where the device does bf16 natively, in fp32 where it would only emulate it:
 tests/train/test_muon_fast.py checks a step against torch.optim.Muon), and the state is torch's
@@ -40,6 +42,20 @@ def momentum_at(step: int, o: OptimConfig) -> float:
     return (1 - frac) * WARMUP_MOMENTUM + frac * o.muon_momentum
 
 
+def _tall(m: torch.Tensor) -> bool:
+    return m.size(-2) > m.size(-1)
+
+
+def _wide(m: torch.Tensor) -> torch.Tensor:
+    """A matrix as Newton-Schulz takes it, rows <= cols: a tall one's transpose (a view)."""
+    return m.mT if _tall(m) else m
+
+
+def _as(p: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+    """A wide slice of a stack back in `p`'s shape (a view)."""
+    return wide.mT if _tall(p) else wide
+
+
 def orthogonalize(G: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype = torch.bfloat16, keep: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Newton-Schulz on a stack of same-shape matrices (n, rows, cols) at once, in `dtype` (bf16,
@@ -49,7 +65,7 @@ def orthogonalize(G: torch.Tensor, coefficients: tuple[float, float, float], ste
     tensor) 0: the result is exactly 0, folded into the normalisation (a divisor of inf)."""
     a, b, c = coefficients
     X = G.to(dtype)
-    tall = G.size(-2) > G.size(-1)
+    tall = _tall(G)
     if tall:
         X = X.mT
     norm = X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
@@ -59,6 +75,30 @@ def orthogonalize(G: torch.Tensor, coefficients: tuple[float, float, float], ste
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)
         X = torch.baddbmm(X, B, X, beta=a)
     return X.mT if tall else X
+
+
+def momentum_stack(grads: list[torch.Tensor], bank: torch.Tensor, momentum: float,
+                   weight: float | torch.Tensor, nesterov: bool, dtype: torch.dtype,
+                   bad: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """A stack's work before Newton-Schulz: the gradients stacked wide (n, rows, cols), the
+    momentum `bank` lerped toward them in place by `weight` (1 - momentum), the Nesterov update
+    made in place on the stack, cast to the iteration's dtype. `bad` set: the stack is zeroed
+    (an inf or NaN gradient then reaches nothing) and the weight is 0, so the bank stays exactly
+    as it was. Eager: one copy (the stack) and in-place passes; compiled: one fused pass."""
+    G = torch.stack([_wide(g) for g in grads])  # the step's one copy
+    if bad is not None:
+        G.masked_fill_(bad, 0)
+        weight = torch.where(bad, 0.0, weight)  # (): on the device, no host read
+    bank.lerp_(G, weight)
+    U = G.lerp_(bank, momentum) if nesterov else bank
+    return U.to(dtype)  # fp32: the stack itself
+
+
+@functools.cache
+def compiled_momentum_stack() -> Callable[..., torch.Tensor]:
+    """`momentum_stack` under torch.compile, made once a process: one graph per stack shape (the
+    momentum is a float Dynamo does not specialize on: the warm-up's ramp never recompiles)."""
+    return torch.compile(momentum_stack, dynamic=False)
 
 
 @functools.cache
@@ -77,20 +117,6 @@ def lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     if adjust_lr_fn == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
     return 1.0
-
-
-def _tall(m: torch.Tensor) -> bool:
-    return m.size(-2) > m.size(-1)
-
-
-def _wide(m: torch.Tensor) -> torch.Tensor:
-    """A matrix as Newton-Schulz takes it, rows <= cols: a tall one's transpose (a view)."""
-    return m.mT if _tall(m) else m
-
-
-def _as(p: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
-    """A wide slice of a stack back in `p`'s shape (a view)."""
-    return wide.mT if _tall(p) else wide
 
 
 class Muon(torch.optim.Optimizer):
@@ -148,21 +174,15 @@ class Muon(torch.optim.Optimizer):
         return bank
 
     def _update(self, group: dict[str, Any], params: list[torch.Tensor], bad: torch.Tensor | None) -> None:
-        """One stack of matrices of one shape or its transpose, with one copy (the gradients'
-        stack; and its cast to bf16): momentum and Nesterov in place on it, one Newton-Schulz, the update at each
-        shape's lr straight from its result. A skipped step (`bad`) is folded in, no copy: the
-        stack is zeroed where bad (inf/NaN grads then reach nothing), the momentum's lerp weight
-        is 0 (the bank exactly as it was) and Newton-Schulz's input scale is 0 (a zero update)."""
+        """One stack of matrices of one shape or its transpose: momentum and Nesterov on the
+        gradients' stack (`momentum_stack`), one Newton-Schulz, the update at each shape's lr
+        straight from its result (no fp32 copy of it). A skipped step (`bad`) is folded in with
+        no copy: the momentum as it was (`momentum_stack`), Newton-Schulz's input scaled by 0."""
         momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
         bank = self._bank(params)
-        G = torch.stack([_wide(p.grad) for p in params])  # (n, rows, cols): the step's one copy
-        weight: float | torch.Tensor = 1 - momentum
-        if bad is not None:
-            G.masked_fill_(bad, 0)
-            weight = torch.where(bad, 0.0, weight)  # (): on the device, no host read
-        bank.lerp_(G, weight)
-        U = (G.lerp_(bank, momentum) if group["nesterov"] else bank).to(self.ns_dtype)  # fp32: G itself
-        del G  # freed before the iteration's temporaries are made (bf16)
+        momentum_stack_ = compiled_momentum_stack() if self.compiled else momentum_stack
+        U = momentum_stack_([p.grad for p in params], bank, momentum, 1 - momentum, group["nesterov"],
+                            self.ns_dtype, bad)  # fmt: skip
         ortho = self._orthogonalize(U, group, None if bad is None else ~bad)  # in the NS dtype
         del U
         if wd:

@@ -122,6 +122,11 @@ def test_where_the_run_compiles_the_newton_schulz_runs_compiled_and_steps_as_eag
     assert 0.6 < singular.min() and singular.max() < 1.2  # orthogonalized: the quintic's band, ~0.68-1.13
     _stepped(opt_skipped, skipped, 2, skip=torch.ones(()))
     assert all(torch.equal(a, b) for a, b in zip(_params(), skipped))  # a skipped step changes nothing
+    for i, momentum in enumerate((0.85, 0.9, 0.93, 0.95)):  # the warm-up's ramp: a new momentum each step
+        opt_compiled.param_groups[0]["momentum"] = momentum
+        _stepped(opt_compiled, compiled, 1, skip=torch.zeros(()))
+        graphs = counters["stats"]["unique_graphs"] if i == 0 else graphs
+    assert counters["stats"]["unique_graphs"] == graphs  # ... and no new graph
 
 
 def test_a_step_with_an_inf_grad_leaves_weights_and_momentum_as_they_were(tiny_dataset):
