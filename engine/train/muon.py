@@ -196,10 +196,9 @@ class Muon(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """torch's, each buffer contiguous as its parameter (a tall one's bank view is a transpose)."""
-        saved = super().state_dict()
-        for state in saved["state"].values():
-            if "momentum_buffer" in state:
-                state["momentum_buffer"] = state["momentum_buffer"].contiguous()
+        saved = super().state_dict()  # its per-parameter dicts are ours (self.state's): new ones, not edits
+        saved["state"] = {i: {k: v.contiguous() if k == "momentum_buffer" else v for k, v in state.items()}
+                          for i, state in saved["state"].items()}  # fmt: skip
         return saved
 
     def _orthogonalize(self, U: torch.Tensor, group: dict[str, Any], keep: torch.Tensor | None) -> torch.Tensor:

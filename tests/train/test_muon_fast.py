@@ -58,7 +58,10 @@ def test_three_steps_equal_torch_muon(settings):
     for a, b in zip(theirs, ours):
         torch.testing.assert_close(opt.state[b]["momentum_buffer"], ref.state[a]["momentum_buffer"], atol=1e-5, rtol=0)
     assert not all(torch.equal(a, b) for a, b in zip(_params(), ours))  # it trained
+    buffers = [opt.state[q]["momentum_buffer"] for q in ours]
     saved = opt.state_dict()  # torch's layout: one momentum_buffer per parameter, torch's group keys
+    assert all(opt.state[q]["momentum_buffer"] is b for q, b in zip(ours, buffers))  # saving left the bank as it was
+    assert all(b.is_contiguous() for b in (s["momentum_buffer"] for s in saved["state"].values()))
     assert set(saved["param_groups"][0]) == set(ref.state_dict()["param_groups"][0])
     assert all(set(s) == {"momentum_buffer"} for s in saved["state"].values()) and len(saved["state"]) == len(SHAPES)
 
