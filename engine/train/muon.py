@@ -134,7 +134,7 @@ class Muon(torch.optim.Optimizer):
                     "ns_coefficients": ns_coefficients, "eps": eps, "ns_steps": ns_steps,
                     "adjust_lr_fn": adjust_lr_fn}  # fmt: skip
         super().__init__(params, defaults)
-        self.compiled = False  # Newton-Schulz through torch.compile: the run's compile switch, not state
+        self.compiled = False  # its step through torch.compile: the run's compile switch, not state
         self.ns_dtype = torch.bfloat16  # its dtype: the device's (engine.device.newton_schulz_dtype), not state
         self._banks: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # per stack: Muon._bank
         for group in self.param_groups:
@@ -152,8 +152,8 @@ class Muon(torch.optim.Optimizer):
         bad = None if skip is None else skip > 0
         for group in self.param_groups:
             stacks: dict[tuple[Any, ...], list[torch.Tensor]] = {}
-            for p in group["params"]:
-                if p.grad is not None:  # oriented wide (rows <= cols) as Newton-Schulz works: (4C, C) and (C, 4C) share one
+            for p in group["params"]:  # by the wide shape (rows <= cols): (4C, C) and (C, 4C) share a stack
+                if p.grad is not None:
                     stacks.setdefault((min(p.shape), max(p.shape), p.dtype, p.device), []).append(p)
             for params in stacks.values():
                 self._update(group, params, bad)
