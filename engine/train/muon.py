@@ -77,15 +77,15 @@ def orthogonalize(G: torch.Tensor, coefficients: tuple[float, float, float], ste
     return X.mT if tall else X
 
 
-def momentum_stack(grads: list[torch.Tensor], bank: torch.Tensor, momentum: float,
-                   weight: float | torch.Tensor, nesterov: bool, dtype: torch.dtype,
-                   bad: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def momentum_stack(grads: list[torch.Tensor], bank: torch.Tensor, momentum: float, nesterov: bool,
+                   dtype: torch.dtype, bad: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
     """A stack's work before Newton-Schulz: the gradients stacked wide (n, rows, cols), the
-    momentum `bank` lerped toward them in place by `weight` (1 - momentum), the Nesterov update
+    momentum `bank` lerped toward them in place by 1 - momentum, the Nesterov update
     made in place on the stack, cast to the iteration's dtype. `bad` set: the stack is zeroed
     (an inf or NaN gradient then reaches nothing) and the weight is 0, so the bank stays exactly
     as it was. Eager: one copy (the stack) and in-place passes; compiled: one fused pass."""
     G = torch.stack([_wide(g) for g in grads])  # the step's one copy
+    weight: float | torch.Tensor = 1 - momentum
     if bad is not None:
         G.masked_fill_(bad, 0)
         weight = torch.where(bad, 0.0, weight)  # (): on the device, no host read
@@ -181,8 +181,7 @@ class Muon(torch.optim.Optimizer):
         momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
         bank = self._bank(params)
         momentum_stack_ = compiled_momentum_stack() if self.compiled else momentum_stack
-        U = momentum_stack_([p.grad for p in params], bank, momentum, 1 - momentum, group["nesterov"],
-                            self.ns_dtype, bad)  # fmt: skip
+        U = momentum_stack_([p.grad for p in params], bank, momentum, group["nesterov"], self.ns_dtype, bad)
         ortho = self._orthogonalize(U, group, None if bad is None else ~bad)  # in the NS dtype
         del U
         if wd:
