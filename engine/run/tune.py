@@ -88,6 +88,7 @@ class State(BaseModel):
     budget_steps: ev.Count | None = None
     budget_s: ev.Measure | None = None
     spent_s: ev.Measure = 0.0  # wall seconds spent tuning before this process (a resume adds to it)
+    waited_steps: ev.Count = 0  # boundaries a trial's toggle took to reach every rank: not the step budget's
     done: bool = False
     ending: Text = ""
 
@@ -239,7 +240,10 @@ class Tuner:
             self._plan(config, step, emit)
             self.times, self.readings = [], []
         s = self.state
-        if s.done or self.asked is not None:
+        if s.done:
+            return
+        if self.asked is not None:  # under torchrun the ranks agree on it every ~0.2 s (distributed.agree)
+            s.waited_steps += 1
             return
         trial = s.trials[s.current]
         if trial.status == "skipped":  # it ended the run before (Tuner.failed): the resume moves on
@@ -311,7 +315,7 @@ class Tuner:
         left = config.train.max_steps - step
         if left <= MIN_REPORTS * config.train.log_interval:
             return f"the run has {left} steps left, too few for another trial"
-        if s.budget_steps is not None and step - s.began_step >= s.budget_steps:
+        if s.budget_steps is not None and step - s.began_step - s.waited_steps >= s.budget_steps:
             return f"the budget was spent ({s.budget_steps} steps, {s.budget})"
         if s.budget_s is not None and self.spent() >= s.budget_s:
             return f"the budget was spent ({duration_text(s.budget_s)})"

@@ -194,11 +194,12 @@ def test_a_tune_asked_of_a_live_run_and_killed_mid_tune_resumes_mid_tune(tmp_pat
 
 @pytest.mark.slow
 def test_under_torchrun_both_ranks_follow_the_same_trials(tmp_path, tiny_dataset):
+    """120 steps: the ranks agree on each trial's toggle about every 0.2 s, tens of micro's steps."""
     from harness import cli_process
 
     run = tmp_path / "run"
     proc = cli_process("train", "--preset", "micro", "--device", "cpu", "--precision", "fp32", "--data", tiny_dataset,
-                       "--out", run, "--nproc", "2", "--max-steps", "60", "--tune", "--tune-budget", "40",
+                       "--out", run, "--nproc", "2", "--max-steps", "120", "--tune", "--tune-budget", "40",
                        "--eval-interval", "100", "--ckpt-interval", "100", "--sample-tokens", "0",
                        env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=420)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -206,7 +207,7 @@ def test_under_torchrun_both_ranks_follow_the_same_trials(tmp_path, tiny_dataset
     assert all(e.world_size == 2 for e in events if e.event == "run_started")
     assert len([e for e in events if e.event == "segment"]) >= 3  # the start and at least two trials
     steps = [e for e in events if e.event == "step"]
-    assert [e.step for e in steps] == list(range(1, 61))
+    assert [e.step for e in steps] == list(range(1, 121))
     assert all(len(e.rank_step_times or []) == 2 for e in steps)  # both ranks stepped every step of every trial
     assert len(_trials(events, "measured", "contended")) >= 2
     assert [e.event for e in events].count("tune_done") == 1
@@ -311,3 +312,37 @@ def test_a_trial_that_runs_out_of_memory_is_not_tried_again_on_resume(tmp_path, 
     assert [e.reason for e in events if e.event == "tune_trial" and e.label == split.label and e.status == "skipped"]
     (done,) = [e for e in events if e.event == "tune_done"]
     assert done.switches["train.grad_accum"] == 1 and any(s.startswith(split.label) for s in done.skipped)
+
+
+def test_the_steps_a_trials_toggle_waits_to_reach_every_rank_are_not_the_budgets(tiny_dataset, tmp_path):
+    """Under torchrun the ranks agree on requests about every 0.2 s (distributed.agree): at a few
+    ms a step a trial's toggle waits tens of boundaries before it applies, training the old
+    switches. Those boundaries are not tuning: a 16-step budget still measures the trial that
+    waited 23 (CI saw a torchrun tune whose second trial was cut by its budget this way)."""
+    from engine import events as ev
+    from engine.run import toggle
+
+    config, _ = open_data(micro_config(tiny_dataset, **{"speed.tune_budget": "16", "train.max_steps": 200,
+                                                        "train.log_interval": 1}))  # fmt: skip
+    tuner, said, control = tune.Tuner(tmp_path), [], Control()
+
+    def steps(first: int, last: int) -> None:
+        for i in range(first, last + 1):
+            tuner.emit(ev.Step(step=i, loss=3.0, lr=1e-3, grad_norm=1.0, step_time_s=0.01, tokens_per_s=1e4, mfu=None,
+                               mem_bytes=None, tokens=i * 64))  # fmt: skip
+
+    tuner.at_boundary(0, config, control, said.append)  # the plan; the start is trial 0
+    steps(1, 7)
+    tuner.at_boundary(7, config, control, said.append)  # the start measured: trial 1's toggle asked
+    (asked,) = control.take()
+    for boundary in range(8, 31):  # the toggle on its way to every rank: the old switches train on
+        steps(boundary, boundary)
+        tuner.at_boundary(boundary, config, control, said.append)
+    trial = tuner.state.trials[1]
+    now = toggle.check(config, asked.switches)
+    tuner.emit(ev.Segment(step=30, switches=switches(now), changed={}, reason="toggle"))
+    for boundary in range(31, 38):
+        steps(boundary, boundary)
+        tuner.at_boundary(boundary, now, control, said.append)
+    assert trial.status == "measured", trial.reason
+    assert trial.settled_step_time_s == pytest.approx(0.01)
