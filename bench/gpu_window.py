@@ -7,7 +7,8 @@ rows and marks the rest "not reached", and the next item runs:
 
     env       the doctor's checks, no compile and no runs (once per box: the day's entry is reused)
     headline  gpt2 T1024 B16 bf16, compile, flash, fused AdamW: ms/step, tok/s, MFU, memory vs the estimator;
-              then the speedrun preset's recipe at the same shape (Muon, its tricks, the device's loss)
+              then the speedrun preset's recipe at the same shape (Muon, its tricks, the device's loss),
+              then that recipe with a 256-token sliding window (FlexAttention, compiled)
     matrix    the switch matrix on this GPU (tests/train/test_switch_matrix.py), the riskiest first:
               max-autotune, then CUDA graphs, then the other compiled cases, then the eager ones
     ladder    the rungs that matter on a GPU: baseline, AMP, compile, flash attention, fused (+ pinned, prefetch)
@@ -35,15 +36,18 @@ CAP = 64 * 1024 * 1024  # what an item's JSON may reach (the ladder keeps every 
 
 BUDGET_S: dict[str, int] = {"env": 35, "headline": 180, "matrix": 70, "ladder": 75, "best": 65, "overhead": 35}
 # The headline's runs, each in its own directory: GPT-2 with every speed switch, then the speedrun's recipe at
-# the same shape (Muon, the window-free tricks, the device's loss: what the recipe costs a step on this GPU).
-HEADLINES: tuple[tuple[str, list[str]], ...] = (("headline", []), ("headline-speedrun", ["--recipe"]))
+# the same shape (Muon, the window-free tricks, the device's loss: what the recipe costs a step on this GPU),
+# then that recipe with a 256-token window (FlexAttention's first training run; last: the budget may cut it).
+HEADLINES: tuple[tuple[str, list[str]], ...] = (("headline", []), ("headline-speedrun", ["--recipe"]),
+                                                ("headline-window", ["--recipe", "--window", "256"]))
 ITEMS: tuple[str, ...] = tuple(BUDGET_S)
 DRY_BUDGET_S = 120  # each item on a CPU dry run: the plumbing, not a timing (a loaded 2-core box is slow)
 DRY_VOCAB = 8192  # the embedded stdlib corpus's BPE vocab
 WINDOW_S = 480  # the whole profile, cold on an H100: the item budgets plus the parent's start-up
 TITLES = {
     "env": "environment (the doctor's checks, no compile)",
-    "headline": "gpt2 T1024 B16 bf16, compile, flash, fused AdamW, padded vocab; the speedrun's recipe at that shape",
+    "headline": ("gpt2 T1024 B16 bf16, compile, flash, fused AdamW, padded vocab; the speedrun's recipe at that shape, "
+                 "and with a window"),
     "matrix": "compiled CUDA switch combinations, max-autotune first, then the eager ones as time allows",
     "ladder": "the rungs AMP -> compile -> flash attention -> fused, over the fp32 eager baseline",
     "best": "best of micro-batch 16/32 x compile default / max-autotune-no-cudagraphs",

@@ -3,6 +3,7 @@
     python -m bench.headline --out DIR                  gpt2 T1024 B16 bf16, compile, flash, fused AdamW (CUDA)
     python -m bench.headline --dry-run --out DIR        the same plumbing on CPU: micro, fp32, eager, 2 steps
     python -m bench.headline --recipe --out DIR         the speedrun preset's recipe at gpt2's shape
+    python -m bench.headline --recipe --window 256 ...   the same with a sliding window (FlexAttention on CUDA)
 
 Trains with the real Trainer (bench.common.time_config) and writes DIR/headline.json: ms/step
 (median of the timed steps), tok/s, MFU, and torch.cuda.max_memory_allocated and
@@ -59,10 +60,12 @@ GPT2_SHAPE = {"model.n_layer": 12, "model.n_head": 12, "model.n_embd": 768, "mod
 
 
 def overrides(dry_run: bool, batch: int, block: int, steps: int, warmup: int, data: str | None,
-              vocab: int | None, recipe: bool = False) -> tuple[str, dict[str, Any]]:  # fmt: skip
+              vocab: int | None, recipe: bool = False,
+              window: int | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
     """(the preset, its overrides): gpt2 with every speed switch on; on CPU micro, eager and fp32.
     `recipe`: the speedrun preset (its tricks, Muon, its device-chosen loss) at gpt2's shape; on
-    CPU at its own small shape."""
+    CPU at its own small shape. `window`: a sliding window of that many tokens (on a dry run a
+    quarter of the block: the window must be shorter than the sequence to be one)."""
     total = steps + warmup
     over: dict[str, Any] = {
         "speed.device": "cpu" if dry_run else "cuda", "speed.precision": "fp32" if dry_run else "bf16",
@@ -74,6 +77,8 @@ def overrides(dry_run: bool, batch: int, block: int, steps: int, warmup: int, da
     }  # fmt: skip
     if data:
         over["data.path"] = data
+    if window:
+        over["model.attn_window"] = max(1, block // 4) if dry_run else window
     if recipe:
         return "speedrun", over | ({} if dry_run else GPT2_SHAPE)
     return ("micro" if dry_run else "gpt2"), over
@@ -91,7 +96,8 @@ def measure(preset: str, over: dict[str, Any], warmup: int) -> Headline:
     c = config
     switches = [c.speed.precision, *(["compile"] if c.speed.compile else []), c.model.attention,
                 *(["muon"] if c.optim.optimizer == "muon" else ["fused AdamW"] if c.optim.fused else []),
-                *([f"{c.model.loss} loss"] if c.model.loss != "plain" else [])]  # fmt: skip
+                *([f"{c.model.loss} loss"] if c.model.loss != "plain" else []),
+                *([f"window {c.model.attn_window}"] if c.model.attn_window else [])]  # fmt: skip
     shape = f" L{c.model.n_layer} C{c.model.n_embd}" if preset == "speedrun" else ""
     h = Headline(config=f"{preset}{shape} T{c.seq_len} B{c.train.batch_size} {' '.join(switches)}",
                  steps=c.train.max_steps - warmup, warmup=warmup)  # fmt: skip
@@ -131,7 +137,8 @@ def line(h: Headline) -> str:
             return f"n/a here (estimated {human(est)})"
         return f"{human(real)} (estimated {human(est)}, {(est or 0) / real - 1:+.1%})" if real else "0"
 
-    return (f"{h.config}: {1000 * h.median_step_s:.1f} ms/step, {h.tokens_per_s:,.0f} tok/s, MFU {mfu}; "
+    kernel = f"attention {h.attention}; " if h.attention else ""  # what ran: flex, cuDNN, ...
+    return (f"{h.config}: {1000 * h.median_step_s:.1f} ms/step, {h.tokens_per_s:,.0f} tok/s, MFU {mfu}; {kernel}"
             f"peak max_memory_allocated {vs(h.max_allocated_bytes, h.estimated_allocated_bytes)}, "
             f"max_memory_reserved {vs(h.max_reserved_bytes, h.estimated_reserved_bytes)}")  # fmt: skip
 
@@ -147,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="dataset directory (default: the stdlib corpus)")
     p.add_argument("--vocab-size", type=int, help="model vocab (default 50257, GPT-2's)")
     p.add_argument("--recipe", action="store_true", help="the speedrun preset's recipe at gpt2's shape")
+    p.add_argument("--window", type=int, help="a sliding window of this many tokens (model.attn_window)")
     args = p.parse_args(argv)
     preset, over = overrides(args.dry_run, args.batch_size, args.block_size, args.steps, args.warmup, args.data,
-                             args.vocab_size, args.recipe)  # fmt: skip
+                             args.vocab_size, args.recipe, args.window)  # fmt: skip
     from engine import files
 
     files.make_dir(args.out)

@@ -12,6 +12,14 @@ there is one fused kernel: nothing to pick. The pick is part of the compile cach
 
 `kernel_name` asks SDPA itself which kernel it would take for the model's shape, so what
 the screen names is what ran, not what was asked for.
+
+The sliding window (model.attn_window) is a band mask. SDPA computes the whole T x T for it (a
+dense masked kernel: the window saves nothing, and flash cannot run it), while FlexAttention with
+a block mask skips the blocks wholly outside the band. Flex runs where it is the faster and can
+train (`flex_reason`): on CUDA, in compiled code (uncompiled, flex is an unfused fallback slower
+than SDPA), without dropout (flex has none); its block mask is built once per (T, window) here
+(`block_mask`). Elsewhere, and in every eager call of the same model (samples), the band runs
+through SDPA, so both give the same attention (tests/train/test_flex_window.py).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import torch.nn.functional as F
 from torch.backends.cuda import (SDPAParams, can_use_cudnn_attention, can_use_efficient_attention,
                                  can_use_flash_attention)  # fmt: skip
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 CANDIDATES: dict[str, SDPBackend] = {  # the fused kernels worth timing on CUDA, by the name shown
     "cuDNN": SDPBackend.CUDNN_ATTENTION,
@@ -90,6 +99,39 @@ def band(T: int, window: int | None, device: torch.device) -> torch.Tensor | Non
     i = torch.arange(T, device=device)
     back = i[:, None] - i[None, :]  # (T, T): how far key j is behind query i
     return (back >= 0) & (back <= window)
+
+
+FLEX = "flex"  # the window's kernel where FlexAttention runs it, as run_started names it
+
+
+def flex_reason(device_type: str, compiled: bool, window: int | None, seq: int, dropout: float) -> str | None:
+    """Why the window's band does not run through FlexAttention (None: it does). Flex trains
+    only on CUDA (torch has no flex backward on CPU), is fast only compiled (eager flex is an
+    unfused fallback that writes the T x T scores), and has no dropout."""
+    if window is None or window >= seq - 1:
+        return "no window shorter than the sequence"
+    if device_type != "cuda":
+        return "FlexAttention trains on CUDA only"
+    if not compiled:
+        return "FlexAttention is fast only compiled"
+    if dropout > 0:
+        return "FlexAttention has no dropout"
+    return None
+
+
+_block_masks: dict[tuple[int, int, str], BlockMask] = {}
+
+
+def block_mask(seq: int, window: int, device: torch.device) -> BlockMask:
+    """The window's band as FlexAttention's block mask (causal, at most `window` back: `band`'s
+    rule), built once per sequence length, window and device in a process."""
+    key = (seq, window, str(device))
+    if key not in _block_masks:
+        def within(b: Any, h: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            return (q >= k) & (q - k <= window)
+
+        _block_masks[key] = create_block_mask(within, None, None, seq, seq, device=device)
+    return _block_masks[key]
 
 
 @dataclass(frozen=True)

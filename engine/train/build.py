@@ -84,7 +84,12 @@ def finish(p: Parts, config: RunConfig, run_dir: Path) -> None:
     picked first: the compile caches key on it (attention.cache_tag)."""
     cfg = config
     p.forward = p.model
-    if cfg.model.attention == "flash":  # on CUDA the fastest kernel measured leads SDPA's priority
+    flex = cfg.model.attention == "flash" and attention.flex_reason(
+        p.device.type, cfg.speed.compile, cfg.model.attn_window, cfg.seq_len, cfg.model.dropout) is None
+    p.model.use_flex(attention.block_mask(cfg.seq_len, cfg.model.attn_window, p.device) if flex else None)
+    if flex:  # every layer's window runs through FlexAttention: no SDPA kernel to time
+        p.sdpa, p.attention_ms, p.attention = None, {}, attention.FLEX
+    elif cfg.model.attention == "flash":  # on CUDA the fastest kernel measured leads SDPA's priority
         dtype = devices.autocast_dtype(p.precision) or torch.float32
         shape = attention.shape_of(cfg.train.batch_size, cfg.model.n_head, cfg.seq_len, cfg.model.n_embd, dtype,
                                    p.device, cfg.model)  # the model's own call: its window, its layout  # fmt: skip

@@ -49,15 +49,17 @@ KEY = "compile-artifacts.key"  # in the gpt2-tui cache (engine.files.cache_root)
 Scope = Literal["model", "blocks"]
 
 
-def compile_forward(model: torch.nn.Module, scope: Scope, mode: str | None) -> torch.nn.Module:
+def compile_forward(model: torch.nn.Module, scope: Scope, mode: str | None,
+                    backend: str = "inductor") -> torch.nn.Module:  # fmt: skip
     """What the trainer calls forward: the model compiled whole, or the model with each of its
-    blocks compiled in place (the same module: its state_dict names do not change)."""
+    blocks compiled in place (the same module: its state_dict names do not change). `backend`:
+    Inductor; tests trace with another (aot_eager: Dynamo and AOTAutograd, no code generated)."""
     if scope == "blocks":
         for block in model.transformer.h:  # type: ignore[union-attr]
-            block.compile(mode=mode)
-        model.loss_head = torch.compile(model.loss_head, mode=mode)  # an attribute, not a module: no state
+            block.compile(mode=mode, backend=backend)
+        model.loss_head = torch.compile(model.loss_head, mode=mode, backend=backend)  # an attribute: no state
         return model
-    return torch.compile(model, mode=mode)
+    return torch.compile(model, mode=mode, backend=backend)
 
 
 def reset() -> None:

@@ -21,7 +21,8 @@ Recipe switches (all off = GPT-2, bit-identical; tests/train/test_recipe_model.p
 - `value_residual`: every layer after the first mixes its v with the first layer's,
   v = l * v + (1 - l) * v1, l learned per layer (init 0.5);
 - `attn_window = w`: each token sees itself and at most w tokens before it (a banded mask:
-  SDPA with an explicit boolean mask, the manual path's mask banded too);
+  SDPA with an explicit boolean mask, the manual path's mask banded too; in compiled code on
+  CUDA FlexAttention's block mask, which skips the blocks outside the band: GPT.use_flex);
 - `fp8_head`: not built (engine/switch_matrix.py refuses it everywhere, with the reason).
 
 Padded ids: the training loss runs on the padded logits as they come (no slice, no copy).
@@ -40,6 +41,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from engine.config import ModelConfig
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
 from engine.train.attention import band
 from engine.train.losses import chunked_linear_cross_entropy, cross_entropy
 
@@ -71,7 +74,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.ve_gate = scalar(0.5) if layer in cfg.value_embed_layers else None  # value embeddings' weight in v
         self.v_mix = scalar(0.5) if layer in cfg.value_residual_layers else None  # value residual's lambda
-
+        self.block_mask: BlockMask | None = None  # the window's, for FlexAttention (GPT.use_flex)
 
     def forward(
         self, x: torch.Tensor, rope: Rope | None = None, ve: torch.Tensor | None = None, v1: torch.Tensor | None = None
@@ -90,9 +93,15 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)).type_as(v), F.rms_norm(k, (k.size(-1),)).type_as(v)
         if rope is not None:
             q, k = rotary(q, rope), rotary(k, rope)
+        flex = self.block_mask
+        flex = flex if flex is not None and torch.compiler.is_compiling() and flex.seq_lengths == (T, T) else None
+        if flex is not None and not q.stride() == k.stride() == v.stride():  # one layout for flex (GPT.use_flex)
+            q, k, v = (t.contiguous() for t in (q, k, v))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         mask = band(T, self.window, x.device)  # the sliding window's; None: plain causal
-        if self.flash:
+        if flex is not None:
+            y = flex_attention(q, k, v, block_mask=flex)  # the band's blocks only; eager calls take SDPA's
+        elif self.flash:
             p = self.dropout if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None)
         else:  # the unoptimized path: a full T x T score matrix
@@ -174,6 +183,17 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         """Unique parameters: the tied embedding counts once."""
         return sum(p.numel() for p in self.parameters())
+
+    def use_flex(self, mask: BlockMask | None) -> None:
+        """The window's block mask every layer's attention runs through FlexAttention where the
+        code is compiled (None: SDPA's dense band everywhere); engine/train/attention.py says
+        where flex runs. Flex gets q, k and v in one layout (all views of c_attn's output, or all
+        tensors of their own: the odd ones copied): torch 2.13's compiled flex on CPU answers
+        wrong for own q, k with a view v and fails to build for a view q with own k, v (measured
+        with the 2-layer model of tests/train/test_flex_window.py), flex's kernels have had silent stride bugs before
+        (pytorch#146377), and one layout is what modded-nanogpt and torchtitan pass it."""
+        for block in self.transformer.h:
+            block.attn.block_mask = mask
 
     def rope(self, T: int, device: torch.device) -> Rope | None:
         """Rotary's cos and sin (T, 1, D/2) at base 10000, or None with learned positions."""

@@ -57,7 +57,10 @@ def test_the_short_window_profile_runs_end_to_end_on_cpu(tmp_path, tiny_dataset,
     assert "a dense masked kernel still computes all T" in md  # the window's FLOPs said both ways (issue 45 item 9)
     speedrun = report["parts"]["headline"]["rows"][1]  # the recipe's row at the same shape (issue 45 item 8)
     assert speedrun.startswith("speedrun L4 C128 T32 B2 fp32 flash muon") and "ms/step" in speedrun, speedrun
-    assert md.splitlines()[3] == speedrun  # under the first, in the report's opening
+    window = report["parts"]["headline"]["rows"][2]  # the recipe with a window: flex's first run on a GPU
+    assert window.startswith("speedrun L4 C128 T32 B2 fp32 flash muon chunked loss window 8:") and "ms/step" in window
+    assert "; attention flash;" in window  # the kernel that ran: SDPA's band on a CPU, flex compiled on CUDA
+    assert md.splitlines()[3:5] == [f"{speedrun}  ", window]  # under the first, in the report's opening
     assert md.index("## env") < md.index("## headline") < md.index("## matrix") < md.index("## ladder") \
         < md.index("## best") < md.index("## overhead")
     best = report["parts"]["best"]["figures"]["candidates"]
@@ -155,4 +158,4 @@ def test_the_short_windows_matrix_runs_the_riskiest_cases_first_within_eight_min
         assert str(combos[0]["speed.compile_mode"]).startswith("max-autotune")
         assert all(c["speed.compile"] for c in combos if risk(c) < 3)
     assert sum(gpu_window.BUDGET_S.values()) + 20 <= gpu_window.WINDOW_S  # the parent's start-up beside them
-    assert [out for out, _ in gpu_window.HEADLINES] == ["headline", "headline-speedrun"]
+    assert [out for out, _ in gpu_window.HEADLINES] == ["headline", "headline-speedrun", "headline-window"]
