@@ -493,13 +493,32 @@ def no_effect_warnings(c: Check) -> None:
                          f"most {T - 1} before it already)", {"model.attn_window": f"{max(T - 2, 1)} or less"}))
 
 
+def window_kernel(c: Check) -> None:
+    """A sliding window on a GPU that will not run it through FlexAttention (uncompiled, or with
+    dropout: engine.train.attention.flex_reason) runs SDPA's dense masked kernel, which computes the
+    whole T x T: every step costs more than without the window. Said with the fix, as the run
+    starts and in the form (a CPU has no flex backward: its dense band is what the ladder measured)."""
+    from engine import device
+    from engine.train.attention import flex_reason
+
+    m, s = c.config.model, c.config.speed
+    if device.kind(s.device) != "cuda" or m.attention != "flash" or m.attn_window is None:
+        return
+    why = flex_reason("cuda", s.compile, m.attn_window, c.config.seq_len, m.dropout)
+    if why is None or why.startswith("no window"):
+        return
+    fix = {"speed.compile": True} if not s.compile else {"model.dropout": 0}
+    c.warn(UserError(f"attention window {m.attn_window} runs SDPA's dense masked kernel here ({why}): every step "
+                     "computes the whole T x T and costs more than without the window", fix))  # fmt: skip
+
+
 def _at_least(fraction: float) -> str:
     """A decay fraction to advise: at least `fraction`, within its bound (1: the whole run decays)."""
     return "1" if fraction >= 1 else f"{fraction:.3g} or more"
 
 
 RULES: list[Rule] = [pretrained_shape, device_rule, emulated_precision, loggers_rule, dataset_rule, documents_rule,
-                     tuned_rule, loss_rule, memory_rule, no_effect_warnings]  # fmt: skip
+                     tuned_rule, loss_rule, memory_rule, no_effect_warnings, window_kernel]  # fmt: skip
 
 
 def preflight(
@@ -509,7 +528,8 @@ def preflight(
 ) -> Verdict:  # fmt: skip
     """The one judgement of a config before it runs, for every front door: each rule of RULES
     in order (pretrained shape, device, an emulated precision, loggers, dataset vocab and length,
-    documents, the tuned switches (--from-tuned), the loss auto picks, memory, inputs of no effect).
+    documents, the tuned switches (--from-tuned), the loss auto picks, memory, inputs of no effect,
+    a window a GPU would run densely).
     `dataset`: True opens it (the CLI, bench), an opened Dataset is bound, a DatasetInfo judged
     (the form), False leaves the data alone (a live toggle: the run's own). A rule that raises
     UserError refuses; the others still judge (the form shows every field's refusal)."""

@@ -271,3 +271,21 @@ def test_the_emulated_precision_word_has_one_road() -> None:
     users = [p.relative_to(ROOT).as_posix() for d in ("engine", "bench", "tui") for p in (ROOT / d).rglob("*.py")
              if "cpu_half_reason(" in p.read_text()]  # fmt: skip
     assert sorted(users) == ["engine/device.py", "engine/train/contention.py"], users
+
+
+@pytest.mark.parametrize("given,warned", [
+    ({"speed.compile": False}, "FlexAttention is fast only compiled"),
+    ({"speed.compile": True, "model.dropout": 0.1}, "FlexAttention has no dropout"),
+    ({"speed.compile": True}, None),  # flex runs it
+    ({"speed.compile": False, "speed.device": "cpu"}, None),  # no flex backward on a CPU: the dense band is its own
+    ({"speed.compile": False, "model.attention": "manual"}, None),  # the unoptimized path, by choice
+], ids=["cuda-eager", "cuda-dropout", "cuda-compiled", "cpu", "manual"])  # fmt: skip
+def test_a_window_a_gpu_would_run_through_the_dense_kernel_warns_with_the_fix(given: dict, warned: str | None) -> None:
+    """Issue 45 item 3: on CUDA the window costs a step more than it saves unless FlexAttention runs
+    it; where it will not, the run's start and the form say why and how to have it."""
+    over = {"speed.device": "cuda", "model.attn_window": 8} | given
+    v = P.preflight(resolve("micro", overrides=over), explicit=over, dataset=False, memory=False)
+    said = [w for w in v.warnings if "dense masked kernel" in w.problem]
+    assert [warned in w.problem for w in said] == ([True] if warned else [])
+    if warned:
+        assert said[0].fixes == ({"speed.compile": True} if "compiled" in warned else {"model.dropout": 0},)
