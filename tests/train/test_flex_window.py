@@ -4,6 +4,12 @@ CPU, so what trains through it is CUDA's; here the forward is compared, compiled
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +19,7 @@ from engine.train import attention, build, compiling, distributed
 from engine.train.model import GPT
 
 T, WINDOW = 64, 8
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flex_runs_the_window_only_where_it_trains_and_is_fast() -> None:
@@ -37,8 +44,8 @@ def test_the_block_mask_keeps_the_bands_blocks_and_is_built_once() -> None:
 
 def _model(**switches: object) -> GPT:
     torch.manual_seed(0)
-    return GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=T, vocab_size=61, attn_window=WINDOW,
-                           **switches)).eval()  # fmt: skip
+    shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=T, vocab_size=61, attn_window=WINDOW)
+    return GPT(ModelConfig(**(shape | switches))).eval()
 
 
 @pytest.mark.slow  # two CPU compiles of flex's forward each
@@ -95,6 +102,48 @@ def test_training_through_flex_traces_with_checkpointing_and_its_gradients_are_t
         torch._dynamo.reset()
 
 
+@pytest.mark.slow  # a torchrun launch
+def test_under_ddp_the_split_graph_carries_the_block_mask_and_the_gradients_are_the_dense_bands(tmp_path) -> None:
+    """Scope model under DDP: Dynamo's DDPOptimizer splits the graph at DDP's buckets (a model of
+    4 x 512 wide fills more than one), and each piece takes the block mask's tensors as inputs.
+    Traced as above (aot_eager, flex's reference kernel, the CPU refusal lifted): each rank's
+    gradients equal one process's dense-band gradients over both ranks' batches, all-reduced."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_LOGS="ddp_graphs")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0"]
+    proc = subprocess.run([*torchrun, __file__, "worker", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=420)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "submod_1" in proc.stderr  # DDPOptimizer split the graph: more than one piece
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert seen["flex"] and seen["worst"] < 1e-5, seen
+
+
+def _worker(out: Path) -> None:
+    import torch.distributed as dist
+    import torch.nn.attention.flex_attention as flex_module
+
+    from engine.train import distributed
+
+    flex_module._validate_device = lambda *a: None  # the CPU refusal lifted: flex's reference kernel
+    ctx = distributed.init("cpu")
+    switches = {"qk_norm": True, "positions": "rotary", "n_layer": 4, "n_head": 8, "n_embd": 512}
+    model, dense = _model(**switches).train(), _model(**switches).train()
+    model.use_flex(attention.block_mask(T, WINDOW, torch.device("cpu")))
+    ddp = distributed.replicate(compiling.compile_forward(model, "model", None, backend="aot_eager"),
+                                torch.device("cpu"))  # fmt: skip
+    x = torch.randint(0, 61, (2, T), generator=torch.Generator().manual_seed(1 + ctx.rank))
+    ddp(x, x)[1].backward()
+    both = [torch.empty_like(x) for _ in range(2)]
+    dist.all_gather(both, x)
+    (sum(dense(b, b)[1] for b in both) / 2).backward()
+    worst = max((a.grad - b.grad).abs().max().item() for a, b in zip(dense.parameters(), model.parameters()))
+    flex = all(b.attn.block_mask is not None for b in model.transformer.h)
+    (out / f"{ctx.rank}.json").write_text(json.dumps({"worst": worst, "flex": flex}))
+    distributed.shutdown()
+    distributed.leave(0)
+
+
 def test_a_segment_sets_every_layers_block_mask_where_flex_runs_and_clears_it_where_not(tiny_dataset, tmp_path,
                                                                                         monkeypatch) -> None:  # fmt: skip
     """build.finish asks flex_reason: where it says flex (a compiled CUDA run's answer, given here),
@@ -114,3 +163,7 @@ def test_a_segment_sets_every_layers_block_mask_where_flex_runs_and_clears_it_wh
     build.finish(p, config, tmp_path)
     assert all(b.attn.block_mask is None for b in p.model.transformer.h) and p.attention == "flash"
     torch._dynamo.reset()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
+    _worker(Path(sys.argv[2]))
