@@ -76,8 +76,8 @@ def test_compiled_flex_attends_what_the_dense_band_does_and_eager_calls_keep_sdp
 
 @pytest.mark.slow  # four traced forward+backward passes
 @pytest.mark.parametrize("scope", ["blocks", "model"])
-def test_training_through_flex_traces_with_checkpointing_and_its_gradients_are_the_dense_bands(scope: str,
-                                                                                              monkeypatch) -> None:  # fmt: skip
+def test_training_through_flex_traces_with_checkpointing_and_its_gradients_are_the_dense_bands(
+        scope: str, monkeypatch) -> None:  # fmt: skip
     """What a compiled CUDA run traces, traced here: Dynamo and AOTAutograd (backend aot_eager: no
     code generated) over a training forward and backward through flex, per-block checkpointing on,
     q and k of their own. torch refuses flex's backward on a CPU before tracing anything; that
@@ -144,8 +144,8 @@ def _worker(out: Path) -> None:
     distributed.leave(0)
 
 
-def test_a_segment_sets_every_layers_block_mask_where_flex_runs_and_clears_it_where_not(tiny_dataset, tmp_path,
-                                                                                        monkeypatch) -> None:  # fmt: skip
+def test_a_segment_sets_every_layers_block_mask_where_flex_runs_and_clears_it_where_not(
+        tiny_dataset, tmp_path, monkeypatch) -> None:  # fmt: skip
     """build.finish asks flex_reason: where it says flex (a compiled CUDA run's answer, given here),
     every layer gets the window's block mask and the segment names flex with nothing timed; the next
     segment on this CPU (the real answer) clears it and times SDPA as before."""
