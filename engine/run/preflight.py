@@ -494,12 +494,12 @@ def no_effect_warnings(c: Check) -> None:
 
 
 def window_kernel(c: Check) -> None:
-    """A sliding window on a GPU that will not run it through FlexAttention (uncompiled, or with
-    dropout: engine.train.attention.flex_reason) runs SDPA's dense masked kernel, which computes the
+    """A sliding window on a GPU that will not run it through FlexAttention (uncompiled, with
+    dropout, or a sequence off flex's block: engine.train.attention.flex_reason) runs SDPA's dense masked kernel, which computes the
     whole T x T: every step costs more than without the window. Said with the fix, as the run
     starts and in the form (a CPU has no flex backward: its dense band is what the ladder measured)."""
     from engine import device
-    from engine.train.attention import flex_reason
+    from engine.train.attention import FLEX_BLOCK, flex_reason
 
     m, s = c.config.model, c.config.speed
     if device.kind(s.device) != "cuda" or m.attention != "flash" or m.attn_window is None:
@@ -507,9 +507,11 @@ def window_kernel(c: Check) -> None:
     why = flex_reason("cuda", s.compile, m.attn_window, c.config.seq_len, m.dropout)
     if why is None or why.startswith("no window"):
         return
-    fix = {"speed.compile": True} if not s.compile else {"model.dropout": 0}
+    T = c.config.seq_len
+    fixes = ([{"speed.compile": True}] if not s.compile else [{"model.dropout": 0}] if m.dropout > 0 else
+             [{"train.block_size": T - T % FLEX_BLOCK}] if T >= FLEX_BLOCK else [])  # fmt: skip
     c.warn(UserError(f"attention window {m.attn_window} runs SDPA's dense masked kernel here ({why}): every step "
-                     "computes the whole T x T and costs more than without the window", fix))  # fmt: skip
+                     "computes the whole T x T and costs more than without the window", *fixes))  # fmt: skip
 
 
 def _at_least(fraction: float) -> str:

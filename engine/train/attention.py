@@ -102,12 +102,15 @@ def band(T: int, window: int | None, device: torch.device) -> torch.Tensor | Non
 
 
 FLEX = "flex"  # the window's kernel where FlexAttention runs it, as run_started names it
+FLEX_BLOCK = 128  # create_block_mask's block: the sequence lengths flex is given are its multiples
 
 
 def flex_reason(device_type: str, compiled: bool, window: int | None, seq: int, dropout: float) -> str | None:
     """Why the window's band does not run through FlexAttention (None: it does). Flex trains
     only on CUDA (torch has no flex backward on CPU), is fast only compiled (eager flex is an
-    unfused fallback that writes the T x T scores), and has no dropout."""
+    unfused fallback that writes the T x T scores), and has no dropout. Sequences off its
+    128-token block are left to SDPA: flex's partial last block has had wrong answers and NaN
+    gradients (pytorch#159247, #153799), and no GPU here has checked the torch it runs on."""
     if window is None or window >= seq - 1:
         return "no window shorter than the sequence"
     if device_type != "cuda":
@@ -116,6 +119,8 @@ def flex_reason(device_type: str, compiled: bool, window: int | None, seq: int, 
         return "FlexAttention is fast only compiled"
     if dropout > 0:
         return "FlexAttention has no dropout"
+    if seq % FLEX_BLOCK:
+        return f"FlexAttention is used for sequences of a multiple of {FLEX_BLOCK} tokens"
     return None
 
 

@@ -276,16 +276,20 @@ def test_the_emulated_precision_word_has_one_road() -> None:
 @pytest.mark.parametrize("given,warned", [
     ({"speed.compile": False}, "FlexAttention is fast only compiled"),
     ({"speed.compile": True, "model.dropout": 0.1}, "FlexAttention has no dropout"),
+    ({"speed.compile": True, "model.block_size": 256, "train.block_size": 200}, "multiple of 128"),  # off flex's block
+    ({"speed.compile": True, "train.block_size": 96}, "multiple of 128"),  # and no whole block to offer: no fix
     ({"speed.compile": True}, None),  # flex runs it
     ({"speed.compile": False, "speed.device": "cpu"}, None),  # no flex backward on a CPU: the dense band is its own
     ({"speed.compile": False, "model.attention": "manual"}, None),  # the unoptimized path, by choice
-], ids=["cuda-eager", "cuda-dropout", "cuda-compiled", "cpu", "manual"])  # fmt: skip
+], ids=["cuda-eager", "cuda-dropout", "cuda-block-200", "cuda-block-96", "cuda-compiled", "cpu", "manual"])  # fmt: skip
 def test_a_window_a_gpu_would_run_through_the_dense_kernel_warns_with_the_fix(given: dict, warned: str | None) -> None:
     """Issue 45 item 3: on CUDA the window costs a step more than it saves unless FlexAttention runs
     it; where it will not, the run's start and the form say why and how to have it."""
-    over = {"speed.device": "cuda", "model.attn_window": 8} | given
+    over = {"speed.device": "cuda", "model.attn_window": 8, "model.block_size": 128, "train.block_size": 128} | given
     v = P.preflight(resolve("micro", overrides=over), explicit=over, dataset=False, memory=False)
     said = [w for w in v.warnings if "dense masked kernel" in w.problem]
     assert [warned in w.problem for w in said] == ([True] if warned else [])
     if warned:
-        assert said[0].fixes == ({"speed.compile": True} if "compiled" in warned else {"model.dropout": 0},)
+        fix = {"compiled": {"speed.compile": True}, "dropout": {"model.dropout": 0}, "128": {"train.block_size": 128}}
+        want = tuple(f for word, f in fix.items() if word in warned and given.get("train.block_size") != 96)
+        assert said[0].fixes == want

@@ -23,13 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flex_runs_the_window_only_where_it_trains_and_is_fast() -> None:
-    """CUDA, compiled, no dropout, a window shorter than the sequence: each one off names why."""
-    assert attention.flex_reason("cuda", True, WINDOW, T, 0.0) is None
-    assert "CUDA" in attention.flex_reason("cpu", True, WINDOW, T, 0.0)
-    assert "compiled" in attention.flex_reason("cuda", False, WINDOW, T, 0.0)
-    assert "dropout" in attention.flex_reason("cuda", True, WINDOW, T, 0.1)
-    for window in (None, T - 1, T + 10):  # no band: a token already sees everything before it
-        assert "no window" in attention.flex_reason("cuda", True, window, T, 0.0)
+    """CUDA, compiled, no dropout, a window shorter than the sequence, a sequence of whole 128-token
+    blocks: each one off names why."""
+    assert attention.flex_reason("cuda", True, WINDOW, 1024, 0.0) is None
+    assert "CUDA" in attention.flex_reason("cpu", True, WINDOW, 1024, 0.0)
+    assert "compiled" in attention.flex_reason("cuda", False, WINDOW, 1024, 0.0)
+    assert "dropout" in attention.flex_reason("cuda", True, WINDOW, 1024, 0.1)
+    assert "multiple of 128" in attention.flex_reason("cuda", True, WINDOW, 1000, 0.0)  # flex's block
+    for window in (None, 1023, 2000):  # no band: a token already sees everything before it
+        assert "no window" in attention.flex_reason("cuda", True, window, 1024, 0.0)
 
 
 def test_the_block_mask_keeps_the_bands_blocks_and_is_built_once() -> None:
