@@ -60,7 +60,10 @@ def test_the_runs_and_compare_screens_show_hostile_names_as_text(tmp_path: Path,
     async def go() -> None:
         async with app.run_test(size=(160, 50)) as pilot:
             await until(pilot, lambda: isinstance(app.screen, kind) and app.screen.loaded, f"the {screen} screen read")
-            await pilot.pause()
+            # the rows are in the table once `loaded`; on a loaded machine its first paint of them can
+            # come later than a pause (CI: a screenshot without them), so wait for the names as written
+            await until(pilot, lambda: all(t in app.export_screenshot() for t in ("m[b]k", "[red]r")),
+                        "the hostile names shown as written")  # fmt: skip
             assert_printable(app.export_screenshot(), "m[b]k", "[red]r")
 
     asyncio.run(go())
