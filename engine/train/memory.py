@@ -122,13 +122,19 @@ class _Shape(BaseModel):
     skips: int = 0
     tables: int = 1
     window: bool = False  # attn_window shorter than the sequence: a banded mask
+    flex: bool = False  # ... run by FlexAttention (engine.train.attention.flex_reason): no T x T bias
     softcap: bool = False
     tied: bool = True
     unet: bool = False
 
 
 def _shape(config: RunConfig) -> _Shape:
+    from engine import device  # torch loads here, not when the form imports this module
+    from engine.train.attention import flex_reason
+
     m = config.model
+    flex = m.attention == "flash" and flex_reason(device.kind(config.speed.device), config.speed.compile,
+                                                  m.attn_window, config.seq_len, m.dropout) is None  # fmt: skip
     V = m.vocab_size or config.data.vocab_size
     Vp = m.model_copy(update={"vocab_size": V}).padded_vocab_size
     return _Shape(
@@ -137,7 +143,7 @@ def _shape(config: RunConfig) -> _Shape:
         attention=m.attention, ckpt=m.grad_checkpointing, chunked=m.loss == "chunked",
         qk_norm=m.qk_norm, rotary=m.positions == "rotary", value_embeds=m.value_embeds,
         value_residual=m.value_residual, softcap=m.logit_softcap is not None, tied=m.tie_head,
-        window=m.attn_window is not None and m.attn_window < config.seq_len - 1, unet=m.unet_skips,
+        window=m.attn_window is not None and m.attn_window < config.seq_len - 1, flex=flex, unet=m.unet_skips,
         ve_layers=m.value_embed_layers, mix_layers=m.value_residual_layers, skips=m.unet_skip_count,
         tables=m.vocab_tables,
     )  # fmt: skip
@@ -223,7 +229,8 @@ def recipe_activations(s: _Shape, low: bool) -> int:
     - rotary: cos and sin (4 T*D bytes once; cast per layer under autocast);
     - value embeds: the table's fp32 output once, under autocast its cast in each gated layer;
     - a window shorter than the sequence: flash SDPA turns the boolean mask into a T x T bias in
-      q's dtype (the manual path's mask is the causal one's size);
+      q's dtype (the manual path's mask is the causal one's size); FlexAttention, where it runs
+      the window, saves what SDPA's kernels save but no bias;
     - U-net skips (`unet_skip`): the skips' mul saves each skip, all of them saved by the next
       block's ln_1 anyway but the last one, when the first layer that pops it is the next one."""
     if not (s.qk_norm or s.rotary or s.value_embeds or s.value_residual or s.window):
@@ -237,7 +244,8 @@ def recipe_activations(s: _Shape, low: bool) -> int:
         qkv = (flash and not (fresh_qk and (ve or mix))) or (s.qk_norm and not low) or ((mix or first_v) and not ve)
         total += (int(qkv) - int(flash)) * 3 * a * btc
         if flash:
-            total += (2 * a * btc if fresh_qk else 0) + (a * btc if ve or mix else 0) + (a * T * T if s.window else 0)
+            bias = a * T * T if s.window and not s.flex else 0  # flex takes a block mask, not SDPA's bias
+            total += (2 * a * btc if fresh_qk else 0) + (a * btc if ve or mix else 0) + bias
         if ve and (mix or (first_v and not flash)):  # the v after the embedding, saved by the mix
             total += a * btc
         total += (8 * B * H * T + (8 * btc if low else 0)) if s.qk_norm else 0

@@ -99,3 +99,18 @@ def test_peak_with_every_switch_matches_the_live_tensor_peak_of_a_real_step(tmp_
     est = estimate(cfg)
     assert abs(est.allocated_peak_bytes / measured.peak - 1) <= 0.10, (est.phases, measured)
     assert not (tmp_path / "run").exists()
+
+
+def test_where_flex_runs_the_window_no_t_by_t_bias_is_counted():
+    """SDPA's masked kernels take the window as a T x T bias in q's dtype, saved by every layer; a
+    compiled CUDA run without dropout at whole 128-token blocks runs FlexAttention, which takes a
+    block mask instead (engine.train.attention.flex_reason): its window adds nothing to the saved
+    bytes. Uncompiled, the bias is counted as before."""
+    shape = {"model.n_layer": 4, "model.n_head": 4, "model.n_embd": 128, "model.block_size": 256,
+             "train.batch_size": 4, "model.vocab_size": 512}  # fmt: skip
+    T, L, a = 256, 4, 2
+    for compiled in (True, False):
+        flags = {"speed.device": "cuda", "speed.precision": "bf16", "speed.compile": compiled}
+        windowed = estimate(_config(shape, **flags, **{"model.attn_window": 32})).activation_bytes
+        plain = estimate(_config(shape, **flags)).activation_bytes
+        assert windowed - plain == (0 if compiled else L * a * T * T), compiled
