@@ -16,7 +16,7 @@ bf16 (Ampere or newer, which brings TF32 too), on one GPU or several (torchrun).
   CUDA rules out the FlashAttention kernel (it takes no mask): SDPA runs cuDNN's or the
   memory-efficient kernel (engine.train.attention.kernel_name names it), and the T x T mask is
   built each step. Compiled on CUDA without dropout, FlexAttention runs it instead (block-sparse,
-  skipping the masked blocks; engine.train.attention.flex_reason): a kernel choice, not a rule.
+  skipping the masked blocks; engine.train.window.flex_reason): a kernel choice, not a rule.
 - `IDLE`: a switch value that does nothing there (the run trains as without it): the ladder
   skips its rung, the trainer leaves it off, the form says why.
 

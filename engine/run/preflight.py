@@ -495,11 +495,12 @@ def no_effect_warnings(c: Check) -> None:
 
 def window_kernel(c: Check) -> None:
     """A sliding window on a GPU that will not run it through FlexAttention (uncompiled, with
-    dropout, or a sequence off flex's block: engine.train.attention.flex_reason) runs SDPA's dense masked kernel, which computes the
-    whole T x T: every step costs more than without the window. Said with the fix, as the run
-    starts and in the form (a CPU has no flex backward: its dense band is what the ladder measured)."""
+    dropout, or a sequence off flex's block: engine.train.window.flex_reason) runs SDPA's dense
+    masked kernel, which computes the whole T x T: every step costs more than without the window.
+    Said with the fix, as the run starts and in the form (a CPU has no flex backward: its dense
+    band is what the ladder measured)."""
     from engine import device
-    from engine.train.attention import FLEX_BLOCK, flex_reason
+    from engine.train.window import FLEX_BLOCK, flex_reason
 
     m, s = c.config.model, c.config.speed
     if device.kind(s.device) != "cuda" or m.attention != "flash" or m.attn_window is None:

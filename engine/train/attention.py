@@ -13,13 +13,7 @@ there is one fused kernel: nothing to pick. The pick is part of the compile cach
 `kernel_name` asks SDPA itself which kernel it would take for the model's shape, so what
 the screen names is what ran, not what was asked for.
 
-The sliding window (model.attn_window) is a band mask. SDPA computes the whole T x T for it (a
-dense masked kernel: the window saves nothing, and flash cannot run it), while FlexAttention with
-a block mask skips the blocks wholly outside the band. Flex runs where it is the faster and can
-train (`flex_reason`): on CUDA, in compiled code (uncompiled, flex is an unfused fallback slower
-than SDPA), without dropout (flex has none); its block mask is built once per (T, window) here
-(`block_mask`). Elsewhere, and in every eager call of the same model (samples), the band runs
-through SDPA, so both give the same attention (tests/train/test_flex_window.py).
+The sliding window's kernel where FlexAttention runs it: engine/train/window.py.
 """
 
 from __future__ import annotations
@@ -35,7 +29,6 @@ import torch.nn.functional as F
 from torch.backends.cuda import (SDPAParams, can_use_cudnn_attention, can_use_efficient_attention,
                                  can_use_flash_attention)  # fmt: skip
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 CANDIDATES: dict[str, SDPBackend] = {  # the fused kernels worth timing on CUDA, by the name shown
     "cuDNN": SDPBackend.CUDNN_ATTENTION,
@@ -99,44 +92,6 @@ def band(T: int, window: int | None, device: torch.device) -> torch.Tensor | Non
     i = torch.arange(T, device=device)
     back = i[:, None] - i[None, :]  # (T, T): how far key j is behind query i
     return (back >= 0) & (back <= window)
-
-
-FLEX = "flex"  # the window's kernel where FlexAttention runs it, as run_started names it
-FLEX_BLOCK = 128  # create_block_mask's block: the sequence lengths flex is given are its multiples
-
-
-def flex_reason(device_type: str, compiled: bool, window: int | None, seq: int, dropout: float) -> str | None:
-    """Why the window's band does not run through FlexAttention (None: it does). Flex trains
-    only on CUDA (torch has no flex backward on CPU), is fast only compiled (eager flex is an
-    unfused fallback that writes the T x T scores), and has no dropout. Sequences off its
-    128-token block are left to SDPA: flex's partial last block has had wrong answers and NaN
-    gradients (pytorch#159247, #153799), and no GPU here has checked the torch it runs on."""
-    if window is None or window >= seq - 1:
-        return "no window shorter than the sequence"
-    if device_type != "cuda":
-        return "FlexAttention trains on CUDA only"
-    if not compiled:
-        return "FlexAttention is fast only compiled"
-    if dropout > 0:
-        return "FlexAttention has no dropout"
-    if seq % FLEX_BLOCK:
-        return f"FlexAttention is used for sequences of a multiple of {FLEX_BLOCK} tokens"
-    return None
-
-
-_block_masks: dict[tuple[int, int, str], BlockMask] = {}
-
-
-def block_mask(seq: int, window: int, device: torch.device) -> BlockMask:
-    """The window's band as FlexAttention's block mask (causal, at most `window` back: `band`'s
-    rule), built once per sequence length, window and device in a process."""
-    key = (seq, window, str(device))
-    if key not in _block_masks:
-        def within(b: Any, h: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-            return (q >= k) & (q - k <= window)
-
-        _block_masks[key] = create_block_mask(within, None, None, seq, seq, device=device)
-    return _block_masks[key]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 from engine import device as devices
 from engine.config import OptimConfig, RunConfig
 from engine.errors import UserError
-from engine.train import attention, compile_cache, compiling, distributed
+from engine.train import attention, compile_cache, compiling, distributed, window
 from engine.train.flops import flops_per_token, peak_flops
 from engine.train.guard import StepGuard
 from engine.dataset import Dataset
@@ -84,11 +84,11 @@ def finish(p: Parts, config: RunConfig, run_dir: Path) -> None:
     picked first: the compile caches key on it (attention.cache_tag)."""
     cfg = config
     p.forward = p.model
-    flex = cfg.model.attention == "flash" and attention.flex_reason(
+    flex = cfg.model.attention == "flash" and window.flex_reason(
         p.device.type, cfg.speed.compile, cfg.model.attn_window, cfg.seq_len, cfg.model.dropout) is None
-    p.model.use_flex(attention.block_mask(cfg.seq_len, cfg.model.attn_window, p.device) if flex else None)
+    p.model.use_flex(window.block_mask(cfg.seq_len, cfg.model.attn_window, p.device) if flex else None)
     if flex:  # every layer's window runs through FlexAttention: no SDPA kernel to time
-        p.sdpa, p.attention_ms, p.attention = None, {}, attention.FLEX
+        p.sdpa, p.attention_ms, p.attention = None, {}, window.FLEX
     elif cfg.model.attention == "flash":  # on CUDA the fastest kernel measured leads SDPA's priority
         dtype = devices.autocast_dtype(p.precision) or torch.float32
         shape = attention.shape_of(cfg.train.batch_size, cfg.model.n_head, cfg.seq_len, cfg.model.n_embd, dtype,

@@ -122,7 +122,7 @@ class _Shape(BaseModel):
     skips: int = 0
     tables: int = 1
     window: bool = False  # attn_window shorter than the sequence: a banded mask
-    flex: bool = False  # ... run by FlexAttention (engine.train.attention.flex_reason): no T x T bias
+    flex: bool = False  # ... run by FlexAttention (engine.train.window.flex_reason): no T x T bias
     softcap: bool = False
     tied: bool = True
     unet: bool = False
@@ -130,7 +130,7 @@ class _Shape(BaseModel):
 
 def _shape(config: RunConfig) -> _Shape:
     from engine import device  # torch loads here, not when the form imports this module
-    from engine.train.attention import flex_reason
+    from engine.train.window import flex_reason
 
     m = config.model
     flex = m.attention == "flash" and flex_reason(device.kind(config.speed.device), config.speed.compile,

@@ -186,7 +186,7 @@ class GPT(nn.Module):
 
     def use_flex(self, mask: BlockMask | None) -> None:
         """The window's block mask every layer's attention runs through FlexAttention where the
-        code is compiled (None: SDPA's dense band everywhere); engine/train/attention.py says
+        code is compiled (None: SDPA's dense band everywhere); engine/train/window.py says
         where flex runs. Flex gets q, k and v in one layout (all views of c_attn's output, or all
         tensors of their own: the odd ones copied): torch 2.13's compiled flex on CPU answers
         wrong for own q, k with a view v and fails to build for a view q with own k, v (measured

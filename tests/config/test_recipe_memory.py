@@ -104,7 +104,7 @@ def test_peak_with_every_switch_matches_the_live_tensor_peak_of_a_real_step(tmp_
 def test_where_flex_runs_the_window_no_t_by_t_bias_is_counted():
     """SDPA's masked kernels take the window as a T x T bias in q's dtype, saved by every layer; a
     compiled CUDA run without dropout at whole 128-token blocks runs FlexAttention, which takes a
-    block mask instead (engine.train.attention.flex_reason): its window adds nothing to the saved
+    block mask instead (engine.train.window.flex_reason): its window adds nothing to the saved
     bytes. Uncompiled, the bias is counted as before."""
     shape = {"model.n_layer": 4, "model.n_head": 4, "model.n_embd": 128, "model.block_size": 256,
              "train.batch_size": 4, "model.vocab_size": 512}  # fmt: skip

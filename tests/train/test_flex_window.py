@@ -1,4 +1,4 @@
-"""The sliding window through FlexAttention (engine/train/attention.py, GPT.use_flex): where it runs,
+"""The sliding window through FlexAttention (engine/train/window.py, GPT.use_flex): where it runs,
 and that compiled flex attends exactly what SDPA's dense band does. torch has no flex backward on
 CPU, so what trains through it is CUDA's; here the forward is compared, compiled, both scopes."""
 
@@ -15,7 +15,7 @@ import torch
 
 from engine.config import ModelConfig, resolve
 from engine.run.preflight import open_data
-from engine.train import attention, build, compiling, distributed
+from engine.train import build, compiling, distributed, window
 from engine.train.model import GPT
 
 T, WINDOW = 64, 8
@@ -25,22 +25,22 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_flex_runs_the_window_only_where_it_trains_and_is_fast() -> None:
     """CUDA, compiled, no dropout, a window shorter than the sequence, a sequence of whole 128-token
     blocks: each one off names why."""
-    assert attention.flex_reason("cuda", True, WINDOW, 1024, 0.0) is None
-    assert "CUDA" in attention.flex_reason("cpu", True, WINDOW, 1024, 0.0)
-    assert "compiled" in attention.flex_reason("cuda", False, WINDOW, 1024, 0.0)
-    assert "dropout" in attention.flex_reason("cuda", True, WINDOW, 1024, 0.1)
-    assert "multiple of 128" in attention.flex_reason("cuda", True, WINDOW, 1000, 0.0)  # flex's block
-    for window in (None, 1023, 2000):  # no band: a token already sees everything before it
-        assert "no window" in attention.flex_reason("cuda", True, window, 1024, 0.0)
+    assert window.flex_reason("cuda", True, WINDOW, 1024, 0.0) is None
+    assert "CUDA" in window.flex_reason("cpu", True, WINDOW, 1024, 0.0)
+    assert "compiled" in window.flex_reason("cuda", False, WINDOW, 1024, 0.0)
+    assert "dropout" in window.flex_reason("cuda", True, WINDOW, 1024, 0.1)
+    assert "multiple of 128" in window.flex_reason("cuda", True, WINDOW, 1000, 0.0)  # flex's block
+    for w in (None, 1023, 2000):  # no band: a token already sees everything before it
+        assert "no window" in window.flex_reason("cuda", True, w, 1024, 0.0)
 
 
 def test_the_block_mask_keeps_the_bands_blocks_and_is_built_once() -> None:
     """The block mask is the band (`attention.band`) densified, built once per (T, window, device)."""
-    mask = attention.block_mask(T, WINDOW, torch.device("cpu"))
-    assert attention.block_mask(T, WINDOW, torch.device("cpu")) is mask
+    mask = window.block_mask(T, WINDOW, torch.device("cpu"))
+    assert window.block_mask(T, WINDOW, torch.device("cpu")) is mask
     dense = mask.to_dense()  # (1, 1, blocks, blocks): which blocks flex visits
     assert dense.shape[-1] == 1 and bool(dense.all())  # 64 tokens: one 128-token block
-    big = attention.block_mask(512, 100, torch.device("cpu")).to_dense()[0, 0]  # 4 x 4 blocks
+    big = window.block_mask(512, 100, torch.device("cpu")).to_dense()[0, 0]  # 4 x 4 blocks
     assert big.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]  # the band's, no more
 
 
@@ -65,12 +65,12 @@ def test_compiled_flex_attends_what_the_dense_band_does_and_eager_calls_keep_sdp
     with torch.no_grad():
         want = _model(**switches)(x, x, return_logits=True)[0]
         model = _model(**switches)
-        model.use_flex(attention.block_mask(T, 2, torch.device("cpu")))  # not the model's window: tells them apart
+        model.use_flex(window.block_mask(T, 2, torch.device("cpu")))  # not the model's window: tells them apart
         assert torch.equal(model(x, x, return_logits=True)[0], want)  # eager: SDPA's band, the mask unused
         forward = compiling.compile_forward(model, scope, None)
         torch._dynamo.reset()
         assert not torch.allclose(forward(x, x, return_logits=True)[0], want, atol=1e-3)
-        model.use_flex(attention.block_mask(T, WINDOW, torch.device("cpu")))
+        model.use_flex(window.block_mask(T, WINDOW, torch.device("cpu")))
         torch._dynamo.reset()
         torch.testing.assert_close(forward(x, x, return_logits=True)[0], want, rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()
@@ -93,14 +93,14 @@ def test_training_through_flex_traces_with_checkpointing_and_its_gradients_are_t
     x = torch.randint(0, 61, (2, T), generator=torch.Generator().manual_seed(1))
     dense = _model(**switches).train()
     dense(x, x)[1].backward()
-    for window, same in ((WINDOW, True), (2, False)):
+    for w, same in ((WINDOW, True), (2, False)):
         model = _model(**switches).train()
-        model.use_flex(attention.block_mask(T, window, torch.device("cpu")))
+        model.use_flex(window.block_mask(T, w, torch.device("cpu")))
         forward = compiling.compile_forward(model, scope, None, backend="aot_eager")
         loss = forward(x, x)[1]
         loss.backward()
         grads = [(a.grad, b.grad) for a, b in zip(dense.parameters(), model.parameters())]
-        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in grads) == same, window
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in grads) == same, w
         torch._dynamo.reset()
 
 
@@ -131,7 +131,7 @@ def _worker(out: Path) -> None:
     ctx = distributed.init("cpu")
     switches = {"qk_norm": True, "positions": "rotary", "n_layer": 4, "n_head": 8, "n_embd": 512}
     model, dense = _model(**switches).train(), _model(**switches).train()
-    model.use_flex(attention.block_mask(T, WINDOW, torch.device("cpu")))
+    model.use_flex(window.block_mask(T, WINDOW, torch.device("cpu")))
     ddp = distributed.replicate(compiling.compile_forward(model, "model", None, backend="aot_eager"),
                                 torch.device("cpu"))  # fmt: skip
     x = torch.randint(0, 61, (2, T), generator=torch.Generator().manual_seed(1 + ctx.rank))
@@ -155,13 +155,13 @@ def test_a_segment_sets_every_layers_block_mask_where_flex_runs_and_clears_it_wh
                                      "model.attn_window": 8})  # uncompiled: no process-wide compile set-up  # fmt: skip
     config, dataset = open_data(config)
     p = build.parts(config, dataset, distributed.Context(), None)
-    real = attention.flex_reason
-    monkeypatch.setattr(attention, "flex_reason", lambda *a: None)
+    real = window.flex_reason
+    monkeypatch.setattr(window, "flex_reason", lambda *a: None)
     build.finish(p, config, tmp_path)
     masks = {id(b.attn.block_mask) for b in p.model.transformer.h}
-    assert masks == {id(attention.block_mask(config.seq_len, 8, p.device))}
-    assert p.attention == attention.FLEX and p.attention_ms == {} and p.sdpa is None
-    monkeypatch.setattr(attention, "flex_reason", real)
+    assert masks == {id(window.block_mask(config.seq_len, 8, p.device))}
+    assert p.attention == window.FLEX and p.attention_ms == {} and p.sdpa is None
+    monkeypatch.setattr(window, "flex_reason", real)
     build.finish(p, config, tmp_path)
     assert all(b.attn.block_mask is None for b in p.model.transformer.h) and p.attention == "flash"
     torch._dynamo.reset()
