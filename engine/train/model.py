@@ -38,11 +38,10 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
 from engine.config import ModelConfig
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
 from engine.train.attention import band
 from engine.train.losses import chunked_linear_cross_entropy, cross_entropy
 
@@ -189,8 +188,8 @@ class GPT(nn.Module):
         code is compiled (None: SDPA's dense band everywhere); engine/train/window.py says
         where flex runs. Flex gets q, k and v in one layout (all views of c_attn's output, or all
         tensors of their own: the odd ones copied): torch 2.13's compiled flex on CPU answers
-        wrong for own q, k with a view v and fails to build for a view q with own k, v (measured
-        with the 2-layer model of tests/train/test_flex_window.py), flex's kernels have had silent stride bugs before
+        wrong for own q, k with a view v and fails to build for a view q with own k, v
+        (docs/benchmarks.md), flex's kernels have had silent stride bugs before
         (pytorch#146377), and one layout is what modded-nanogpt and torchtitan pass it."""
         for block in self.transformer.h:
             block.attn.block_mask = mask

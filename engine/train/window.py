@@ -46,7 +46,8 @@ _block_masks: dict[tuple[int, int, str], BlockMask] = {}
 
 def block_mask(seq: int, window: int, device: torch.device) -> BlockMask:
     """The window's band as FlexAttention's block mask (causal, at most `window` back:
-    engine.train.attention.band's rule), built once per sequence length, window and device in a process."""
+    engine.train.attention.band's rule), built once per sequence length, window and device
+    in a process."""
     key = (seq, window, str(device))
     if key not in _block_masks:
         def within(b: Any, h: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
