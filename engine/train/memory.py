@@ -486,7 +486,9 @@ def _optimizer_transient(config: RunConfig, s: _Shape, target: Target, n: int) -
     copy; momentum and Nesterov work in place on it), then its cast and two Newton-Schulz iterates
     in the iteration's dtype: 6 bytes an element with bf16 (the fp32 stack is freed after its
     cast), 12 where the device only emulates bf16 and the iteration runs in fp32 on the stack
-    itself (engine.device.newton_schulz_dtype)."""
+    itself (engine.device.newton_schulz_dtype). Under DDP the MLP's stack goes first, so the result
+    held while its all-gather is in flight (2 bytes an element with bf16) meets only the smaller
+    stacks' transients (3/8 of it at most): below this peak."""
     muon, extra = config.optim.optimizer == "muon", 0
     if muon:
         from engine import device  # torch: here, not at the top (the form's estimate loads this module first)

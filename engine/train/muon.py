@@ -4,8 +4,9 @@ and orthogonalized by ONE batched Newton-Schulz (a 12-layer model's 48 matrices 
 iterations, not 48); the gradients are copied once a step (their stack: momentum, Nesterov and
 the guard's skip verdict work in place on it, on the device; the momentum buffers are slices of
 one bank a stack), and under DDP each rank orthogonalizes its share of each stack and
-all-gathers the rest; where the run compiles (speed.compile) the momentum stack and the
-Newton-Schulz are compiled too (build.finish sets `compiled`), the first one fused pass. Per
+all-gathers the rest without waiting (one stack's gather overlaps the next one's work); where
+the run compiles (speed.compile) the momentum stack and the Newton-Schulz are compiled too
+(build.finish sets `compiled`), the first one fused pass. Per
 matrix the numbers are torch's (the same coefficients, eps, lr scaling and weight decay; the
 iteration in bf16 where the device does bf16 natively, in fp32 where it would only emulate it:
 tests/train/test_muon_fast.py checks a step against torch.optim.Muon), and the state is torch's
@@ -18,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -150,13 +151,19 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         bad = None if skip is None else skip > 0
+        pending: _Launched | None = None  # the stack before: its gather in flight while this one computes
         for group in self.param_groups:
             stacks: dict[tuple[Any, ...], list[torch.Tensor]] = {}
             for p in group["params"]:  # by the wide shape (rows <= cols): (4C, C) and (C, 4C) share a stack
                 if p.grad is not None:
                     stacks.setdefault((min(p.shape), max(p.shape), p.dtype, p.device), []).append(p)
-            for params in stacks.values():
-                self._update(group, params, bad)
+            for params in sorted(stacks.values(), key=lambda ps: -sum(p.numel() for p in ps)):  # largest first
+                launched = self._launch(group, params, bad)
+                if pending is not None:
+                    self._apply(pending)
+                pending = launched
+        if pending is not None:
+            self._apply(pending)
         return loss
 
     def _bank(self, params: list[torch.Tensor]) -> torch.Tensor:
@@ -173,21 +180,30 @@ class Muon(torch.optim.Optimizer):
         self._banks[id(params[0])] = (bank, [self.state[p]["momentum_buffer"] for p in params])
         return bank
 
-    def _update(self, group: dict[str, Any], params: list[torch.Tensor], bad: torch.Tensor | None) -> None:
-        """One stack of matrices of one shape or its transpose: momentum and Nesterov on the
-        gradients' stack (`momentum_stack`), one Newton-Schulz, the update at each shape's lr
-        straight from its result (no fp32 copy of it). A skipped step (`bad`) is folded in with
-        no copy: the momentum as it was (`momentum_stack`), Newton-Schulz's input scaled by 0."""
-        momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
+    def _launch(self, group: dict[str, Any], params: list[torch.Tensor], bad: torch.Tensor | None) -> _Launched:
+        """One stack of matrices of one shape or its transpose, up to its orthogonalized update:
+        momentum and Nesterov on the gradients' stack (`momentum_stack`), then Newton-Schulz
+        (`_orthogonalize`: under DDP this rank's share, its all-gather started, not waited for).
+        A skipped step (`bad`) is folded in with no copy: the momentum as it was
+        (`momentum_stack`), Newton-Schulz's input scaled by 0."""
         bank = self._bank(params)
         momentum_stack_ = compiled_momentum_stack() if self.compiled else momentum_stack
-        U = momentum_stack_([p.grad for p in params], bank, momentum, group["nesterov"], self.ns_dtype, bad)
-        ortho = self._orthogonalize(U, group, None if bad is None else ~bad)  # in the NS dtype
-        del U
+        U = momentum_stack_([p.grad for p in params], bank, group["momentum"], group["nesterov"], self.ns_dtype, bad)
+        ortho, gather = self._orthogonalize(U, group, None if bad is None else ~bad)  # in the NS dtype
+        return _Launched(group, params, bad, ortho, gather)
+
+    def _apply(self, launched: _Launched) -> None:
+        """A launched stack's update, once its gather (if any) is in: weight decay, then each shape
+        at its lr straight from Newton-Schulz's result (no fp32 copy of it). On CUDA `wait` only
+        orders the compute stream after the gather; the host goes on."""
+        group, params, bad = launched.group, launched.params, launched.bad
+        if launched.gather is not None:
+            launched.gather.wait()
+        lr, wd = group["lr"], group["weight_decay"]
         if wd:
             decay = 1 - lr * wd
             torch._foreach_mul_(params, decay if bad is None else torch.where(bad, 1.0, decay).to(params[0].dtype))
-        outs = [_as(p, o) for p, o in zip(params, ortho.unbind(0))]
+        outs = [_as(p, o) for p, o in zip(params, launched.ortho[: len(params)].unbind(0))]
         for shape in dict.fromkeys(p.shape for p in params):  # bf16 into fp32 adds exactly, as torch's add_ does
             mine = [i for i, p in enumerate(params) if p.shape == shape]
             torch._foreach_add_([params[i] for i in mine], [outs[i] for i in mine],
@@ -200,15 +216,18 @@ class Muon(torch.optim.Optimizer):
                           for i, state in saved["state"].items()}  # fmt: skip
         return saved
 
-    def _orthogonalize(self, U: torch.Tensor, group: dict[str, Any], keep: torch.Tensor | None) -> torch.Tensor:
-        """Newton-Schulz over the stack; under DDP (world > 1) each rank takes every world-th
-        slice of it (padded to a multiple of the world) and the results are all-gathered:
-        every rank ends with the whole stack, each matrix computed once."""
+    def _orthogonalize(self, U: torch.Tensor, group: dict[str, Any],
+                       keep: torch.Tensor | None) -> tuple[torch.Tensor, dist.Work | None]:  # fmt: skip
+        """Newton-Schulz over the stack, and the all-gather still in flight (None: none). Under DDP
+        (world > 1) rank r takes the r-th of `world` equal runs of the stack's matrices (the
+        stack padded with zeros to a multiple of the world) and the results are all-gathered,
+        asynchronously: every rank ends with the whole stack (its first n rows), each matrix
+        computed once, and the gather overlaps the next stack's Newton-Schulz."""
         args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype, keep)
         orthogonalize_ = compiled_orthogonalize() if self.compiled else orthogonalize
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if world == 1:
-            return orthogonalize_(U, *args)
+            return orthogonalize_(U, *args), None
         n = U.size(0)
         share = -(-n // world)
         if share * world != n:
@@ -216,5 +235,15 @@ class Muon(torch.optim.Optimizer):
         rank = dist.get_rank()
         mine = orthogonalize_(U[rank * share : (rank + 1) * share], *args).contiguous()
         out = mine.new_empty(share * world, *mine.shape[1:])
-        dist.all_gather_into_tensor(out, mine)
-        return out[:n]
+        return out, dist.all_gather_into_tensor(out, mine, async_op=True)
+
+
+class _Launched(NamedTuple):
+    """A stack between `Muon._launch` and `Muon._apply`: its orthogonalized update (under DDP
+    padded to a multiple of the world, and whole only once `gather` is waited for)."""
+
+    group: dict[str, Any]
+    params: list[torch.Tensor]
+    bad: torch.Tensor | None
+    ortho: torch.Tensor
+    gather: dist.Work | None

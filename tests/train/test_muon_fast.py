@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -94,6 +95,28 @@ def test_the_newton_schulz_runs_in_bf16_only_where_the_cpu_does_bf16_natively(mo
     other = memory._optimizer_transient(cfg, memory._shape(cfg), "cpu", 0)
     stack = 2 * cfg.model.n_layer * 4 * cfg.model.n_embd**2  # the MLP's stack: 12 bytes an element in fp32, 6 in bf16
     assert other - bf16 == (6 * stack if native == "bf16" else -6 * stack)
+
+
+def test_the_largest_stack_goes_first(monkeypatch):
+    """A model's stacks in its parameter order are c_attn, attn.c_proj, then the MLP's (8 C^2 a
+    layer, the largest); they step largest first, so under DDP the result held while a gather is in
+    flight is the MLP's beside the smaller stacks' work, never a small one's beside the MLP's peak
+    (engine.train.memory._optimizer_transient counts that peak alone)."""
+    from engine.train import build
+    from engine.train import muon as muon_mod
+    from engine.train.model import GPT
+
+    widths: list[int] = []
+    real = muon_mod.orthogonalize
+    monkeypatch.setattr(muon_mod, "orthogonalize", lambda G, *a: widths.append(G.size(-1)) or real(G, *a))
+    cfg = resolve("micro", None, {"speed.device": "cpu", "optim.optimizer": "muon", "model.vocab_size": 64})
+    model = GPT(cfg.model)
+    opt = build.optimizer(model, cfg.optim, torch.device("cpu"))
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    C = cfg.model.n_embd
+    assert widths == [4 * C, 3 * C, C]
 
 
 @pytest.mark.slow
@@ -196,17 +219,43 @@ def test_momentum_warmup_changes_the_run_and_resumes_bit_exact(tmp_path, tiny_da
 
 
 def _ddp_worker(out: Path) -> None:
-    """One rank: the same params and grads on every rank, 2 steps of our Muon, world 2 (gloo)."""
+    """One rank: the same params and grads on every rank, 2 steps of our Muon, world 2 (gloo).
+    Rank 0 saves the params and the order in which Newton-Schulz ran and the gathers were
+    started and waited for (the real functions, each call noted on its way through)."""
+    import json
+
     import torch.distributed as dist
 
-    from engine.train import distributed
+    from engine.train import distributed, muon
 
+    order: list[list[Any]] = []
+    real_ns, real_gather = muon.orthogonalize, dist.all_gather_into_tensor
+
+    def noted_ns(G, *args, **kw):
+        order.append(["ns", G.size(-1)])  # a stack by its width: 24, 8 and 16 here
+        return real_ns(G, *args, **kw)
+
+    class NotedWork:
+        def __init__(self, work, width: int) -> None:
+            self.work, self.width = work, width
+
+        def wait(self) -> bool:
+            order.append(["wait", self.width])
+            return self.work.wait()
+
+    def noted_gather(out, mine, async_op=False, **kw):
+        order.append(["gather", out.size(-1), async_op])
+        work = real_gather(out, mine, async_op=async_op, **kw)
+        return NotedWork(work, out.size(-1)) if async_op else work
+
+    muon.orthogonalize, dist.all_gather_into_tensor = noted_ns, noted_gather
     dist.init_process_group("gloo")
     params = _params()
     opt = Muon(params, lr=0.02, weight_decay=0.1)
     _stepped(opt, params, 2)
     if dist.get_rank() == 0:
         torch.save([p.detach() for p in params], out)
+        out.with_suffix(".json").write_text(json.dumps(order))
     distributed.shutdown()
     distributed.leave(0)  # as the CLI's workers leave: a normal exit's teardown aborted 1 in 5 here
 
@@ -216,9 +265,13 @@ if __name__ == "__main__" and sys.argv[1:2] == ["ddp"]:
 
 
 @pytest.mark.slow
-def test_under_ddp_each_rank_orthogonalizes_its_share_and_the_params_equal_one_process(tmp_path):
+def test_under_ddp_each_rank_orthogonalizes_its_share_and_gathers_it_while_the_next_stack_computes(tmp_path):
     """torchrun, gloo, 2 CPU processes: each rank orthogonalizes its share of each stack (3, 2 and 1
-    matrices: shares padded) and all-gathers; the params after 2 steps equal one process's."""
+    matrices: shares padded) and all-gathers without waiting: each stack's gather is waited for
+    only after the next stack's Newton-Schulz ran, so on a GPU the two overlap. The params after 2
+    steps equal one process's."""
+    import json
+
     out = tmp_path / "ddp.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -229,6 +282,9 @@ def test_under_ddp_each_rank_orthogonalizes_its_share_and_the_params_equal_one_p
     _stepped(Muon(params, lr=0.02, weight_decay=0.1), params, 2)
     got = torch.load(out, weights_only=True)
     assert all(torch.equal(a, b) for a, b in zip(got, params))
+    step = [["ns", 24], ["gather", 24, True], ["ns", 8], ["gather", 8, True], ["wait", 24],
+            ["ns", 16], ["gather", 16, True], ["wait", 8], ["wait", 16]]  # fmt: skip
+    assert json.loads(out.with_suffix(".json").read_text()) == step * 2
 
 
 def test_momentum_warmup_with_adamw_warns_it_does_nothing():
