@@ -500,15 +500,14 @@ def window_kernel(c: Check) -> None:
     Said with the fix, as the run starts and in the form (a CPU has no flex backward: its dense
     band is what the ladder measured)."""
     from engine import device
-    from engine.train.window import FLEX_BLOCK, flex_reason
+    from engine.train.window import FLEX_BLOCK, banded, flex_reason
 
-    m, s = c.config.model, c.config.speed
-    if device.kind(s.device) != "cuda" or m.attention != "flash" or m.attn_window is None:
+    m, s, T = c.config.model, c.config.speed, c.config.seq_len
+    if device.kind(s.device) != "cuda" or m.attention != "flash" or not banded(m.attn_window, T):
         return
-    why = flex_reason("cuda", s.compile, m.attn_window, c.config.seq_len, m.dropout)
-    if why is None or why.startswith("no window"):
+    why = flex_reason("cuda", s.compile, m.attn_window, T, m.dropout)
+    if why is None:
         return
-    T = c.config.seq_len
     fixes = ([{"speed.compile": True}] if not s.compile else [{"model.dropout": 0}] if m.dropout > 0 else
              [{"train.block_size": T - T % FLEX_BLOCK}] if T >= FLEX_BLOCK else [])  # fmt: skip
     c.warn(UserError(f"attention window {m.attn_window} runs SDPA's dense masked kernel here ({why}): every step "

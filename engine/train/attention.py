@@ -30,6 +30,8 @@ from torch.backends.cuda import (SDPAParams, can_use_cudnn_attention, can_use_ef
                                  can_use_flash_attention)  # fmt: skip
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine.train.window import banded
+
 CANDIDATES: dict[str, SDPBackend] = {  # the fused kernels worth timing on CUDA, by the name shown
     "cuDNN": SDPBackend.CUDNN_ATTENTION,
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -87,7 +89,7 @@ class Shape:
 def band(T: int, window: int | None, device: torch.device) -> torch.Tensor | None:
     """The sliding window's (T, T) mask, True = attended: causal and at most `window` back; None
     where it is the plain causal mask (no window, or one as long as the sequence)."""
-    if window is None or window >= T - 1:
+    if not banded(window, T):
         return None
     i = torch.arange(T, device=device)
     back = i[:, None] - i[None, :]  # (T, T): how far key j is behind query i

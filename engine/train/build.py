@@ -84,8 +84,7 @@ def finish(p: Parts, config: RunConfig, run_dir: Path) -> None:
     picked first: the compile caches key on it (attention.cache_tag)."""
     cfg = config
     p.forward = p.model
-    flex = cfg.model.attention == "flash" and window.flex_reason(
-        p.device.type, cfg.speed.compile, cfg.model.attn_window, cfg.seq_len, cfg.model.dropout) is None
+    flex = window.runs_flex(cfg, p.device.type)
     p.model.use_flex(window.block_mask(cfg.seq_len, cfg.model.attn_window, p.device) if flex else None)
     if flex:  # every layer's window runs through FlexAttention: no SDPA kernel to time
         p.sdpa, p.attention_ms, p.attention = None, {}, window.FLEX

@@ -122,7 +122,7 @@ class _Shape(BaseModel):
     skips: int = 0
     tables: int = 1
     window: bool = False  # attn_window shorter than the sequence: a banded mask
-    flex: bool = False  # ... run by FlexAttention (engine.train.window.flex_reason): no T x T bias
+    flex: bool = False  # ... run by FlexAttention (engine.train.window.runs_flex): no T x T bias
     softcap: bool = False
     tied: bool = True
     unet: bool = False
@@ -130,11 +130,10 @@ class _Shape(BaseModel):
 
 def _shape(config: RunConfig) -> _Shape:
     from engine import device  # torch loads here, not when the form imports this module
-    from engine.train.window import flex_reason
+    from engine.train.window import banded, runs_flex
 
     m = config.model
-    flex = m.attention == "flash" and flex_reason(device.kind(config.speed.device), config.speed.compile,
-                                                  m.attn_window, config.seq_len, m.dropout) is None  # fmt: skip
+    flex = runs_flex(config, device.kind(config.speed.device))
     V = m.vocab_size or config.data.vocab_size
     Vp = m.model_copy(update={"vocab_size": V}).padded_vocab_size
     return _Shape(
@@ -143,7 +142,7 @@ def _shape(config: RunConfig) -> _Shape:
         attention=m.attention, ckpt=m.grad_checkpointing, chunked=m.loss == "chunked",
         qk_norm=m.qk_norm, rotary=m.positions == "rotary", value_embeds=m.value_embeds,
         value_residual=m.value_residual, softcap=m.logit_softcap is not None, tied=m.tie_head,
-        window=m.attn_window is not None and m.attn_window < config.seq_len - 1, flex=flex, unet=m.unet_skips,
+        window=banded(m.attn_window, config.seq_len), flex=flex, unet=m.unet_skips,
         ve_layers=m.value_embed_layers, mix_layers=m.value_residual_layers, skips=m.unet_skip_count,
         tables=m.vocab_tables,
     )  # fmt: skip
